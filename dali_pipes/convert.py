@@ -1,0 +1,201 @@
+"""Converters: any Source -> TFRecord shards or WebDataset tar shards, with their indexes.
+
+Samples are shuffled across shards (a seeded permutation dealt round-robin, so shard sizes
+differ by at most one). Worker processes read and encode samples; the parent process alone
+writes, so each shard's bytes and index come out in one deterministic order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from dali_pipes import records, tar_shards
+from dali_pipes.errors import DatasetError
+from dali_pipes.indexes import INDEX_SUFFIX
+from dali_pipes.sources import Source, read_sample
+
+
+@dataclass(frozen=True)
+class ConvertStats:
+    samples: int
+    shards: int
+    bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / max(self.seconds, 1e-9)
+
+    def __str__(self) -> str:
+        return (f"{self.samples} samples -> {self.shards} shards, {self.bytes / 1e6:.1f} MB in "
+                f"{self.seconds:.2f} s ({self.mb_per_s:.1f} MB/s)")
+
+
+def shard_name(prefix: str, index: int, count: int, ext: str) -> str:
+    return f"{prefix}-{index:05d}-of-{count:05d}{ext}"
+
+
+def _image_info(data: bytes, where: str) -> tuple[int, int, str]:
+    """(height, width, format) from the image header; the pixels are not decoded."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return img.height, img.width, img.format or "JPEG"
+    except Exception as e:  # PIL raises several types for undecodable bytes
+        raise DatasetError(f"{where}: not a readable image ({e}). Find every bad sample with: "
+                           f"python scripts/verify_dataset.py SRC --write-clean-list clean.txt") from None
+
+
+_classes: list[str] | None = None  # set in each worker by _init_worker
+
+
+def _init_worker(classes: list[str] | None) -> None:
+    global _classes
+    _classes = classes
+
+
+def _class_text(label: int) -> str:
+    return _classes[label] if _classes and 0 <= label < len(_classes) else str(label)
+
+
+def _encode_tfrecord(ref: tuple) -> bytes:
+    sample = read_sample(ref)
+    height, width, fmt = _image_info(sample.data, sample.origin)
+    example = records.encode_example({
+        "image/encoded": sample.data, "image/format": fmt, "image/class/label": sample.label,
+        "image/class/text": _class_text(sample.label), "image/height": height, "image/width": width,
+        "image/channels": 3, "image/colorspace": "RGB",
+        "image/filename": os.path.basename(sample.origin.split("#")[0]),
+    })
+    return records.frame_record(example)
+
+
+def _encode_tar_sample(ref: tuple) -> tuple[str, bytes, int]:
+    sample = read_sample(ref)
+    _, _, fmt = _image_info(sample.data, sample.origin)
+    return {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tif"}.get(fmt, "jpg"), \
+        sample.data, sample.label
+
+
+def _dealt(source: Source, shards: int, seed: int) -> list[tuple[int, tuple]]:
+    """(shard, ref) in writing order: a seeded shuffle dealt round-robin over the shards."""
+    refs = source.refs()
+    if shards < 1:
+        raise ValueError(f"--shards must be at least 1, got {shards}")
+    if shards > len(refs):
+        raise ValueError(f"--shards {shards} is more than the {len(refs)} samples; use at most {len(refs)}")
+    order = np.random.default_rng(seed).permutation(len(refs))
+    return [(position % shards, refs[i]) for position, i in enumerate(order)]
+
+
+def _run(source: Source, out: str, shards: int, seed: int, workers: int | None, progress: bool,
+         encode, desc: str):
+    """Yield (shard index, position in writing order, encoded result) as workers finish, in order."""
+    dealt = _dealt(source, shards, seed)
+    with ProcessPoolExecutor(workers or os.cpu_count(), initializer=_init_worker,
+                             initargs=(source.classes,)) as pool:
+        results = pool.map(encode, [ref for _, ref in dealt], chunksize=32)
+        bar = tqdm(total=len(dealt), desc=desc, unit="img", file=sys.stderr, disable=None if progress else True)
+        for position, ((shard, _), result) in enumerate(zip(dealt, results)):
+            yield shard, position, result
+            bar.update()
+        bar.close()
+
+
+def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = "train", seed: int = 0,
+                    workers: int | None = None, progress: bool = True) -> ConvertStats:
+    """Write `prefix-0000i-of-0000K.tfrecord` shards of tf.train.Example records, their DALI
+    indexes (`.idx` beside each) and `classes.json`."""
+    start = time.perf_counter()
+    os.makedirs(out, exist_ok=True)
+    paths = [os.path.join(out, shard_name(prefix, i, shards, ".tfrecord")) for i in range(shards)]
+    files = [open(p + ".tmp", "wb") for p in paths]
+    entries: list[list[tuple[int, int]]] = [[] for _ in paths]
+    total = 0
+    try:
+        for shard, _, frame in _run(source, out, shards, seed, workers, progress, _encode_tfrecord, "to_tfrecord"):
+            entries[shard].append((files[shard].tell(), len(frame)))
+            files[shard].write(frame)
+            total += len(frame)
+    finally:
+        for f in files:
+            f.close()
+    for path, shard_entries in zip(paths, entries):
+        os.replace(path + ".tmp", path)  # shard complete: only now does it get its final name
+        records.write_tfrecord_index(shard_entries, path + INDEX_SUFFIX)
+    _write_classes_json(out, source, shards, [len(e) for e in entries])
+    return ConvertStats(sum(len(e) for e in entries), shards, total, time.perf_counter() - start)
+
+
+def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str = "train", seed: int = 0,
+                     workers: int | None = None, progress: bool = True) -> ConvertStats:
+    """Write `prefix-0000i-of-0000K.tar` shards of <key>.jpg + <key>.cls samples, their DALI
+    webdataset indexes (`.idx` beside each) and `classes.json`."""
+    start = time.perf_counter()
+    os.makedirs(out, exist_ok=True)
+    paths = [os.path.join(out, shard_name(prefix, i, shards, ".tar")) for i in range(shards)]
+    tars = [tarfile.open(p + ".tmp", "w", format=tarfile.GNU_FORMAT) for p in paths]
+    counts = [0] * shards
+    try:
+        for shard, position, (ext, data, label) in _run(source, out, shards, seed, workers, progress,
+                                                        _encode_tar_sample, "to_webdataset"):
+            key = f"{prefix}_{position:08d}"  # unique, and free of dots (the key ends at the first dot)
+            tar_shards.add_member(tars[shard], f"{key}.{ext}", data)
+            tar_shards.add_member(tars[shard], f"{key}.cls", str(label).encode())
+            counts[shard] += 1
+    finally:
+        for t in tars:
+            t.close()
+    total = 0
+    for path in paths:
+        os.replace(path + ".tmp", path)
+        tar_shards.write_tar_index(tar_shards.build_tar_index(path), path + INDEX_SUFFIX)
+        total += os.path.getsize(path)
+    _write_classes_json(out, source, shards, counts)
+    return ConvertStats(sum(counts), shards, total, time.perf_counter() - start)
+
+
+def _write_classes_json(out: str, source: Source, shards: int, counts: list[int]) -> None:
+    info = {"classes": source.classes, "label_offset": 0, "source": str(source.location),
+            "shards": shards, "samples_per_shard": counts}
+    with open(os.path.join(out, "classes.json"), "w") as f:
+        json.dump(info, f, indent=1)
+
+
+def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
+    src, dst = task
+    compression = records.sniff_compression(src)
+    entries, offset = [], 0
+    with open(dst + ".tmp", "wb") as f:
+        for _, _, data, problem in records.walk_records(src, compression=compression):
+            if problem:
+                raise DatasetError(str(problem))
+            frame = records.frame_record(data)
+            f.write(frame)
+            entries.append((offset, len(frame)))
+            offset += len(frame)
+    os.replace(dst + ".tmp", dst)
+    records.write_tfrecord_index(entries, dst + INDEX_SUFFIX)
+    return len(entries), offset
+
+
+def decompress_tfrecords(shards: list[str], out: str, *, workers: int | None = None,
+                         progress: bool = True) -> ConvertStats:
+    """Rewrite GZIP/ZLIB TFRecords uncompressed (same names, same records) with their indexes."""
+    start = time.perf_counter()
+    os.makedirs(out, exist_ok=True)
+    tasks = [(s, os.path.join(out, os.path.basename(s).removesuffix(".gz").removesuffix(".zz"))) for s in shards]
+    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+        done = list(tqdm(pool.map(_decompress_one, tasks), total=len(tasks), desc="decompressing",
+                         unit="shard", file=sys.stderr, disable=None if progress else True))
+    return ConvertStats(sum(n for n, _ in done), len(tasks), sum(b for _, b in done), time.perf_counter() - start)

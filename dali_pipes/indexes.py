@@ -1,0 +1,110 @@
+"""Index files for record shards: find, check, and build them where they may be written.
+
+DALI needs an index per TFRecord shard (a missing one is a C++ assert, a short one silently
+drops records), and reads tar shards faster with one. Policy:
+  * the index of `shard` is `shard + ".idx"` beside it, or the same name under a cache
+    directory (keyed by the shard directory's path) when the shard directory is read-only;
+  * an existing index is used only while it still matches its shard (see the *_matches checks);
+  * a missing or stale index is rebuilt, many shards in parallel, with a progress bar.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from tqdm import tqdm
+
+from dali_pipes import records, tar_shards
+from dali_pipes.errors import DatasetError
+
+INDEX_SUFFIX = ".idx"
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("DALI_PIPES_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali_pipes", "indexes")
+
+
+def index_candidates(shard: str, cache_dir: str | None = None) -> tuple[str, str]:
+    """(beside the shard, in the cache) paths for a shard's index."""
+    shard = os.path.abspath(shard)
+    folder, name = os.path.split(shard)
+    key = hashlib.sha1(folder.encode()).hexdigest()[:16]
+    return shard + INDEX_SUFFIX, os.path.join(cache_dir or default_cache_dir(), key, name + INDEX_SUFFIX)
+
+
+def _kind_functions(kind: str) -> tuple[Callable[[str, str], bool], Callable[[str, str], None]]:
+    if kind == "tfrecord":
+        return records.tfrecord_index_matches, lambda shard, idx: records.write_tfrecord_index(
+            records.build_tfrecord_index(shard), idx)
+    if kind == "webdataset":
+        return tar_shards.tar_index_matches, lambda shard, idx: tar_shards.write_tar_index(
+            tar_shards.build_tar_index(shard), idx)
+    raise ValueError(f"no index format for {kind!r}")
+
+
+def find_index(shard: str, kind: str, cache_dir: str | None = None) -> str | None:
+    """The path of a matching index for `shard`, or None."""
+    matches, _ = _kind_functions(kind)
+    for candidate in index_candidates(shard, cache_dir):
+        if os.path.exists(candidate) and matches(shard, candidate):
+            _mark_checked(shard, candidate)
+            return candidate
+    return None
+
+
+def _mark_checked(shard: str, index: str) -> None:
+    """An index older than its shard gets a full check; once it passes, date it after the shard
+    so that the next start does only the cheap check."""
+    if os.path.getmtime(index) < os.path.getmtime(shard):
+        try:
+            os.utime(index)
+        except OSError:
+            pass  # read-only: the full check simply repeats next time
+
+
+def build_index(shard: str, kind: str, cache_dir: str | None = None) -> str:
+    """Build the index beside the shard, or in the cache when the shard's folder is read-only."""
+    _, build = _kind_functions(kind)
+    beside, cached = index_candidates(shard, cache_dir)
+    if os.access(os.path.dirname(beside), os.W_OK) and (not os.path.exists(beside) or os.access(beside, os.W_OK)):
+        target = beside
+    else:
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        target = cached
+    build(shard, target)
+    return target
+
+
+def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = None, build: bool = True,
+                   workers: int | None = None, progress: bool = True) -> list[str]:
+    """A matching index path for each shard, building missing or stale ones in parallel.
+
+    With build=False a missing or stale index is an error that says how to build it."""
+    found = _parallel(lambda s: find_index(s, kind, cache_dir), shards, workers, None)
+    missing = [s for s, idx in zip(shards, found) if idx is None]
+    if missing and not build:
+        raise DatasetError(
+            f"{missing[0]}: no index that matches this shard ({len(missing)} of {len(shards)} shards lack one). "
+            f"Build them with: python scripts/make_index.py {os.path.dirname(missing[0]) or '.'}")
+    if missing:
+        desc = f"indexing {len(missing)} {kind} shard{'s' if len(missing) > 1 else ''}"
+        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir), missing, workers,
+                                            desc if progress else None)))
+        found = [idx or built[s] for s, idx in zip(shards, found)]
+    return found
+
+
+def _parallel(fn, items: Sequence[str], workers: int | None, desc: str | None) -> list:
+    # Index work is seeks and small reads: threads overlap the I/O waits.
+    workers = workers or min(32, (os.cpu_count() or 1) * 4)
+    with ThreadPoolExecutor(workers) as pool:
+        results = pool.map(fn, items)
+        if desc:
+            results = tqdm(results, total=len(items), desc=desc, unit="shard", file=sys.stderr,
+                           disable=None)
+        return list(results)

@@ -1,0 +1,362 @@
+"""TFRecord shards: framing, tf.train.Example encoding, scanning and DALI index files.
+
+A TFRecord file is a sequence of records, each framed as
+    uint64 length | uint32 masked_crc32c(length) | data[length] | uint32 masked_crc32c(data)
+(little-endian). `data` is a serialized `tf.train.Example` protobuf. The index that DALI's
+TFRecord reader needs holds one line per record: "<byte offset> <framed size>".
+
+Everything here is written from the TFRecord and protobuf specifications, so that records
+written by TensorFlow read here and records written here parse in TensorFlow.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator
+
+import google_crc32c
+
+from dali_pipes.errors import DatasetError
+
+HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
+FOOTER_BYTES = 4  # uint32 crc of the data
+_MASK_DELTA = 0xA282EAD8
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's CRC: CRC32C rotated right by 15 bits plus a constant (so CRCs of CRCs differ)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord frame around `data`, exactly as TensorFlow's TFRecordWriter writes it."""
+    length = struct.pack("<Q", len(data))
+    return b"".join(
+        (length, struct.pack("<I", masked_crc32c(length)), data, struct.pack("<I", masked_crc32c(data)))
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# tf.train.Example, encoded and decoded by hand (wire format of example.proto / feature.proto).
+# ---------------------------------------------------------------------------------------------
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # int64 negatives are 10-byte two's complement varints
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _feature(value: bytes | str | int | float | list) -> bytes:
+    values = value if isinstance(value, list) else [value]
+    first = values[0] if values else b""
+    if isinstance(first, (bytes, str)):  # BytesList = 1, repeated bytes value = 1
+        items = [v.encode() if isinstance(v, str) else v for v in values]
+        return _field(1, b"".join(_field(1, v) for v in items))
+    if isinstance(first, float):  # FloatList = 2, packed float value = 1
+        return _field(2, _field(1, struct.pack(f"<{len(values)}f", *values)))
+    return _field(3, _field(1, b"".join(_varint(int(v)) for v in values)))  # Int64List = 3, packed
+
+
+def encode_example(features: dict[str, bytes | str | int | float | list]) -> bytes:
+    """Serialize a tf.train.Example. bytes/str -> BytesList, int -> Int64List, float -> FloatList."""
+    entries = b"".join(
+        _field(1, _field(1, key.encode()) + _field(2, _feature(value)))  # map entry: key=1, value=2
+        for key, value in sorted(features.items())  # sorted: same bytes every time
+    )
+    return _field(1, entries)  # Example.features = 1; Features.feature (map) = 1
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
+    """(field number, wire type, payload) for each field of one protobuf message."""
+    pos = 0
+    while pos < len(buf):
+        tag, pos = _read_varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+            yield number, wire, value
+        elif wire == 2:
+            size, pos = _read_varint(buf, pos)
+            if pos + size > len(buf):
+                raise ValueError("field runs past the end of its message")
+            yield number, wire, buf[pos:pos + size]
+            pos += size
+        elif wire == 5:
+            yield number, wire, buf[pos:pos + 4]
+            pos += 4
+        elif wire == 1:
+            yield number, wire, buf[pos:pos + 8]
+            pos += 8
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def _signed64(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _decode_feature(buf: bytes) -> list:
+    values: list = []
+    for kind, _, payload in _fields(buf):
+        for number, wire, item in _fields(payload):
+            if number != 1:
+                continue
+            if kind == 1:
+                values.append(item)
+            elif kind == 2:  # floats: packed (wire 2) or one by one (wire 5)
+                values.extend(struct.unpack(f"<{len(item) // 4}f", item))
+            elif kind == 3 and wire == 0:
+                values.append(_signed64(item))
+            elif kind == 3:  # packed varints
+                pos = 0
+                while pos < len(item):
+                    value, pos = _read_varint(item, pos)
+                    values.append(_signed64(value))
+    return values
+
+
+def decode_example(data: bytes) -> dict[str, list]:
+    """Parse a serialized tf.train.Example into {key: [values]}. Raises ValueError if malformed."""
+    features: dict[str, list] = {}
+    for number, _, feats in _fields(data):
+        if number != 1:
+            continue
+        for _, _, entry in _fields(feats):
+            key, value = "", b""
+            for n, _, item in _fields(entry):
+                if n == 1:
+                    key = item.decode()
+                elif n == 2:
+                    value = item
+            features[key] = _decode_feature(value)
+    return features
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading shards: compression sniffing, record walking, index files.
+# ---------------------------------------------------------------------------------------------
+
+def sniff_compression(path: str) -> str | None:
+    """'GZIP' or 'ZLIB' if the file is a compressed TFRecord (DALI cannot read those), else None."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if head[:2] == GZIP_MAGIC:
+        return "GZIP"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        # A zlib header; a plain record could only look like this if its length CRC also failed.
+        if len(head) < HEADER_BYTES or struct.unpack("<I", head[8:12])[0] != masked_crc32c(head[:8]):
+            return "ZLIB"
+    return None
+
+
+def looks_like_tfrecord(path: str) -> bool:
+    """True if the file starts with a TFRecord header whose length CRC checks (or is compressed)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except OSError:
+        return False
+    if len(head) == HEADER_BYTES and struct.unpack("<I", head[8:])[0] == masked_crc32c(head[:8]):
+        return True
+    return sniff_compression(path) is not None
+
+
+def open_decompressed(path: str, compression: str | None) -> BinaryIO:
+    if compression == "GZIP":
+        return gzip.open(path, "rb")
+    if compression == "ZLIB":
+        return _ZlibReader(path)
+    return open(path, "rb")
+
+
+class _ZlibReader:
+    """A read()-only stream over a ZLIB-compressed file (TensorFlow's 'ZLIB' TFRecord option)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "rb")
+        self._inflate = zlib.decompressobj()
+        self._buffer = b""
+
+    def read(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            chunk = self._file.read(1 << 20)
+            if not chunk:
+                self._buffer += self._inflate.flush()
+                break
+            self._buffer += self._inflate.decompress(chunk)
+        out, self._buffer = self._buffer[:size], self._buffer[size:]
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "_ZlibReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class RecordProblem:
+    """Something wrong with one record of a shard; `index` is the record's position in the shard."""
+    path: str
+    index: int
+    offset: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: record {self.index} (byte {self.offset}): {self.message}"
+
+
+def walk_records(path: str, *, read_data: bool = True, check_data_crc: bool = True,
+                 compression: str | None = None) -> Iterator[tuple[int, int, bytes | None, RecordProblem | None]]:
+    """Yield (offset, framed size, data or None, problem or None) for each record of a shard.
+
+    A broken frame (bad length CRC, length past the end of the file) ends the walk with a
+    problem, since nothing after it can be trusted. With read_data=False only the headers are
+    read (seek over the data): that is how an index is built quickly.
+    """
+    size = os.path.getsize(path) if compression is None else None
+    with open_decompressed(path, compression) as f:
+        offset, index = 0, 0
+        while True:
+            if compression is None and hasattr(f, "seek"):
+                f.seek(offset)
+            header = f.read(HEADER_BYTES)
+            if not header:
+                return
+            problem = _check_header(path, index, offset, header, size)
+            if problem:
+                yield offset, 0, None, problem
+                return
+            length = struct.unpack("<Q", header[:8])[0]
+            framed = HEADER_BYTES + length + FOOTER_BYTES
+            data = None
+            if read_data or compression is not None:
+                body = f.read(length + FOOTER_BYTES)
+                if len(body) < length + FOOTER_BYTES:
+                    yield offset, 0, None, RecordProblem(
+                        path, index, offset, f"truncated: record needs {framed} bytes, file ends first")
+                    return
+                data = body[:length]
+                if check_data_crc and struct.unpack("<I", body[length:])[0] != masked_crc32c(data):
+                    yield offset, framed, data, RecordProblem(
+                        path, index, offset, "data CRC mismatch (the record's bytes are corrupt)")
+                    offset, index = offset + framed, index + 1
+                    continue
+            yield offset, framed, data, None
+            offset, index = offset + framed, index + 1
+
+
+def _check_header(path: str, index: int, offset: int, header: bytes, size: int | None) -> RecordProblem | None:
+    if len(header) < HEADER_BYTES:
+        return RecordProblem(path, index, offset, f"truncated: {len(header)}-byte record header at the end of the file")
+    length = struct.unpack("<Q", header[:8])[0]
+    if struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+        return RecordProblem(path, index, offset, "length CRC mismatch (not a TFRecord frame, or corrupt)")
+    if size is not None and offset + HEADER_BYTES + length + FOOTER_BYTES > size:
+        return RecordProblem(path, index, offset,
+                             f"truncated: record of {length} bytes runs past the end of the file ({size} bytes)")
+    return None
+
+
+def build_tfrecord_index(path: str) -> list[tuple[int, int]]:
+    """[(offset, framed size)] for every record, reading only headers. Raises DatasetError on a bad shard."""
+    compression = sniff_compression(path)
+    if compression:
+        raise compressed_error(path, compression)
+    entries = []
+    for offset, framed, _, problem in walk_records(path, read_data=False):
+        if problem:
+            raise DatasetError(f"{problem}. Re-create the shard, or check it with: "
+                               f"python scripts/verify_dataset.py {path}")
+        entries.append((offset, framed))
+    if not entries:
+        raise DatasetError(f"{path}: empty TFRecord file (0 records)")
+    return entries
+
+
+def compressed_error(path: str, compression: str) -> DatasetError:
+    return DatasetError(
+        f"{path}: {compression}-compressed TFRecord. DALI reads only uncompressed TFRecords. "
+        f"Write uncompressed copies with: python scripts/to_tfrecord.py {os.path.dirname(path) or '.'} OUT --decompress")
+
+
+def write_tfrecord_index(entries: list[tuple[int, int]], index_path: str) -> None:
+    """Write DALI's TFRecord index format ("offset size" per line), atomically."""
+    _atomic_write_text(index_path, "".join(f"{offset} {size}\n" for offset, size in entries))
+
+
+def read_tfrecord_index(index_path: str) -> list[tuple[int, int]]:
+    with open(index_path) as f:
+        return [(int(a), int(b)) for a, b in (line.split() for line in f if line.strip())]
+
+
+def tfrecord_index_matches(path: str, index_path: str, spot_checks: int = 16) -> bool:
+    """True if the index describes this shard: contiguous entries that end exactly at the file's
+    size (a shorter index would make DALI drop records silently) and record headers where it
+    says. Spot checks keep this cheap; an index older than its shard gets a full check."""
+    try:
+        entries = read_tfrecord_index(index_path)
+    except (OSError, ValueError):
+        return False
+    if not entries or entries[0][0] != 0:
+        return False
+    if any(a + s != b for (a, s), (b, _) in zip(entries, entries[1:])):
+        return False
+    if entries[-1][0] + entries[-1][1] != os.path.getsize(path):
+        return False
+    full = os.path.getmtime(index_path) < os.path.getmtime(path)
+    step = 1 if full else max(1, len(entries) // spot_checks)
+    picks = set(range(0, len(entries), step)) | {len(entries) - 1}
+    with open(path, "rb") as f:
+        for i in sorted(picks):
+            offset, framed = entries[i]
+            f.seek(offset)
+            header = f.read(HEADER_BYTES)
+            if len(header) < HEADER_BYTES or struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+                return False
+            if HEADER_BYTES + struct.unpack("<Q", header[:8])[0] + FOOTER_BYTES != framed:
+                return False
+    return True
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,168 @@
+"""Verification: check every sample of a dataset, in parallel, and list each problem with its file.
+
+DALI never checks TFRecord CRCs and cannot skip an image that fails to decode, so bad samples
+must be found before training. Checks: zero-byte, truncated and non-image files; TFRecord
+frames and CRCs; Examples without the image or label key; tar members cut short; classes with
+no images; images whose header claims more pixels than a limit (a decompression-bomb guard,
+checked before any pixel is decoded).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from PIL import Image
+from tqdm import tqdm
+
+from dali_pipes import records, sources, tar_shards
+from dali_pipes.errors import DatasetError
+from dali_pipes.sources import Source, TFRecordKeys
+
+DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own bomb threshold (~ 9459 x 9459)
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str  # file, or shard#record
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+@dataclass
+class Report:
+    location: str
+    kind: str
+    checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+    clean: list[tuple[str, int]] = field(default_factory=list)  # (path, label) of good files
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
+    """None if `data` decodes to an image within the pixel limit, else what is wrong."""
+    if not data:
+        return "zero-byte file"
+    Image.MAX_IMAGE_PIXELS = None  # our own limit below, checked before decoding
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if img.width * img.height > max_pixels:
+                return (f"oversized: {img.width} x {img.height} = {img.width * img.height:,} pixels, over the "
+                        f"limit of {max_pixels:,} (a decompression bomb, or raise --max-pixels)")
+            img.load()
+    except Image.UnidentifiedImageError:
+        return f"not an image (starts with {data[:8]!r})"
+    except (OSError, SyntaxError, ValueError) as e:
+        return f"truncated or corrupt image ({e})"
+    return None
+
+
+def _check_ref(task: tuple) -> tuple[str, int | None, str | None]:
+    ref, max_pixels = task
+    try:
+        sample = sources.read_sample(ref)
+    except (DatasetError, OSError) as e:
+        return ref[1], None, str(e).removeprefix(f"{ref[1]}: ")
+    return sample.origin, sample.label, check_image(sample.data, max_pixels)
+
+
+def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls",
+           max_pixels: int = DEFAULT_MAX_PIXELS, workers: int | None = None, progress: bool = True) -> Report:
+    """Check every sample of `location` (any kind open_source takes); never raises on bad data."""
+    keys = keys or TFRecordKeys()
+    kind, shards = sources.classify(location)
+    report = Report(str(location), kind)
+    if kind == "folder":
+        source = sources.folder_source(str(location))
+        seen = set(source.labels)
+        report.problems += [Problem(os.path.join(str(location), name), "class folder with no images")
+                            for label, name in enumerate(source.classes) if label not in seen]
+        refs = source.refs()
+    elif kind == "file_list":
+        refs = sources.file_list_source(str(location), missing_ok=True).refs()
+    else:
+        refs = _shard_refs(kind, shards, keys, label_ext, report)
+    results = _parallel_checks(refs, max_pixels, workers, progress)
+    for ref, (where, label, problem) in zip(refs, results):
+        report.checked += 1
+        if problem:
+            report.problems.append(Problem(where, problem))
+        elif ref[0] == "file":
+            report.clean.append((where, label))
+    return report
+
+
+def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str, report: Report) -> list[tuple]:
+    """Walk each shard's framing (in threads: it is seeks and small reads); broken frames and
+    shards become problems, readable records become refs for the per-sample checks."""
+    def walk(shard: str) -> tuple[list[tuple], list[Problem]]:
+        if os.path.getsize(shard) == 0:
+            return [], [Problem(shard, "zero-byte shard")]
+        try:
+            if kind == "tfrecord":
+                compression = records.sniff_compression(shard)
+                if compression:
+                    return [], [Problem(shard, str(records.compressed_error(shard, compression)).split(": ", 1)[1])]
+                refs, problems = [], []
+                for i, (offset, size, _, problem) in enumerate(records.walk_records(shard, read_data=False)):
+                    if problem:
+                        problems.append(Problem(f"{shard}#{problem.index}", f"{problem.message} (byte {offset})"))
+                    else:
+                        refs.append(("tfrecord", shard, i, offset, size, keys))
+                return refs, problems
+            samples = tar_shards.group_samples(tar_shards.scan_members(shard))
+        except DatasetError as e:
+            return [], [Problem(shard, str(e).removeprefix(f"{shard}: "))]
+        refs, problems = [], []
+        for members in samples:
+            by_ext = {m.key_ext[1]: m for m in members}
+            key = members[0].key_ext[0]
+            image = next((by_ext[e] for e in tar_shards.IMAGE_EXTS if e in by_ext), None)
+            if image is None or label_ext not in by_ext:
+                problems.append(Problem(f"{shard}#{key}", f"incomplete sample: members {sorted(by_ext)}"))
+            else:
+                refs.append(("tar", shard, key, image, by_ext[label_ext]))
+        return refs, problems
+
+    all_refs = []
+    with ThreadPoolExecutor(min(32, 4 * (os.cpu_count() or 1))) as pool:
+        for refs, problems in pool.map(walk, shards):
+            all_refs += refs
+            report.problems += problems
+    return all_refs
+
+
+def _parallel_checks(refs: list[tuple], max_pixels: int, workers: int | None, progress: bool) -> list:
+    if not refs:
+        return []
+    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+        results = pool.map(_check_ref, [(ref, max_pixels) for ref in refs], chunksize=16)
+        return list(tqdm(results, total=len(refs), desc="verifying", unit="img", file=sys.stderr,
+                         disable=None if progress else True))
+
+
+def write_clean_list(report: Report, list_path: str) -> int:
+    """Write the good samples as a file list ("relative/path label", relative to the list's
+    folder), which open_source reads back. Returns the number of lines."""
+    if report.kind not in ("folder", "file_list"):
+        raise DatasetError(f"{report.location}: --write-clean-list needs an image folder or a file list; "
+                           f"shards cannot be listed by file. Convert the clean images again instead.")
+    base = os.path.dirname(os.path.abspath(list_path))
+    lines = []
+    for path, label in report.clean:
+        relative = os.path.relpath(os.path.abspath(path), base)
+        if relative.startswith(".."):
+            raise DatasetError(f"{list_path}: a file list must sit in a folder that holds the images "
+                               f"({path} is outside {base}); write it inside the dataset folder")
+        lines.append(f"{relative} {label}\n")
+    with open(list_path, "w") as f:
+        f.writelines(lines)
+    return len(lines)

@@ -1,0 +1,79 @@
+"""Tiny real datasets made in fixtures, and helpers that read them back through real DALI."""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dali_pipes.sources import Source
+
+CLASSES = ("cat", "dog", "fish")
+
+
+def jpeg_bytes(level: int, height: int = 24, width: int = 32, quality: int = 90) -> bytes:
+    """A small JPEG whose content (and so bytes) is unique per level: a gradient plus a level."""
+    ramp = np.add.outer(np.arange(height), np.arange(width)).astype(np.int32)
+    pixels = np.stack([(ramp * 3 + level * 7) % 256, np.full_like(ramp, level * 11 % 256),
+                       (ramp + level * 13) % 256], axis=-1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def write_folder(root, counts=(4, 3, 5)) -> dict[str, int]:
+    """ROOT/<class>/<i>.jpg with the given number of images per class; returns {path: label}."""
+    expected = {}
+    level = 0
+    for label, (name, count) in enumerate(zip(CLASSES, counts)):
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+        for i in range(count):
+            path = os.path.join(root, name, f"{name}_{i:03d}.jpg")
+            with open(path, "wb") as f:
+                f.write(jpeg_bytes(level, 20 + level, 28 + 2 * level))
+            expected[path] = label
+            level += 1
+    return expected
+
+
+@pytest.fixture
+def jpeg_folder(tmp_path):
+    """3 classes with 4, 3 and 5 JPEGs of distinct bytes and sizes."""
+    root = tmp_path / "images"
+    write_folder(str(root))
+    return str(root)
+
+
+def expected_multiset(root) -> collections.Counter:
+    """(bytes, label) of an image folder, computed without the library."""
+    out = collections.Counter()
+    for label, name in enumerate(sorted(os.listdir(root))):
+        for filename in os.listdir(os.path.join(root, name)):
+            with open(os.path.join(root, name, filename), "rb") as f:
+                out[(f.read(), label)] += 1
+    return out
+
+
+def dali_read_epoch(source: Source, batch_size: int = 4, **reader_args) -> collections.Counter:
+    """One epoch of raw (encoded bytes, label) through the DALI reader, on CPU."""
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=batch_size, num_threads=1, device_id=None)
+    def pipe():
+        return source.dali_reader(**reader_args)
+
+    p = pipe()
+    p.build()
+    size = p.reader_meta("Reader")["epoch_size"]
+    got = collections.Counter()
+    while sum(got.values()) < size:
+        images, labels = p.run()
+        assert labels.as_array().shape == (len(labels),)  # int64 scalars per sample
+        for i in range(min(len(images), size - sum(got.values()))):
+            got[(np.array(images[i]).tobytes(), int(np.array(labels[i])))] += 1
+    del p
+    return got
