@@ -26,7 +26,7 @@ from dali_pipes.errors import DatasetError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards
-LABEL_DIGITS = 10  # widest .cls label read by the DALI graph
+LABEL_DIGITS = 10  # .cls bytes read by the DALI graph; powers of 10 up to 10**10 are exact in lookup_table's float32
 
 KINDS = ("folder", "file_list", "tfrecord", "webdataset")
 
@@ -120,13 +120,14 @@ class Source:
 def _ascii_to_int64(cls):
     """Parse ASCII digits ("42" or "42\\n") into int64 inside the DALI graph, without Python.
 
-    The bytes are padded to LABEL_DIGITS, each digit is weighted as if the number filled the
-    whole width, and the sum is divided by 10 ** (unused width)."""
+    The bytes are padded (then cut) to LABEL_DIGITS, each digit is weighted as if the number
+    filled the whole width, and the sum is divided by 10 ** (unused width). Digits must come
+    first; trailing whitespace is ignored."""
     from nvidia.dali import fn, types
     width = LABEL_DIGITS
-    chars = fn.cast(fn.pad(cls, axes=(0,), shape=(width,), fill_value=0), dtype=types.INT64)
+    chars = fn.cast(fn.pad(cls, axes=(0,), shape=(width,), fill_value=0)[0:width], dtype=types.INT64)
     is_digit = fn.cast((chars >= 48) & (chars <= 57), dtype=types.INT64)
-    weights = types.Constant(np.array([10 ** (width - 1 - i) for i in range(width)], np.int64))
+    weights = types.Constant(np.array([10 ** (width - 1 - i) for i in range(width)], np.int64), dtype=types.INT64)
     value = fn.reductions.sum((chars - 48) * is_digit * weights, axes=0)
     digits = fn.reductions.sum(is_digit, axes=0)
     scale = fn.lookup_table(digits, keys=list(range(width + 1)),

@@ -57,8 +57,16 @@ def scan_members(path: str) -> list[Member]:
                         f"{path}: member {info.name!r} is truncated: needs {info.size} bytes at byte "
                         f"{info.offset_data}, the file ends at {size}. Re-create the shard.")
                 members.append(Member(info.name, info.offset_data, info.size))
+            end = tar.offset
     except tarfile.TarError as e:
         raise DatasetError(f"{path}: not a readable tar file ({e}). Re-create the shard.") from e
+    # tarfile stops quietly at a header cut short; a whole tar ends with zero blocks.
+    with open(path, "rb") as f:
+        f.seek(end)
+        if f.read(BLOCK) != bytes(BLOCK):
+            after = f"after member {members[-1].name!r}" if members else "at its start"
+            raise DatasetError(f"{path}: truncated or damaged {after} (byte {end}): no end-of-archive "
+                               f"marker. Re-create the shard.")
     return members
 
 

@@ -69,8 +69,11 @@ def _check_ref(task: tuple) -> tuple[str, int | None, str | None]:
     ref, max_pixels = task
     try:
         sample = sources.read_sample(ref)
+    except FileNotFoundError:
+        return ref[1], None, "missing file"
     except (DatasetError, OSError) as e:
-        return ref[1], None, str(e).removeprefix(f"{ref[1]}: ")
+        where, _, message = str(e).partition(": ")  # DatasetError messages start with "where: "
+        return (where, None, message) if where.startswith(ref[1]) else (ref[1], None, str(e))
     return sample.origin, sample.label, check_image(sample.data, max_pixels)
 
 

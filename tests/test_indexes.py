@@ -1,0 +1,104 @@
+"""Index files: built beside the shards or in a cache, reused while they match, rebuilt when the
+shard changes, never used stale."""
+
+import glob
+import os
+import stat
+import time
+
+import pytest
+
+from dali_pipes import open_source, records
+from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.indexes import ensure_indexes, index_candidates
+
+from conftest import dali_read_epoch, expected_multiset, jpeg_bytes
+
+
+@pytest.fixture
+def shards(jpeg_folder, tmp_path):
+    out = str(tmp_path / "tfr")
+    write_tfrecords(open_source(jpeg_folder), out, shards=2, progress=False)
+    return sorted(glob.glob(f"{out}/*.tfrecord"))
+
+
+def _append_records(shard, n):
+    with open(shard, "ab") as f:
+        for i in range(n):
+            f.write(records.frame_record(records.encode_example({"image/encoded": jpeg_bytes(200 + i),
+                                                                 "image/class/label": 2})))
+
+
+def test_index_is_reused_while_it_matches(shards):
+    idx = shards[0] + ".idx"
+    before = os.stat(idx).st_mtime_ns
+    assert ensure_indexes(shards, "tfrecord", progress=False) == [s + ".idx" for s in shards]
+    assert os.stat(idx).st_mtime_ns == before  # not rewritten
+
+
+def test_index_is_rebuilt_after_the_shard_changes(shards, jpeg_folder):
+    folder = os.path.dirname(shards[0])
+    n = open_source(folder).num_samples
+    time.sleep(0.01)
+    _append_records(shards[0], 2)
+    source = open_source(folder)
+    assert source.num_samples == n + 2
+    got = dali_read_epoch(source)
+    assert sum(got.values()) == n + 2 and got[(jpeg_bytes(201), 2)] == 1
+
+
+def test_same_size_rewrite_is_detected(shards):
+    """A shard rewritten as one record of the same total size: the old index's boundaries no
+    longer fall on record headers, even though its entries still end at the file size."""
+    shard = shards[0]
+    size = os.path.getsize(shard)
+    frame = next(f for f in (records.frame_record(records.encode_example(
+        {"image/encoded": b"x" * n, "image/class/label": label}))
+        for n in range(size - 200, size) for label in (0, 200)) if len(f) == size)
+    with open(shard, "wb") as f:
+        f.write(frame)
+    future = time.time() + 10
+    os.utime(shard + ".idx", (future, future))  # an index that even looks newer than the shard
+    assert not records.tfrecord_index_matches(shard, shard + ".idx")
+    assert open_source(os.path.dirname(shard)).counts[0] == 1
+
+
+def test_read_only_shard_folder_uses_the_cache(shards, tmp_path):
+    folder = os.path.dirname(shards[0])
+    for idx in glob.glob(f"{folder}/*.idx"):
+        os.remove(idx)
+    os.chmod(folder, stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as a user that can write anywhere (root)")
+        cache = str(tmp_path / "cache")
+        source = open_source(folder, index_cache_dir=cache)
+        assert all(p.startswith(cache) for p in source.index_files)
+        assert source.index_files[0] == index_candidates(shards[0], cache)[1]
+    finally:
+        os.chmod(folder, 0o755)
+
+
+def test_cache_is_used_when_the_shard_folder_is_not_writable(shards, tmp_path, monkeypatch):
+    """As root every folder is writable, so the permission check itself is made to say no."""
+    folder = os.path.dirname(shards[0])
+    os.remove(shards[0] + ".idx")
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    cache = str(tmp_path / "cache")
+    source = open_source(folder, index_cache_dir=cache)
+    assert source.index_files == [index_candidates(shards[0], cache)[1], shards[1] + ".idx"]
+    assert not os.path.exists(shards[0] + ".idx") and source.counts == [6, 6]
+
+
+def test_tar_index_rebuilt_after_change(jpeg_folder, tmp_path):
+    out = str(tmp_path / "wds")
+    write_webdataset(open_source(jpeg_folder), out, shards=1, progress=False)
+    shard = glob.glob(f"{out}/*.tar")[0]
+    with open(shard + ".idx") as f:
+        assert f.readline() == "v1.2 12\n"
+    write_webdataset(open_source(os.path.join(jpeg_folder)), str(tmp_path / "other"), shards=2, progress=False)
+    time.sleep(0.01)
+    os.replace(glob.glob(f"{tmp_path}/other/*.tar")[0], shard)  # another, smaller tar in its place
+    source = open_source(out)
+    assert source.num_samples == 6
+    assert sum(dali_read_epoch(source).values()) == 6

@@ -1,0 +1,40 @@
+"""The built-in dataset: real photographs, ImageNet-like sizes, deterministic bytes."""
+
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+from dali_pipes import open_source
+from dali_pipes.sample_data import PHOTOS, SampleDatasetConfig, make_image, make_sample_dataset, photo_path
+
+
+def test_layout_counts_and_determinism(tmp_path):
+    cfg = SampleDatasetConfig(classes=3, train_per_class=4, val_per_class=2, seed=5)
+    stats = make_sample_dataset(str(tmp_path / "a"), cfg, workers=2, progress=False)
+    make_sample_dataset(str(tmp_path / "b"), cfg, workers=1, progress=False)
+    assert (stats["train"], stats["val"]) == (12, 6)
+    train, val = open_source(str(tmp_path / "a" / "train")), open_source(str(tmp_path / "a" / "val"))
+    assert (train.num_samples, val.num_samples, len(train.classes)) == (12, 6, 3)
+    for path in train.files + val.files:
+        assert open(path, "rb").read() == open(path.replace(f"{tmp_path}/a", f"{tmp_path}/b"), "rb").read()
+    other = make_image(SampleDatasetConfig(seed=6), "train", 0, 0)
+    assert other != make_image(SampleDatasetConfig(seed=5), "train", 0, 0)
+
+
+def test_images_look_like_imagenet():
+    cfg = SampleDatasetConfig()
+    sizes, sides = [], []
+    for label in range(len(PHOTOS) + 2):  # beyond the photographs: colour-cast classes
+        for index in range(3):
+            data = make_image(cfg, "train", label, index)
+            with Image.open(io.BytesIO(data)) as img:
+                assert img.format == "JPEG" and img.mode == "RGB"
+                sides += [img.width, img.height]
+                pixels = np.asarray(img, np.float32)
+            assert pixels.std() > 10  # not flat
+            sizes.append(len(data))
+    assert 245 <= min(sides) and max(sides) <= 610
+    assert 70_000 < np.mean(sizes) < 160_000  # ImageNet's mean is ~110 KB
+    assert all(os.path.exists(photo_path(*p)) for p in PHOTOS)
