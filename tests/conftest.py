@@ -77,3 +77,14 @@ def dali_read_epoch(source: Source, batch_size: int = 4, **reader_args) -> colle
             got[(np.array(images[i]).tobytes(), int(np.array(labels[i])))] += 1
     del p
     return got
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip @pytest.mark.gpu tests, with the reason, where torch sees no CUDA device."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

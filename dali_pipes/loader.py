@@ -1,0 +1,176 @@
+"""DaliLoader: one rank's DALI pipeline, shaped like torch.utils.data.DataLoader.
+
+    loader = DaliLoader("/data/train", batch_size=256, train=True)   # was: DataLoader(dataset, ...)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)                                       # accepted, like DistributedSampler
+        for images, labels in loader:                                 # (N,3,H,W) float, (N,) int64
+            ...
+
+Epoch contract, the same on every rank so that DDP never waits on a rank with fewer batches:
+  * train: each rank yields len(loader) = (N // world_size) // batch_size full batches from its
+    shard; one epoch across all ranks reads each sample at most once (the tail that does not
+    fill a batch on every rank is dropped, as DataLoader(drop_last=True) + DistributedSampler).
+  * val: every sample is yielded exactly once across all ranks. Ranks get equal batch counts by
+    padding; padded entries carry label -1, so CrossEntropyLoss(ignore_index=-1) and
+    `labels >= 0` masks count each real sample once.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+
+from dali_pipes.augment import AugmentConfig
+from dali_pipes.dist import Shard
+from dali_pipes.pipeline import READER_NAME, build_pipeline
+from dali_pipes.sources import Source, TFRecordKeys, open_source
+
+PADDING_LABEL = -1
+DEVICES = ("auto", "gpu", "cpu")
+_STATE_VERSION = 1
+
+
+def resolve_device(device: str) -> str:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if device == "gpu" and not torch.cuda.is_available():
+        raise RuntimeError("device='gpu' but torch sees no CUDA device; use device='cpu' or 'auto'")
+    return device
+
+
+class DaliLoader:
+    """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
+
+    def __init__(self, source: Source | str | os.PathLike | list, *, batch_size: int, train: bool,
+                 device: str = "auto", rank: int | None = None, world_size: int | None = None,
+                 local_rank: int | None = None, image_size: int = 224, seed: int = 0, num_threads: int | None = None,
+                 shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2, augment: AugmentConfig | None = None,
+                 keys: TFRecordKeys | None = None, **augment_args) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if augment is not None and augment_args:
+            raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
+        self.device = resolve_device(device)
+        self.shard = Shard.from_env(rank, world_size, local_rank)
+        self.source = source if isinstance(source, Source) else open_source(source, keys=keys)
+        self.batch_size, self.train, self.seed = batch_size, train, seed
+        self.augment = augment or AugmentConfig(image_size=image_size, **augment_args)
+        self._pipeline_args = dict(train=train, batch_size=batch_size, device=self.device, shard=self.shard,
+                                   augment=self.augment, num_threads=num_threads, seed=seed,
+                                   shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth)
+        if train and self.source.num_samples // self.shard.world_size < batch_size:
+            raise ValueError(
+                f"{self.source.location}: {self.source.num_samples} samples over {self.shard.world_size} ranks "
+                f"give less than one batch of {batch_size} per rank in train mode (the tail is dropped); "
+                f"lower batch_size")
+        self.epoch = 0          # epochs completed
+        self._position = 0      # batches yielded in the current epoch
+        self._resumed = False   # the current epoch was restored by load_state_dict: continue it
+        self._iterator = None
+        self._build()
+
+    # -- construction -------------------------------------------------------------------------
+
+    def _build(self, checkpoint: str | None = None) -> None:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+        self.close()
+        pipe = build_pipeline(self.source, checkpoint=checkpoint, **self._pipeline_args)
+        # train: DROP stops every rank before the smallest shard runs out (equal batch counts).
+        # val: FILL with the reader's padding repeats each shard's last sample; masked below.
+        policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.FILL
+        self._iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME,
+                                             last_batch_policy=policy, auto_reset=True)
+
+    def close(self) -> None:
+        """Free the pipeline (its threads and memory) now rather than at garbage collection."""
+        if self._iterator is not None:
+            pipes = self._iterator._pipes
+            self._iterator = None
+            for pipe in pipes:
+                pipe._shutdown()
+            del pipes
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- the DataLoader surface ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch: the same on every rank, in every epoch."""
+        return len(self._iterator)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the whole dataset (all ranks)."""
+        return self.source.num_samples
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Real (not padding) samples this rank yields per epoch."""
+        if self.train:
+            return len(self) * self.batch_size
+        return self.shard.size_of(self.shard.rank, self.num_samples)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Accepted for DistributedSampler-style loops. DALI reshuffles every epoch by itself;
+        the loader's own epoch count is what state_dict records."""
+        self.requested_epoch = epoch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._position and not self._resumed:
+            self._finish_epoch()  # an epoch abandoned midway: DALI can only start at a boundary
+        self._resumed = False
+        return self._batches()
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        real = self.samples_per_epoch
+        for (batch,) in self._iterator:  # one pipeline per rank -> one dict per step
+            images, labels = batch["images"], batch["labels"]
+            if self.augment.channels_last:
+                images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
+            if not self.train:
+                start = self._position * self.batch_size
+                if start + len(labels) > real:  # reader padding: repeated samples past the shard's end
+                    labels = labels.clone()
+                    labels[max(0, real - start):] = PADDING_LABEL
+            self._position += 1
+            yield images, labels
+        self.epoch += 1
+        self._position = 0
+
+    def _finish_epoch(self) -> None:
+        for _ in self._batches():
+            pass
+
+    # -- resumption ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where this rank is: DALI's checkpoint (reader position, shuffle and augmentation RNG)
+        plus the epoch and batch counters. Take it between batches."""
+        epoch, position = self.epoch, self._position
+        if position >= len(self):  # after an epoch's last batch: DALI resumes at the next epoch
+            epoch, position = epoch + 1, 0
+        return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
+                "rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
+                "train": self.train, "num_samples": self.num_samples, "seed": self.seed,
+                "dali": self._iterator.checkpoints()[0]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state` was taken: the next batches are those the original
+        loader would have yielded, also across epoch boundaries."""
+        mine = {"rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
+                "train": self.train, "num_samples": self.num_samples, "seed": self.seed}
+        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        if state.get("version") != _STATE_VERSION or differ:
+            raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
+                             f"the same data, rank, world size, batch size and seed")
+        self._build(checkpoint=state["dali"])
+        self.epoch, self._position = state["epoch"], state["position"]
+        self._resumed = self._position > 0

@@ -1,0 +1,255 @@
+"""DaliLoader on CPU with real DALI: outputs against a PIL/numpy reference, exact epochs per rank
+for world sizes 1-4, resume equality, determinism, errors, and no leaks."""
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dali_pipes import DaliLoader, open_source
+from dali_pipes.augment import IMAGENET_MEAN, IMAGENET_STD
+
+from conftest import jpeg_bytes
+
+N = 23  # does not divide by 2, 3 or 4
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    """A file list of N images whose label is their index, so outputs identify their sample."""
+    root = tmp_path_factory.mktemp("numbered")
+    with open(root / "list.txt", "w") as f:
+        for i in range(N):
+            (root / f"{i:03d}.jpg").write_bytes(jpeg_bytes(i, 24 + i % 5, 32))
+            f.write(f"{i:03d}.jpg {i}\n")
+    return open_source(str(root / "list.txt"))
+
+
+def loaders(source, world_size, **kw):
+    kw = {"batch_size": 3, "image_size": 16, "device": "cpu", "num_threads": 1, **kw}
+    return [DaliLoader(source, rank=r, world_size=world_size, **kw) for r in range(world_size)]
+
+
+def epoch_labels(loader):
+    return [labels.tolist() for _, labels in loader]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_val_yields_every_sample_exactly_once_across_ranks(numbered, world_size):
+    ranks = loaders(numbered, world_size, train=False)
+    assert len({len(l) for l in ranks}) == 1  # equal batch counts, else DDP hangs
+    for _ in range(2):  # and again the next epoch
+        real = []
+        for loader in ranks:
+            batches = epoch_labels(loader)
+            assert len(batches) == len(loader) and all(len(b) == 3 for b in batches)
+            real += [l for b in batches for l in b if l >= 0]
+        assert sorted(real) == list(range(N))
+    assert sum(l.samples_per_epoch for l in ranks) == N
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_train_reads_each_sample_at_most_once_per_epoch(numbered, world_size):
+    ranks = loaders(numbered, world_size, train=True, shuffle_buffer=8)
+    expected_batches = (N // world_size) // 3
+    seen_over_epochs = set()
+    for _ in range(3):
+        labels = []
+        for loader in ranks:
+            batches = epoch_labels(loader)
+            assert len(batches) == len(loader) == expected_batches
+            labels += [l for b in batches for l in b]
+        assert len(labels) == len(set(labels)) == world_size * expected_batches * 3
+        assert min(labels) >= 0
+        seen_over_epochs |= set(labels)
+    assert len(seen_over_epochs) > world_size * expected_batches * 3  # shards rotate / reshuffle
+
+
+def test_outputs_shape_dtype_range_and_layouts(numbered):
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16)
+    images, labels = next(iter(loader))
+    assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32 and images.device.type == "cpu"
+    assert labels.shape == (4,) and labels.dtype == torch.int64
+    lo = min((0 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
+    hi = max((1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
+    assert lo - 1e-4 <= images.min() and images.max() <= hi + 1e-4
+    assert images.cuda(non_blocking=True).shape if torch.cuda.is_available() else True
+    half = DaliLoader(numbered, batch_size=4, train=False, device="cpu", image_size=16, channels_last=True,
+                      float16=True)
+    images, _ = next(iter(half))
+    assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float16
+    assert images.is_contiguous(memory_format=torch.channels_last)
+
+
+def _reference_val(data, size=16, crop_ratio=0.875):
+    """Independent reference: PIL decode, antialiased bilinear resize of the shorter side,
+    centre crop, ImageNet normalisation."""
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    short = round(size / crop_ratio)
+    w, h = img.size
+    new = (short, round(h * short / w)) if w <= h else (round(w * short / h), short)
+    img = img.resize(new, Image.BILINEAR)
+    left, top = round((new[0] - size) / 2), round((new[1] - size) / 2)
+    pixels = np.asarray(img.crop((left, top, left + size, top + size)), np.float32) / 255
+    return ((pixels - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1)
+
+
+def test_val_output_matches_a_pil_reference(tmp_path):
+    """Smooth photographs-like images (gradients), 60-90 px, resized to 18 and cropped to 16.
+    Tolerance: mean |diff| < 0.03 and max |diff| < 0.25 in normalised units (about 2 and 15
+    grey levels): JPEG decoders and resize filters differ in rounding, not in content."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(6):
+        h, w = rng.integers(60, 91, size=2)
+        yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+        pixels = np.stack([xx / w * 200 + 20, yy / h * 180 + 30, (xx + yy) / (w + h) * 150 + 50], -1)
+        Image.fromarray(pixels.astype(np.uint8)).save(tmp_path / f"{i}.jpg", quality=95)
+        lines.append(f"{i}.jpg {i}\n")
+    (tmp_path / "list.txt").write_text("".join(lines))
+    loader = DaliLoader(str(tmp_path / "list.txt"), batch_size=6, train=False, device="cpu", image_size=16)
+    images, labels = next(iter(loader))
+    for image, label in zip(images.numpy(), labels.tolist()):
+        ref = _reference_val((tmp_path / f"{label}.jpg").read_bytes())
+        diff = np.abs(image - ref)
+        assert diff.mean() < 0.03 and diff.max() < 0.25, (label, diff.mean(), diff.max())
+
+
+def test_train_flips_about_half(tmp_path):
+    """Left half dark, right half bright: a flipped output is bright on the left."""
+    pixels = np.zeros((64, 64, 3), np.uint8)
+    pixels[:, 32:] = 230
+    lines = []
+    for i in range(40):
+        Image.fromarray(pixels).save(tmp_path / f"{i}.jpg", quality=95)
+        lines.append(f"{i}.jpg 0\n")
+    (tmp_path / "list.txt").write_text("".join(lines))
+    loader = DaliLoader(str(tmp_path / "list.txt"), batch_size=20, train=True, device="cpu", image_size=16,
+                        random_area=(0.9, 1.0), random_aspect_ratio=(1.0, 1.0), seed=1)
+    flips = []
+    for _ in range(10):
+        for images, _ in loader:
+            flips += (images[:, 0, :, :4].mean((1, 2)) > images[:, 0, :, -4:].mean((1, 2))).tolist()
+    assert len(flips) == 400 and 0.4 < np.mean(flips) < 0.6
+
+
+def test_same_seed_same_batches(numbered):
+    a, b, c = (DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, seed=s,
+                          shuffle_buffer=8) for s in (3, 3, 4))
+    batches = [[(x.clone(), y.clone()) for x, y in loader] for loader in (a, b, c)]
+    assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(batches[0], batches[1]))
+    assert not all(torch.equal(x1, x3) for (x1, _), (x3, _) in zip(batches[0], batches[2]))
+
+
+@pytest.mark.parametrize("stop_epoch,stop_batch", [(0, 1), (0, 4), (1, 0), (1, 3)])
+def test_resume_yields_exactly_the_uninterrupted_batches(numbered, stop_epoch, stop_batch):
+    """Save after batch `stop_batch` of epoch `stop_epoch` (4 = the epoch's last: an epoch
+    boundary), restore into a fresh loader: every later batch, through two more epoch
+    boundaries, is identical in images and labels."""
+    kw = dict(batch_size=4, train=True, device="cpu", image_size=16, seed=5, shuffle_buffer=8)
+    original = DaliLoader(numbered, **kw)
+    reference, state = [], None
+    for epoch in range(3):
+        for i, (images, labels) in enumerate(original):
+            if state is not None:
+                reference.append((images.clone(), labels.clone()))
+            if (epoch, i) == (stop_epoch, stop_batch):
+                state = original.state_dict()
+    resumed = DaliLoader(numbered, **kw)
+    resumed.load_state_dict(state)
+    got = []
+    while resumed.epoch < 3:
+        got += [(x.clone(), y.clone()) for x, y in resumed]
+    assert len(got) == len(reference) == 15 - (5 * stop_epoch + stop_batch + 1)
+    for (x1, y1), (x2, y2) in zip(reference, got):
+        assert torch.equal(y1, y2) and torch.equal(x1, x2)
+
+
+def test_abandoned_epoch_is_finished_before_the_next(numbered):
+    loader = DaliLoader(numbered, batch_size=3, train=False, device="cpu", image_size=16)
+    first = next(iter(loader))[1].tolist()
+    assert first == [0, 1, 2]
+    assert epoch_labels(loader)[0] == [0, 1, 2]  # a new iter() is a new epoch from the start
+    assert loader.epoch == 2
+
+
+def test_len_is_stable_and_set_epoch_is_accepted(numbered):
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16)
+    lengths = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        lengths.append(sum(1 for _ in loader))
+    assert lengths == [len(loader)] * 3 == [5] * 3
+    assert loader.num_samples == N and loader.samples_per_epoch == 20
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(batch_size=0), ValueError, "batch_size must be a positive integer, got 0"),
+    (dict(rank=2, world_size=2), ValueError, r"rank 2 is not in \[0, world_size=2\)"),
+    (dict(device="tpu"), ValueError, "device must be one of .*'tpu'"),
+    (dict(batch_size=24), ValueError, "less than one batch of 24 per rank"),
+    (dict(auto_augment="cutmix"), ValueError, "auto_augment must be one of"),
+])
+def test_bad_arguments(numbered, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        DaliLoader(numbered, **{"batch_size": 4, "train": True, "device": "cpu", **kwargs})
+
+
+def test_rank_and_world_size_from_the_environment(numbered, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    loader = DaliLoader(numbered, batch_size=3, train=False, device="cpu", image_size=16)
+    assert (loader.shard.rank, loader.shard.world_size) == (1, 2)
+    assert [l for b in epoch_labels(loader) for l in b if l >= 0] == list(range(11, 23))
+
+
+@pytest.mark.parametrize("policy", ["autoaugment", "randaugment", "trivialaugment"])
+def test_auto_augment_policies_run(numbered, policy):
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, auto_augment=policy,
+                        color_jitter=0.4)
+    images, labels = next(iter(loader))
+    assert images.shape == (4, 3, 16, 16) and torch.isfinite(images).all()
+
+
+def _threads_and_rss():
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f)
+    return int(status["Threads"]), int(status["VmRSS"].split()[0]) // 1024
+
+
+def test_recreating_loaders_leaks_no_threads_or_memory(numbered):
+    def cycle():
+        loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, num_threads=2)
+        for _ in loader:
+            pass
+        loader.close()
+    for _ in range(3):
+        cycle()  # warm-up: one-time allocations
+    threads, rss = _threads_and_rss()
+    for _ in range(15):
+        cycle()
+    threads_after, rss_after = _threads_and_rss()
+    assert threads_after <= threads + 2, (threads, threads_after)
+    assert rss_after - rss < 40, (rss, rss_after)  # MiB
+
+
+def test_process_exits_cleanly_with_a_live_loader(numbered, tmp_path):
+    import subprocess
+    import sys
+    code = ("from dali_pipes import DaliLoader\n"
+            f"l = DaliLoader({numbered.location!r}, batch_size=3, train=True, device='cpu', image_size=16)\n"
+            "next(iter(l))\nprint('ok')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_and_cpu_agree_in_val(numbered):
+    gpu = DaliLoader(numbered, batch_size=4, train=False, device="gpu", image_size=16)
+    cpu = DaliLoader(numbered, batch_size=4, train=False, device="cpu", image_size=16)
+    for (xg, yg), (xc, yc) in zip(gpu, cpu):
+        assert xg.device.type == "cuda" and torch.equal(yg.cpu(), yc)
+        assert (xg.float().cpu() - xc).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo rounding
