@@ -253,3 +253,16 @@ def test_gpu_and_cpu_agree_in_val(numbered):
     for (xg, yg), (xc, yc) in zip(gpu, cpu):
         assert xg.device.type == "cuda" and torch.equal(yg.cpu(), yc)
         assert (xg.float().cpu() - xc).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo rounding
+
+
+@pytest.mark.parametrize("fmt", ["folder", "tfrecord", "webdataset"])
+def test_labels_match_the_source_for_every_format(jpeg_folder, tmp_path, fmt):
+    from dali_pipes.convert import write_tfrecords, write_webdataset
+    location = jpeg_folder
+    if fmt != "folder":
+        location = str(tmp_path / fmt)
+        (write_tfrecords if fmt == "tfrecord" else write_webdataset)(open_source(jpeg_folder), location, shards=2,
+                                                                    progress=False)
+    ranks = loaders(open_source(location), 2, train=False, batch_size=4)
+    labels = sorted(l for loader in ranks for b in epoch_labels(loader) for l in b if l >= 0)
+    assert labels == [0] * 4 + [1] * 3 + [2] * 5  # jpeg_folder: 4 cats, 3 dogs, 5 fish
