@@ -118,6 +118,13 @@ class DaliLoader:
             return len(self) * self.batch_size
         return self.shard.size_of(self.shard.rank, self.num_samples)
 
+    @property
+    def next_batch(self) -> tuple[int, int]:
+        """(epoch, batch index) of the next batch this loader yields."""
+        if self._position >= len(self):  # after an epoch's last batch: the next epoch comes next
+            return self.epoch + 1, 0
+        return self.epoch, self._position
+
     def set_epoch(self, epoch: int) -> None:
         """Accepted for DistributedSampler-style loops. DALI reshuffles every epoch by itself;
         the loader's own epoch count is what state_dict records."""
@@ -154,9 +161,7 @@ class DaliLoader:
     def state_dict(self) -> dict:
         """Where this rank is: DALI's checkpoint (reader position, shuffle and augmentation RNG)
         plus the epoch and batch counters. Take it between batches."""
-        epoch, position = self.epoch, self._position
-        if position >= len(self):  # after an epoch's last batch: DALI resumes at the next epoch
-            epoch, position = epoch + 1, 0
+        epoch, position = self.next_batch
         return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
                 "rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
                 "train": self.train, "num_samples": self.num_samples, "seed": self.seed,

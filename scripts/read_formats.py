@@ -1,5 +1,6 @@
-"""The main job on the built-in dataset: make it, convert it, and read one epoch of each format
-through a DALI pipeline (decode + resize + centre crop + normalise), printing images/s."""
+"""Make the built-in dataset, convert it, and read one epoch of each format (image folder,
+TFRecord, WebDataset) through a DALI val pipeline (decode + resize + centre crop + normalise),
+printing images/s."""
 
 import argparse
 import os

@@ -1,0 +1,178 @@
+"""The baseline users run today: torch DataLoader + a distributed sampler + PIL decoding, with
+the same transforms as the DALI graphs (torchvision's RandomResizedCrop / flip / normalise for
+train, resize + centre crop for val), written with PIL and numpy so that torchvision is not needed.
+
+TorchLoader has DaliLoader's surface (len, set_epoch, state_dict, samples_per_epoch), so one
+training loop drives either, and follows the same epoch contract: train drops the tail so that
+every rank runs (N // world_size) // batch_size batches; val gives each sample to exactly one rank.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from dali_pipes.augment import AugmentConfig
+from dali_pipes.dist import Shard
+from dali_pipes.sources import Source, open_source, read_sample
+
+
+def random_resized_crop_box(width: int, height: int, area: tuple[float, float], ratio: tuple[float, float],
+                            rng: random.Random) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params: (left, top, w, h), centre-crop fallback."""
+    total = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = total * rng.uniform(*area)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif in_ratio > ratio[1]:
+        w, h = round(height * ratio[1]), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+class ImageTransform:
+    """PIL image -> normalised float32 CHW tensor, train or val, as the DALI graphs do."""
+
+    def __init__(self, cfg: AugmentConfig, train: bool) -> None:
+        self.cfg, self.train = cfg, train
+        self.mean = np.array(cfg.mean, np.float32) * 255
+        self.std = np.array(cfg.std, np.float32) * 255
+
+    def __call__(self, img: Image.Image, rng: random.Random) -> torch.Tensor:
+        size = self.cfg.image_size
+        if self.train:
+            left, top, w, h = random_resized_crop_box(img.width, img.height, self.cfg.random_area,
+                                                      self.cfg.random_aspect_ratio, rng)
+            img = img.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+            if rng.random() < self.cfg.flip_probability:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        else:
+            short = round(size / self.cfg.crop_ratio)
+            scale = short / min(img.size)
+            img = img.resize((max(short, round(img.width * scale)), max(short, round(img.height * scale))),
+                             Image.BILINEAR)
+            left, top = round((img.width - size) / 2), round((img.height - size) / 2)
+            img = img.crop((left, top, left + size, top + size))
+        pixels = (np.asarray(img, np.float32) - self.mean) / self.std
+        return torch.from_numpy(pixels.transpose(2, 0, 1).copy())
+
+
+class SourceDataset(Dataset):
+    """Map-style dataset over any Source: reads, decodes with PIL, transforms."""
+
+    def __init__(self, source: Source, transform: ImageTransform, seed: int) -> None:
+        self.refs, self.transform, self.seed = source.refs(), transform, seed
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        epoch, index = key  # the sampler sends the epoch along: workers hold stale dataset copies
+        sample = read_sample(self.refs[index])
+        with Image.open(io.BytesIO(sample.data)) as img:
+            rng = random.Random(hash((self.seed, epoch, index)))  # reproducible per sample and epoch
+            return self.transform(img.convert("RGB"), rng), sample.label
+
+
+class ShardSampler(Sampler[tuple[int, int]]):
+    """DistributedSampler's split without its padding. train: a seeded permutation per epoch, rank r
+    takes every world_size-th index of the first (N // world_size) * world_size; val: rank r takes
+    indices r, r + world_size, ... (each sample on exactly one rank). `start` skips samples on resume.
+    Yields (epoch, index) so that augmentation in worker processes knows the epoch."""
+
+    def __init__(self, num_samples: int, shard: Shard, train: bool, seed: int) -> None:
+        self.num_samples, self.shard, self.train, self.seed = num_samples, shard, train, seed
+        self.epoch, self.start = 0, 0
+
+    def indices(self) -> list[int]:
+        if not self.train:
+            return list(range(self.shard.rank, self.num_samples, self.shard.world_size))
+        order = torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        usable = self.num_samples // self.shard.world_size * self.shard.world_size
+        return order[:usable][self.shard.rank::self.shard.world_size].tolist()
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((self.epoch, i) for i in self.indices()[self.start:])
+
+    def __len__(self) -> int:
+        return len(self.indices()) - self.start
+
+
+class TorchLoader:
+    """DataLoader + ShardSampler + PIL, with DaliLoader's surface."""
+
+    def __init__(self, source: Source | str, *, batch_size: int, train: bool, rank: int | None = None,
+                 world_size: int | None = None, image_size: int = 224, seed: int = 0, num_workers: int = 4,
+                 pin_memory: bool = True, persistent_workers: bool = True, augment: AugmentConfig | None = None,
+                 prefetch_factor: int = 2) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.source = source if isinstance(source, Source) else open_source(source)
+        self.shard = Shard.from_env(rank, world_size)
+        self.train, self.batch_size = train, batch_size
+        self.augment = augment or AugmentConfig(image_size=image_size)
+        self.dataset = SourceDataset(self.source, ImageTransform(self.augment, train), seed)
+        self.sampler = ShardSampler(len(self.dataset), self.shard, train, seed)
+        self.loader = DataLoader(self.dataset, batch_size=batch_size, sampler=self.sampler, drop_last=train,
+                                 num_workers=num_workers, pin_memory=pin_memory and torch.cuda.is_available(),
+                                 persistent_workers=persistent_workers and num_workers > 0,
+                                 prefetch_factor=prefetch_factor if num_workers > 0 else None)
+        self.epoch, self._position = 0, 0
+
+    def __len__(self) -> int:
+        n = len(self.sampler.indices())
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def samples_per_epoch(self) -> int:
+        return len(self) * self.batch_size if self.train else len(self.sampler.indices())
+
+    @property
+    def next_batch(self) -> tuple[int, int]:
+        """(epoch, batch index) of the next batch this loader yields."""
+        if self._position >= len(self):
+            return self.epoch + 1, 0
+        return self.epoch, self._position
+
+    def set_epoch(self, epoch: int) -> None:
+        self.requested_epoch = epoch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.sampler.epoch = self.epoch
+        self.sampler.start = self._position * self.batch_size
+        for images, labels in self.loader:
+            self._position += 1
+            yield images, labels
+        self.epoch, self._position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        epoch, position = self.next_batch
+        return {"epoch": epoch, "position": position, "rank": self.shard.rank, "world_size": self.shard.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["rank"], state["world_size"]) != (self.shard.rank, self.shard.world_size):
+            raise ValueError(f"loader state of rank {state['rank']}/{state['world_size']} given to rank "
+                             f"{self.shard.rank}/{self.shard.world_size}")
+        self.epoch, self._position = state["epoch"], state["position"]
+
+    def close(self) -> None:
+        self.loader = None

@@ -1,0 +1,1 @@
+"""The training loop: `python -m train` (see train/train.py)."""

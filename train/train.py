@@ -1,0 +1,365 @@
+"""Image classification training: one loop body for both loaders, DDP on one or many nodes.
+
+    python -m train --data PATH [--val-data PATH] --loader dali|torch [--device gpu|cpu] ...
+    torchrun --nproc_per_node=N -m train --data PATH ...
+
+Recipe: SGD + Nesterov momentum, label smoothing, linear warm-up then cosine decay (per step),
+no weight decay on norms and biases, bf16 autocast and channels_last on GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from dali_pipes import DaliLoader, Shard, open_source
+from dali_pipes.baseline import TorchLoader
+from train.metrics import MemoryMeter, atomic_save
+from train.models import ARCHS, create_model
+
+DEFAULT_DATA = "data/sample/images"
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="", help="train data (any dataset open_source takes); "
+                   f"default: the built-in dataset, made in {DEFAULT_DATA} if missing")
+    p.add_argument("--val-data", default="", help="val data; default: DATA/../val when that exists")
+    p.add_argument("--loader", choices=["dali", "torch"], default="dali")
+    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--arch", choices=list(ARCHS), default="resnet50")
+    p.add_argument("--width", type=int, default=64, help="channels of the first ResNet stage (64 = standard)")
+    p.add_argument("--num-classes", type=int, default=0, help="default: from the dataset")
+    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--batch-size", type=int, default=256, help="per rank")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--lr", type=float, default=0.0, help="default: 0.1 x global batch / 256")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-5)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: on GPU)")
+    p.add_argument("--workers", type=int, default=0, help="torch loader workers per rank (default: cores / ranks)")
+    p.add_argument("--threads", type=int, default=0, help="DALI threads per rank (default: cores / ranks)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default="runs/latest")
+    p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (and at epoch end)")
+    p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt if it exists")
+    p.add_argument("--record-labels", action="store_true", help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
+    p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
+    p.add_argument("--kill-rank", type=int, default=0)
+    return p
+
+
+@dataclass
+class Run:
+    """What the loop carries between steps: counters, and everything a checkpoint holds."""
+    args: argparse.Namespace
+    shard: Shard
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_loader: object
+    val_loader: object | None
+    step: int = 0
+    memory: MemoryMeter = field(default_factory=MemoryMeter)
+    loaders_built_at: float = 0.0          # perf_counter() before the loaders were constructed
+    first_batch_s: float | None = None     # construction -> first batch in hand (this process)
+
+    @property
+    def is_main(self) -> bool:
+        return self.shard.rank == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up
+# ---------------------------------------------------------------------------------------------
+
+def setup_distributed(args) -> tuple[Shard, torch.device]:
+    shard = Shard.from_env()
+    if args.device == "gpu":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device gpu but torch sees no CUDA device; use --device cpu")
+        torch.cuda.set_device(shard.local_rank)
+        device = torch.device("cuda", shard.local_rank)
+    else:
+        device = torch.device("cpu")
+    if shard.world_size > 1 and not dist.is_initialized():
+        # NCCL between GPUs; gloo on CPU. torchrun's env:// rendezvous gives rank and world size.
+        dist.init_process_group("nccl" if args.device == "gpu" else "gloo", device_id=device if args.device == "gpu" else None)
+    return shard, device
+
+
+def resolve_data(args) -> tuple[str, str]:
+    data = args.data
+    if not data:
+        data = os.path.join(DEFAULT_DATA, "train")
+        if not os.path.isdir(data):
+            from dali_pipes.sample_data import make_sample_dataset
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(f"making the built-in dataset in {DEFAULT_DATA} ...", flush=True)
+                make_sample_dataset(DEFAULT_DATA)
+            if dist.is_initialized():
+                dist.barrier()
+    val = args.val_data
+    if not val:
+        guess = os.path.join(os.path.dirname(os.path.abspath(data.rstrip("/"))), "val")
+        val = guess if os.path.isdir(guess) and os.path.abspath(guess) != os.path.abspath(data) else ""
+    return data, val
+
+
+def build_loader(args, data: str, train: bool, shard: Shard):
+    """The one place where the two loaders differ: the constructor."""
+    common = dict(batch_size=args.batch_size, train=train, rank=shard.rank, world_size=shard.world_size,
+                  image_size=args.image_size, seed=args.seed)
+    per_rank_cores = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    if args.loader == "dali":
+        return DaliLoader(data, device=args.device, local_rank=shard.local_rank, num_threads=args.threads or
+                          per_rank_cores, channels_last=args.device == "gpu", **common)
+    return TorchLoader(data, num_workers=args.workers or per_rank_cores, pin_memory=True, persistent_workers=True,
+                       **common)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on norm weights and biases (1-D parameters)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int):
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
+    return factor
+
+
+def create_run(args) -> Run:
+    shard, device = setup_distributed(args)
+    random.seed(args.seed + shard.rank)
+    np.random.seed(args.seed + shard.rank)
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts them)
+    data, val = resolve_data(args)
+    built_at = time.perf_counter()
+    train_loader = build_loader(args, data, True, shard)
+    val_loader = build_loader(args, val, False, shard) if val else None
+    num_classes = args.num_classes or _num_classes(train_loader.source)
+    model = create_model(args.arch, num_classes, args.width).to(device)
+    if args.device == "gpu":
+        model = model.to(memory_format=torch.channels_last)
+    if shard.world_size > 1:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[shard.local_rank] if args.device == "gpu" else None)
+    lr = args.lr or 0.1 * args.batch_size * shard.world_size / 256
+    optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=args.momentum, nesterov=True)
+    steps = len(train_loader) * args.epochs
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(steps, round(args.warmup_epochs * len(train_loader))))
+    scaler = torch.amp.GradScaler(enabled=False)  # bf16 needs no loss scaling; kept for fp16 and checkpoints
+    return Run(args, shard, device, model, optimizer, scheduler, scaler, train_loader, val_loader,
+               loaders_built_at=built_at)
+
+
+def _num_classes(source) -> int:
+    if source.classes:
+        return len(source.classes)
+    if source.labels:
+        return max(source.labels) + 1
+    raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: model, optimizer, scaler, scheduler, every rank's loader state and RNG.
+# ---------------------------------------------------------------------------------------------
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def save_checkpoint(run: Run) -> None:
+    per_rank = {"loader": run.train_loader.state_dict(), "rng": _rng_state()}
+    gathered = [per_rank]
+    if dist.is_initialized():  # sync point: every rank hands its loader position to rank 0
+        gathered = [None] * run.shard.world_size
+        dist.all_gather_object(gathered, per_rank)
+    if run.is_main:
+        model = run.model.module if hasattr(run.model, "module") else run.model
+        atomic_save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                     "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
+                     "step": run.step, "ranks": gathered, "args": vars(run.args)},
+                    os.path.join(run.args.workdir, "checkpoint.pt"))
+
+
+def load_checkpoint(run: Run, path: str) -> None:
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if len(state["ranks"]) != run.shard.world_size:
+        raise SystemExit(f"{path} was written by {len(state['ranks'])} ranks; resume with the same world size "
+                         f"({run.shard.world_size} now)")
+    model = run.model.module if hasattr(run.model, "module") else run.model
+    model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.step = state["step"]
+    mine = state["ranks"][run.shard.rank]
+    run.train_loader.load_state_dict(mine["loader"])
+    rng = mine["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+def _autocast(run: Run):
+    amp = run.args.amp if run.args.amp is not None else run.args.device == "gpu"
+    return torch.autocast(run.device.type, dtype=torch.bfloat16) if amp else nullcontext()
+
+
+def _to_device(run: Run, images: torch.Tensor, labels: torch.Tensor):
+    fmt = torch.channels_last if run.args.device == "gpu" else torch.preserve_format
+    return (images.to(run.device, non_blocking=True, memory_format=fmt),
+            labels.to(run.device, non_blocking=True))
+
+
+def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> dict:
+    run.model.train()
+    loader = run.train_loader
+    loader.set_epoch(epoch)
+    total = len(loader) - loader.next_batch[1]  # fewer when resumed mid-epoch
+    bar = tqdm(total=total, desc=f"epoch {epoch}", unit="step", disable=not run.is_main, leave=False)
+    loss_sum = torch.zeros((), device=run.device)
+    wait, samples = 0.0, 0
+    start = tick = time.perf_counter()
+    for images, labels in loader:
+        got = time.perf_counter()
+        wait += got - tick
+        if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
+            run.first_batch_s = got - run.loaders_built_at
+        images, labels = _to_device(run, images, labels)
+        with _autocast(run):
+            loss = criterion(run.model(images), labels)
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        run.scheduler.step()
+        run.step += 1
+        loss_sum += loss.detach()
+        samples += len(labels)
+        if label_log:
+            label_log.write(json.dumps({"step": run.step, "epoch": epoch, "labels": labels.tolist()}) + "\n")
+            label_log.flush()
+        if run.args.checkpoint_every and run.step % run.args.checkpoint_every == 0:
+            save_checkpoint(run)
+        if run.step == run.args.kill_at_step and run.shard.rank == run.args.kill_rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup, no flush, no goodbye
+        bar.update()
+        if run.step % 10 == 0:
+            run.memory.sample()
+        tick = time.perf_counter()
+    bar.close()
+    seconds = time.perf_counter() - start
+    steps = max(1, bar.n)
+    stats = {"train_loss": _mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
+             "images_per_s": _sum_over_ranks(samples) / seconds,
+             "data_wait_fraction": _mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
+             "first_batch_s": run.first_batch_s}
+    return stats
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict:
+    """Top-1/top-5 over the whole val set: each sample counted once across ranks (padding, label
+    -1, is masked out), sums all-reduced. The unwrapped model runs: DDP does no collectives here,
+    so ranks may run different numbers of val batches (the torch loader does)."""
+    model = run.model.module if hasattr(run.model, "module") else run.model
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # correct@1, correct@5, loss, count
+    for images, labels in run.val_loader:
+        images, labels = _to_device(run, images, labels)
+        real = labels >= 0
+        with _autocast(run):
+            logits = model(images).float()
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hits = (top5 == labels[:, None]) & real[:, None]
+        loss = nn.functional.cross_entropy(logits, labels, ignore_index=-1, reduction="sum")  # padding: 0
+        sums += torch.stack([hits[:, 0].sum(), hits.any(1).sum(), loss, real.sum()]).double()
+    if dist.is_initialized():
+        dist.all_reduce(sums)  # sync point: totals over all ranks
+    correct1, correct5, loss, count = sums.tolist()
+    return {"val_top1": correct1 / max(count, 1), "val_top5": correct5 / max(count, 1),
+            "val_loss": loss / max(count, 1), "val_samples": int(count)}
+
+
+def _sum_over_ranks(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.item()
+
+
+def _mean_over_ranks(value: float) -> float:
+    return _sum_over_ranks(value) / (dist.get_world_size() if dist.is_initialized() else 1)
+
+
+def main(args) -> list[dict]:
+    os.makedirs(args.workdir, exist_ok=True)
+    run = create_run(args)
+    checkpoint = os.path.join(args.workdir, "checkpoint.pt")
+    if args.resume and os.path.exists(checkpoint):
+        load_checkpoint(run, checkpoint)
+        if run.is_main:
+            print(f"resumed from {checkpoint} at step {run.step}", flush=True)
+    if run.is_main:
+        with open(os.path.join(args.workdir, "args.json"), "w") as f:
+            json.dump(vars(args), f, indent=1)
+    criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)
+    label_log = open(os.path.join(args.workdir, f"labels-rank{run.shard.rank}.jsonl"), "a") if args.record_labels else None
+    history = []
+    while run.train_loader.next_batch[0] < args.epochs:
+        epoch = run.train_loader.next_batch[0]
+        stats = {"epoch": epoch, **train_one_epoch(run, epoch, criterion, label_log)}
+        if run.val_loader is not None:
+            stats.update(evaluate(run))
+        save_checkpoint(run)  # at epoch end, after the loader moved to the next epoch
+        run.memory.sample()
+        stats.update(run.memory.peaks(), lr=run.scheduler.get_last_lr()[0], step=run.step,
+                     loader=args.loader, device=args.device, world_size=run.shard.world_size)
+        history.append(stats)
+        if run.is_main:
+            with open(os.path.join(args.workdir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps(stats) + "\n")
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()), flush=True)
+    if label_log:
+        label_log.close()
+    for loader in (run.train_loader, run.val_loader):
+        if loader is not None:
+            loader.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return history
