@@ -6,33 +6,7 @@ import os
 
 import torch
 
-
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                kids += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return kids
-
-
-def host_memory_mb(pid: int | None = None) -> float:
-    """Resident memory of a process and all its descendants (DataLoader workers included)."""
-    pid = pid or os.getpid()
-    return _rss_mb(pid) + sum(host_memory_mb(child) for child in _children(pid))
+from dali_pipes.procfs import host_memory_mb
 
 
 class MemoryMeter:

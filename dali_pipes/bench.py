@@ -1,0 +1,435 @@
+"""Input-pipeline benchmarks: every loader on the same data and transforms, in one run.
+
+A case is a named loader factory. `measure` builds it (first-batch latency counts the build),
+warms it up, then times `passes` passes of `batches_per_pass` batches, each batch made ready
+where training happens (copied to the GPU and synchronised when there is one). It records
+images/s per pass (reported as median, min, max), CPU use of the whole process tree (workers
+included), and peak host and GPU memory. A case that fails is recorded with its error, not fatal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from dali_pipes.augment import AugmentConfig, eval_augment, train_augment
+from dali_pipes.baseline import TorchLoader
+from dali_pipes.loader import DaliLoader
+from dali_pipes.procfs import PeakSampler, cpu_seconds
+from dali_pipes.sources import Source, open_source, read_sample
+
+
+@dataclass
+class Measurement:
+    name: str
+    group: str
+    mode: str
+    params: dict
+    images_per_s: list[float] = field(default_factory=list)
+    first_batch_s: float | None = None
+    cpu_cores: float | None = None  # CPU seconds of the process tree per wall second
+    host_peak_mb: float | None = None
+    gpu_peak_mb: float | None = None
+    error: str | None = None
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.images_per_s)) if self.images_per_s else 0.0
+
+    def row(self) -> dict:
+        out = asdict(self)
+        out.update(median=self.median, min=min(self.images_per_s, default=0.0), max=max(self.images_per_s, default=0.0))
+        return out
+
+
+@dataclass(frozen=True)
+class Timing:
+    passes: int = 5
+    batches_per_pass: int = 8
+    warmup_batches: int = 3
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    group: str
+    mode: str
+    params: dict
+    factory: Callable[[], Iterable]
+
+
+def forever(loader: Iterable) -> Iterator:
+    """Batches across epoch boundaries, without abandoning an epoch midway."""
+    while True:
+        yield from loader
+
+
+def _ready(batch, device: torch.device) -> int:
+    """Make a batch usable by a training step on `device`; returns its number of samples."""
+    images, labels = batch[0], batch[1]
+    if device.type == "cuda":
+        images = images.to(device, non_blocking=True)
+    return len(labels)
+
+
+def measure(case: Case, timing: Timing, device: torch.device) -> Measurement:
+    m = Measurement(case.name, case.group, case.mode, case.params)
+    loader = None
+    try:
+        with PeakSampler() as peaks:
+            start = time.perf_counter()
+            loader = case.factory()
+            batches = forever(loader)
+            _ready(next(batches), device)
+            m.first_batch_s = time.perf_counter() - start
+            for _ in range(timing.warmup_batches):
+                _ready(next(batches), device)
+            cpu0, wall0 = cpu_seconds(), time.perf_counter()
+            for _ in range(timing.passes):
+                t0, samples = time.perf_counter(), 0
+                for _ in range(timing.batches_per_pass):
+                    samples += _ready(next(batches), device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                m.images_per_s.append(samples / (time.perf_counter() - t0))
+            m.cpu_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+        m.host_peak_mb, m.gpu_peak_mb = round(peaks.host_peak_mb, 1), peaks.gpu_peak_mb
+    except Exception as e:  # one broken case must not lose the others' numbers
+        m.error = f"{type(e).__name__}: {e}"[:500]
+    finally:
+        if loader is not None and hasattr(loader, "close"):
+            loader.close()
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaders that exist only for comparison
+# ---------------------------------------------------------------------------------------------
+
+class PreloadedDaliLoader:
+    """The same DALI graph fed from encoded bytes held in memory (external_source) instead of a
+    reader: does preloading pay? Shuffles per epoch in train mode; drops the last partial batch."""
+
+    def __init__(self, source: Source, *, batch_size: int, train: bool, device: str, image_size: int = 224,
+                 num_threads: int | None = None, seed: int = 0) -> None:
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+        samples = [read_sample(ref) for ref in source.refs()]
+        data = [np.frombuffer(s.data, np.uint8) for s in samples]
+        labels = [np.int64(s.label) for s in samples]
+        usable = len(data) // batch_size * batch_size
+        cfg = AugmentConfig(image_size=image_size)
+
+        def sample(info):
+            if info.idx_in_epoch >= usable:
+                raise StopIteration
+            order = np.random.default_rng([seed, info.epoch_idx]).permutation(len(data)) if train else None
+            i = int(order[info.idx_in_epoch]) if train else info.idx_in_epoch
+            return data[i], labels[i]
+
+        @pipeline_def(batch_size=batch_size, num_threads=num_threads or os.cpu_count(),
+                      device_id=0 if device == "gpu" else None, seed=seed)
+        def graph():
+            jpegs, label = fn.external_source(source=sample, num_outputs=2, batch=False,
+                                              dtype=[types.UINT8, types.INT64])
+            return (train_augment if train else eval_augment)(jpegs, cfg, device), label
+
+        self._iterator = DALIGenericIterator(graph(), ["images", "labels"], auto_reset=True)
+        self.preloaded_mb = sum(len(d) for d in data) / 2**20
+
+    def __iter__(self):
+        for (batch,) in self._iterator:
+            yield batch["images"], batch["labels"]
+
+    def close(self) -> None:
+        for pipe in self._iterator._pipes:
+            pipe._shutdown()
+
+
+class TorchvisionGpuLoader:
+    """torchvision's batched GPU decode_jpeg + transforms v2 on the GPU; DataLoader workers only
+    read the encoded bytes. Needs torchvision and CUDA."""
+
+    def __init__(self, source: Source, *, batch_size: int, train: bool, image_size: int = 224,
+                 num_workers: int = 4) -> None:
+        import torchvision
+        from torchvision.transforms import v2
+        self._decode = lambda encoded: torchvision.io.decode_jpeg(encoded, mode=torchvision.io.ImageReadMode.RGB,
+                                                                  device="cuda")
+        refs = source.refs()
+        self._loader = torch.utils.data.DataLoader(
+            _EncodedBytes(refs), batch_size=batch_size, shuffle=train, drop_last=True, num_workers=num_workers,
+            collate_fn=lambda items: items, persistent_workers=num_workers > 0)
+        cfg = AugmentConfig(image_size=image_size)
+        geometry = ([v2.RandomResizedCrop(image_size, scale=cfg.random_area, ratio=cfg.random_aspect_ratio,
+                                          antialias=True), v2.RandomHorizontalFlip()] if train else
+                    [v2.Resize(round(image_size / cfg.crop_ratio), antialias=True), v2.CenterCrop(image_size)])
+        self._per_image = v2.Compose(geometry)
+        self._normalize = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(cfg.mean, cfg.std)])
+
+    def __iter__(self):
+        for items in self._loader:
+            encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data, _ in items]
+            images = self._decode(encoded)  # one batched nvJPEG call
+            images = torch.stack([self._per_image(img) for img in images])
+            yield self._normalize(images), torch.tensor([label for _, label in items])
+
+    def close(self) -> None:
+        self._loader = None
+
+
+class _EncodedBytes(torch.utils.data.Dataset):
+    def __init__(self, refs: list) -> None:
+        self.refs = refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __getitem__(self, i: int) -> tuple[bytes, int]:
+        sample = read_sample(self.refs[i])
+        return sample.data, sample.label
+
+
+class TfDataLoader:
+    """tf.data over TFRecord shards (parallel interleave, parallel map, prefetch AUTOTUNE),
+    delivered as torch tensors. Needs TensorFlow."""
+
+    def __init__(self, shards: list[str], *, batch_size: int, train: bool, image_size: int = 224) -> None:
+        from dali_pipes.bench_tf import tf_dataset
+        self._dataset = tf_dataset(shards, batch_size=batch_size, train=train, image_size=image_size)
+
+    def __iter__(self):
+        for images, labels in self._dataset:
+            yield torch.from_numpy(images.numpy()), torch.from_numpy(labels.numpy())
+
+
+def available(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison matrix
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    batch_size: int
+    image_size: int
+    threads: list[int]
+    workers: list[int]
+    batch_sizes: list[int]
+    hw_loads: list[float]
+    shard_counts: list[int]
+    timing: Timing
+    modes: tuple[str, ...] = ("train", "val")
+
+
+def make_plan(quick: bool, gpu: bool, cores: int) -> Plan:
+    powers = sorted({1, *[2 ** k for k in range(1, 8) if 2 ** k < cores], cores})
+    if quick:
+        return Plan(batch_size=32, image_size=224, threads=sorted({1, cores}), workers=sorted({0, cores}),
+                    batch_sizes=[16, 32], hw_loads=[0.0, 0.65, 1.0] if gpu else [], shard_counts=[4],
+                    timing=Timing(passes=5, batches_per_pass=3, warmup_batches=4))
+    return Plan(batch_size=256 if gpu else 64, image_size=224, threads=powers, workers=[0, *powers],
+                batch_sizes=[64, 128, 256, 512] if gpu else [32, 64, 128],
+                hw_loads=[0.0, 0.25, 0.5, 0.65, 0.75, 0.9, 1.0] if gpu else [], shard_counts=[4, 16, 64],
+                timing=Timing(passes=5, batches_per_pass=20, warmup_batches=10) if gpu else
+                Timing(passes=5, batches_per_pass=8, warmup_batches=3))
+
+
+def format_copies(source: Source, out: str, shard_counts: list[int], progress: bool = True) -> dict[str, str]:
+    """The same samples as TFRecord and WebDataset shards at several shard counts (made once, reused)."""
+    from dali_pipes.convert import write_tfrecords, write_webdataset
+    copies = {f"{source.kind} (as given)": source.location}
+    for k in shard_counts:
+        k = min(k, source.num_samples)
+        for kind, write in (("tfrecord", write_tfrecords), ("webdataset", write_webdataset)):
+            folder = os.path.join(out, f"{kind}-{k}")
+            if not os.path.exists(os.path.join(folder, "classes.json")):
+                write(source, folder, shards=k, progress=progress)
+            copies[f"{kind} x{k} shards"] = folder
+    return copies
+
+
+def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict[str, str]) -> list[Case]:
+    dali_device = "gpu" if gpu else "cpu"
+    b, size = plan.batch_size, plan.image_size
+    dali = lambda src=source, device=dali_device, train=True, batch=b, threads=cores, **aug: (
+        lambda: DaliLoader(src, batch_size=batch, train=train, device=device, num_threads=threads, image_size=size,
+                           **aug))
+    torch_loader = lambda train=True, workers=cores, pin=True, persistent=True: (
+        lambda: TorchLoader(source, batch_size=b, train=train, num_workers=workers, pin_memory=pin,
+                            persistent_workers=persistent, image_size=size))
+    cases = []
+    for mode in plan.modes:
+        train = mode == "train"
+        if gpu:
+            cases.append(Case("DALI gpu", "loaders", mode, {"device": "gpu"}, dali(train=train)))
+        cases.append(Case("DALI cpu", "loaders", mode, {"device": "cpu"}, dali(train=train, device="cpu")))
+        cases.append(Case(f"DataLoader+PIL {cores} workers", "loaders", mode, {"workers": cores},
+                          torch_loader(train=train)))
+        if gpu and available("torchvision"):
+            cases.append(Case("torchvision GPU decode", "loaders", mode, {"workers": cores},
+                              lambda train=train: TorchvisionGpuLoader(source, batch_size=b, train=train,
+                                                                       image_size=size, num_workers=cores)))
+        tfrecords = [v for k, v in formats.items() if k.startswith("tfrecord")]
+        if available("tensorflow") and tfrecords:
+            shards = open_source(tfrecords[-1]).files
+            cases.append(Case("tf.data", "loaders", mode, {"shards": len(shards)},
+                              lambda train=train: TfDataLoader(shards, batch_size=b, train=train, image_size=size)))
+    for load in plan.hw_loads:
+        cases.append(Case(f"hw_decoder_load={load}", "hw_decoder_load", "train", {"hw_decoder_load": load},
+                          dali(hw_decoder_load=load)))
+    for threads in plan.threads:
+        cases.append(Case(f"DALI {dali_device} {threads} threads", "dali_threads", "train", {"threads": threads},
+                          dali(threads=threads)))
+    for workers in plan.workers:
+        cases.append(Case(f"DataLoader {workers} workers", "torch_workers", "train", {"workers": workers},
+                          torch_loader(workers=workers)))
+    if len(plan.workers) > 2:  # the full run also shows what pinning and persistent workers change
+        cases.append(Case(f"DataLoader {cores} workers, no pin_memory", "torch_workers", "train",
+                          {"workers": cores, "pin_memory": False}, torch_loader(pin=False)))
+        cases.append(Case(f"DataLoader {cores} workers, not persistent", "torch_workers", "train",
+                          {"workers": cores, "persistent_workers": False}, torch_loader(persistent=False)))
+    for batch in plan.batch_sizes:
+        cases.append(Case(f"DALI {dali_device} batch {batch}", "batch_size", "train", {"batch_size": batch},
+                          dali(batch=batch)))
+    for name, location in formats.items():
+        cases.append(Case(f"{name} (lazy)", "formats", "train", {"location": location},
+                          dali(src=open_source(location))))
+    cases.append(Case("preloaded in memory", "formats", "train", {"external_source": True},
+                      lambda: PreloadedDaliLoader(source, batch_size=b, train=True, device=dali_device,
+                                                  image_size=size, num_threads=cores)))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# Conditions and reports
+# ---------------------------------------------------------------------------------------------
+
+def machine_info() -> dict:
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "numpy": np.__version__, "pillow": Image.__version__,
+            "date": datetime.date.today().isoformat()}
+    import nvidia.dali
+    info["dali"] = nvidia.dali.__version__
+    for module in ("torchvision", "tensorflow"):
+        if available(module):
+            info[module] = __import__(module).__version__
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=30).stdout.strip()
+        except OSError:
+            info["driver"] = "unknown"
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def machine_tag(info: dict) -> str:
+    if "gpu" in info:
+        return re.sub(r"[^a-z0-9]+", "-", info["gpu"].lower().replace("nvidia", "")).strip("-")
+    return f"cpu{info['cpu_count']}"
+
+
+def dataset_info(source: Source, sample: int = 500) -> dict:
+    refs = source.refs()
+    picks = refs[:: max(1, len(refs) // sample)]
+    sizes, pixels = [], []
+    for ref in picks:
+        data = read_sample(ref).data
+        sizes.append(len(data))
+        with Image.open(io.BytesIO(data)) as img:
+            pixels.append(img.width * img.height)
+    return {"location": str(source.location), "kind": source.kind, "count": source.num_samples,
+            "mean_bytes": int(np.mean(sizes)), "mean_pixels": int(np.mean(pixels)), "measured_on": len(picks)}
+
+
+def markdown_table(rows: list[dict], baseline: str) -> str:
+    """One table per group and mode; each row's ratio is to `baseline` in the same mode."""
+    base = {r["mode"]: r["median"] for r in rows if r["name"] == baseline and r["group"] == "loaders"}
+    lines = []
+    for group in dict.fromkeys(r["group"] for r in rows):
+        lines += [f"\n### {group}\n", "| case | mode | images/s median [min, max] | vs " + baseline +
+                  " | first batch s | CPU cores | host MB | GPU MB |", "|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in rows if r["group"] == group):
+            if r["error"]:
+                lines.append(f"| {r['name']} | {r['mode']} | failed: {r['error'][:80]} | | | | | |")
+                continue
+            ratio = r["median"] / base[r["mode"]] if base.get(r["mode"]) else float("nan")
+            gpu = f"{r['gpu_peak_mb']:.0f}" if r["gpu_peak_mb"] else "-"
+            lines.append(f"| {r['name']} | {r['mode']} | {r['median']:.0f} [{r['min']:.0f}, {r['max']:.0f}] | "
+                         f"{ratio:.2f}x | {r['first_batch_s']:.2f} | {r['cpu_cores']:.2f} | "
+                         f"{r['host_peak_mb']:.0f} | {gpu} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out_dir: str) -> list[str]:
+    """Throughput per loader (bars) and scaling curves; returns the PNG paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    paths = []
+    good = [r for r in rows if not r["error"]]
+    loaders = [r for r in good if r["group"] in ("loaders", "formats")]
+    if loaders:
+        fig, ax = plt.subplots(figsize=(9, 0.4 * len(loaders) + 1.5))
+        labels = [f"{r['name']} ({r['mode']})" for r in loaders]
+        ax.barh(labels, [r["median"] for r in loaders],
+                xerr=[[r["median"] - r["min"] for r in loaders], [r["max"] - r["median"] for r in loaders]])
+        ax.invert_yaxis()
+        ax.set_xlabel("images/s (median of passes; bars: min-max)")
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "throughput.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    curves = {"dali_threads": "threads", "torch_workers": "workers", "batch_size": "batch_size",
+              "hw_decoder_load": "hw_decoder_load"}
+    present = [(g, k) for g, k in curves.items() if any(r["group"] == g and k in r["params"] for r in good)]
+    if present:
+        fig, axes = plt.subplots(1, len(present), figsize=(4 * len(present), 3.2), squeeze=False)
+        for ax, (group, key) in zip(axes[0], present):
+            pts = sorted((r["params"][key], r["median"]) for r in good if r["group"] == group and
+                         key in r["params"] and len(r["params"]) == 1)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+            ax.set_xlabel(key)
+            ax.set_ylabel("images/s")
+            ax.set_title(group)
+        fig.tight_layout()
+        paths.append(os.path.join(out_dir, "scaling.png"))
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def results_dir(root: str, info: dict) -> str:
+    path = os.path.join(root, f"{machine_tag(info)}-{info['date']}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def run_cases(cases: list[Case], timing: Timing, device: torch.device, log=print) -> list[Measurement]:
+    results = []
+    for case in tqdm(cases, desc="benchmark cases", unit="case", file=sys.stderr, disable=None):
+        m = measure(case, timing, device)
+        log(json.dumps({k: v for k, v in m.row().items() if k not in ("params",)}, default=str))
+        results.append(m)
+    return results

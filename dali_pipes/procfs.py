@@ -1,0 +1,85 @@
+"""Resource use of this process and all its descendants (DataLoader workers included), from /proc."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def descendants(pid: int) -> list[int]:
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+    return kids + [d for k in kids for d in descendants(k)]
+
+
+def _tree(pid: int | None) -> list[int]:
+    pid = pid or os.getpid()
+    return [pid] + descendants(pid)
+
+
+def host_memory_mb(pid: int | None = None) -> float:
+    """Resident memory of the process tree, in MiB."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU time of the living process tree."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        except (OSError, IndexError):
+            pass
+    return total / CLOCK_TICKS
+
+
+class PeakSampler:
+    """Samples host memory of the process tree (and GPU memory in use) in a background thread."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s, self.host_peak_mb, self.gpu_peak_mb = interval_s, 0.0, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _gpu_used_mb(self) -> float | None:
+        import torch
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+            return None
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> None:
+        self.host_peak_mb = max(self.host_peak_mb, host_memory_mb())
+        gpu = self._gpu_used_mb()
+        if gpu is not None:
+            self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, gpu)
+
+    def __enter__(self) -> "PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()

@@ -1,0 +1,49 @@
+"""The benchmark scripts run end to end with --quick (a smoke test: no timing is asserted), and
+the comparison-only loaders deliver the right samples."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from dali_pipes import open_source
+from dali_pipes.bench import PreloadedDaliLoader
+
+from conftest import write_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bench_scripts_quick(tmp_path):
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(24, 24, 24))
+    run = lambda script, *a: subprocess.run([sys.executable, f"scripts/{script}", "--data", str(data), "--quick",
+                                             "--out", str(tmp_path / "out"), *a], cwd=ROOT, capture_output=True,
+                                            text=True, timeout=600)
+    loaders = run("bench_loaders.py", "--work", str(tmp_path / "work"))
+    assert loaders.returncode == 0, loaders.stderr[-3000:]
+    [folder] = os.listdir(tmp_path / "out")
+    out = tmp_path / "out" / folder
+    results = json.load(open(out / "results.json"))
+    assert results["dataset"]["count"] == 72 and results["machine"]["cpu_count"] == os.cpu_count()
+    groups = {r["group"] for r in results["results"]}
+    assert {"loaders", "formats", "dali_threads", "torch_workers", "batch_size"} <= groups
+    assert all(r["error"] is None and len(r["images_per_s"]) == 5 and r["median"] > 0 for r in results["results"])
+    assert (out / "throughput.png").stat().st_size > 0 and (out / "scaling.png").stat().st_size > 0
+    assert "| DALI cpu | train |" in (out / "results.md").read_text()
+
+    training = run("bench_training.py")
+    assert training.returncode == 0, training.stderr[-3000:]
+    rows = json.load(open(out / "training.json"))["results"]
+    assert rows[0]["real_over_ideal"] == 1.0 and all("error" not in r for r in rows)
+    assert {r["feed"] for r in rows} >= {"DALI cpu", f"DataLoader+PIL {os.cpu_count()} workers"}
+
+
+def test_preloaded_loader_delivers_each_sample_once(jpeg_folder):
+    source = open_source(jpeg_folder)
+    loader = PreloadedDaliLoader(source, batch_size=4, train=False, device="cpu", image_size=16, num_threads=1)
+    labels = [l for _, batch in zip(range(3), loader) for l in batch[1].tolist()]
+    assert sorted(labels) == sorted(source.labels)  # 12 samples, 3 batches of 4
+    loader.close()
