@@ -426,10 +426,21 @@ def results_dir(root: str, info: dict) -> str:
     return path
 
 
-def run_cases(cases: list[Case], timing: Timing, device: torch.device, log=print) -> list[Measurement]:
-    results = []
-    for case in tqdm(cases, desc="benchmark cases", unit="case", file=sys.stderr, disable=None):
-        m = measure(case, timing, device)
-        log(json.dumps({k: v for k, v in m.row().items() if k not in ("params",)}, default=str))
-        results.append(m)
-    return results
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def run_cases_isolated(cases: list[Case], command: list[str], log=print) -> list[dict]:
+    """Each case in a fresh process (`command --case i`), so that memory, CPU use and warm-up of
+    one case do not leak into the next; the child prints its Measurement row."""
+    rows = []
+    for i, case in enumerate(tqdm(cases, desc="benchmark cases", unit="case", file=sys.stderr, disable=None)):
+        child = subprocess.run([*command, "--case", str(i)], capture_output=True, text=True)
+        lines = [l for l in child.stdout.splitlines() if l.startswith(RESULT_PREFIX)]
+        if lines:
+            row = json.loads(lines[-1][len(RESULT_PREFIX):])
+        else:
+            row = Measurement(case.name, case.group, case.mode, case.params,
+                              error=f"process failed ({child.returncode}): {child.stderr[-400:]}").row()
+        log(json.dumps({k: v for k, v in row.items() if k != "params"}, default=str))
+        rows.append(row)
+    return rows

@@ -18,13 +18,16 @@ Epoch contract, the same on every rank so that DDP never waits on a rank with fe
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Iterator
 
 import torch
 
 from dali_pipes.augment import AugmentConfig
 from dali_pipes.dist import Shard
+from dali_pipes.errors import DatasetError
 from dali_pipes.pipeline import READER_NAME, build_pipeline
+from dali_pipes.recovery import BadSample, exclude, find_bad_samples
 from dali_pipes.sources import Source, TFRecordKeys, open_source
 
 PADDING_LABEL = -1
@@ -49,7 +52,7 @@ class DaliLoader:
                  device: str = "auto", rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, image_size: int = 224, seed: int = 0, num_threads: int | None = None,
                  shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2, augment: AugmentConfig | None = None,
-                 keys: TFRecordKeys | None = None, **augment_args) -> None:
+                 keys: TFRecordKeys | None = None, skip_bad: bool = False, **augment_args) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if augment is not None and augment_args:
@@ -67,23 +70,39 @@ class DaliLoader:
                 f"{self.source.location}: {self.source.num_samples} samples over {self.shard.world_size} ranks "
                 f"give less than one batch of {batch_size} per rank in train mode (the tail is dropped); "
                 f"lower batch_size")
+        self.skip_bad = skip_bad
+        self.bad_samples: list[BadSample] = []  # excluded so far (skip_bad=True)
+        self._last_good: str | None = None  # DALI checkpoint after the last delivered batch
+        self._excluded: list[list[tuple]] = []  # refs excluded, in order (re-applied on resume)
         self.epoch = 0          # epochs completed
         self._position = 0      # batches yielded in the current epoch
         self._resumed = False   # the current epoch was restored by load_state_dict: continue it
+        self._consumed: set[str] = set()  # source_info of the samples delivered this epoch
+        self._failure: DatasetError | None = None  # once set, the loader refuses to go on
         self._iterator = None
         self._build()
 
     # -- construction -------------------------------------------------------------------------
 
     def _build(self, checkpoint: str | None = None) -> None:
+        """(Re)build the pipeline and iterator, at `checkpoint` or at the start. The iterator runs
+        the first batch while it is constructed, so a bad sample can surface here too."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-        self.close()
-        pipe = build_pipeline(self.source, checkpoint=checkpoint, **self._pipeline_args)
         # train: DROP stops every rank before the smallest shard runs out (equal batch counts).
         # val: FILL with the reader's padding repeats each shard's last sample; masked below.
         policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.FILL
-        self._iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME,
-                                             last_batch_policy=policy, auto_reset=True)
+        while True:
+            self.close()
+            pipe = build_pipeline(self.source, checkpoint=checkpoint, **self._pipeline_args)
+            try:
+                self._iterator = DALIGenericIterator(pipe, ["images", "labels", "source_info"],
+                                                     reader_name=READER_NAME, last_batch_policy=policy,
+                                                     auto_reset=True)
+            except RuntimeError as error:
+                self._exclude_culprits(error)  # raises, or excludes them: then build again
+                continue
+            self._last_good = checkpoint or self._iterator.checkpoints()[0]  # where to recover to
+            return
 
     def close(self) -> None:
         """Free the pipeline (its threads and memory) now rather than at garbage collection."""
@@ -131,6 +150,8 @@ class DaliLoader:
         self.requested_epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._failure is not None:
+            raise self._failure  # never continue silently after a pipeline error
         if self._position and not self._resumed:
             self._finish_epoch()  # an epoch abandoned midway: DALI can only start at a boundary
         self._resumed = False
@@ -138,8 +159,18 @@ class DaliLoader:
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         real = self.samples_per_epoch
-        for (batch,) in self._iterator:  # one pipeline per rank -> one dict per step
+        while True:
+            try:
+                (batch,) = next(self._iterator)  # one pipeline per rank -> one dict per step
+            except StopIteration:
+                break
+            except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
+                self._exclude_culprits(error)  # raises, or excludes them from the source
+                self._build(checkpoint=self._last_good)  # and back to the last good batch
+                continue
             images, labels = batch["images"], batch["labels"]
+            self._consumed.update(bytes(row).rstrip(b"\0").decode() for row in batch["source_info"].numpy())
+            self._last_good = self._iterator.checkpoints()[0]
             if self.augment.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
             if not self.train:
@@ -151,10 +182,49 @@ class DaliLoader:
             yield images, labels
         self.epoch += 1
         self._position = 0
+        self._consumed.clear()
 
     def _finish_epoch(self) -> None:
         for _ in self._batches():
             pass
+
+    # -- bad samples ---------------------------------------------------------------------------
+
+    def _shards_in_reach(self) -> list[tuple[int, set[str]]]:
+        """(DALI shard, samples already delivered from it) that the failing batch may come from:
+        this epoch's shard, and in train the next epoch's (the pipeline prefetches across the
+        boundary, and train moves every rank to the next shard each epoch)."""
+        if not self.train:
+            return [(self.shard.rank, self._consumed)]
+        current = (self.shard.rank + self.epoch) % self.shard.world_size
+        following = (current + 1) % self.shard.world_size
+        return [(current, self._consumed)] + ([(following, set())] if following != current else [])
+
+    def _exclude_culprits(self, error: RuntimeError) -> None:
+        """Find the samples that broke the batch: exclude them from the source (skip_bad), or
+        raise a DatasetError that names them. Never continue silently."""
+        message = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
+        window = self._pipeline_args["shuffle_buffer"] * int(self.train) + \
+            (self._pipeline_args["prefetch_queue_depth"] + 2) * self.batch_size
+        bad = []
+        for i, (shard_id, consumed) in enumerate(self._shards_in_reach()):  # the next epoch's: its start only
+            bad = bad or find_bad_samples(self.source, shard_id, self.shard.world_size, consumed, window, self.device,
+                                          widen=i == 0)
+        if not bad:
+            self._failure = DatasetError(f"{self.source.location}: the DALI pipeline failed and no bad sample "
+                                         f"was found near the reader's position: {message}")
+            raise self._failure from error
+        found = "; ".join(str(b) for _, b in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        if not self.skip_bad:
+            self._failure = DatasetError(
+                f"decoding failed: {found}. Remove or replace the file, train from a clean list "
+                f"(python scripts/verify_dataset.py {self.source.location} --write-clean-list clean.txt), or "
+                f"exclude bad samples as they are met with skip_bad=True (train: --skip-bad)")
+            raise self._failure from error
+        warnings.warn(f"excluding {len(bad)} bad sample(s) and resuming at the last good batch: {found}")
+        self.bad_samples += [b for _, b in bad]
+        self._excluded.append([ref for ref, _ in bad])
+        self.source = exclude(self.source, self._excluded[-1])
 
     # -- resumption ---------------------------------------------------------------------------
 
@@ -165,7 +235,8 @@ class DaliLoader:
         return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
                 "rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
                 "train": self.train, "num_samples": self.num_samples, "seed": self.seed,
-                "dali": self._iterator.checkpoints()[0]}
+                "dali": self._last_good, "bad_samples": [str(b) for b in self.bad_samples],
+                "excluded": self._excluded}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken: the next batches are those the original
@@ -176,6 +247,10 @@ class DaliLoader:
         if state.get("version") != _STATE_VERSION or differ:
             raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
                              f"the same data, rank, world size, batch size and seed")
+        for refs in state.get("excluded", []):  # the same samples excluded, in the same order
+            self.source = exclude(self.source, refs)
+        self._excluded = [list(refs) for refs in state.get("excluded", [])]
+        self.bad_samples = [BadSample(*b.split(": ", 1)) for b in state.get("bad_samples", [])]
         self._build(checkpoint=state["dali"])
         self.epoch, self._position = state["epoch"], state["position"]
         self._resumed = self._position > 0

@@ -37,7 +37,12 @@ def host_memory_mb(pid: int | None = None) -> float:
 
 
 def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU time of the living process tree."""
+    """User + system CPU time of the process tree: the living processes, plus (for this process)
+    children that already exited and were reaped, such as non-persistent DataLoader workers."""
+    reaped = 0.0
+    if pid is None or pid == os.getpid():
+        times = os.times()
+        reaped = times.children_user + times.children_system
     total = 0
     for p in _tree(pid):
         try:
@@ -46,7 +51,7 @@ def cpu_seconds(pid: int | None = None) -> float:
             total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
         except (OSError, IndexError):
             pass
-    return total / CLOCK_TICKS
+    return total / CLOCK_TICKS + reaped
 
 
 class PeakSampler:

@@ -118,21 +118,31 @@ class Source:
 
 
 def _ascii_to_int64(cls):
-    """Parse ASCII digits ("42" or "42\\n") into int64 inside the DALI graph, without Python.
+    """Parse ASCII digits ("42", "42\\n", "-1") into int64 inside the DALI graph, without Python.
 
     The bytes are padded (then cut) to LABEL_DIGITS, each digit is weighted as if the number
-    filled the whole width, and the sum is divided by 10 ** (unused width). Digits must come
-    first; trailing whitespace is ignored."""
+    filled the whole width, and the sum is divided by 10 ** (unused width). An optional leading
+    '-' negates (placeholders for excluded samples carry -1); trailing whitespace is ignored."""
     from nvidia.dali import fn, types
     width = LABEL_DIGITS
     chars = fn.cast(fn.pad(cls, axes=(0,), shape=(width,), fill_value=0)[0:width], dtype=types.INT64)
     is_digit = fn.cast((chars >= 48) & (chars <= 57), dtype=types.INT64)
+    negative = fn.cast(chars[0] == 45, dtype=types.INT64)
     weights = types.Constant(np.array([10 ** (width - 1 - i) for i in range(width)], np.int64), dtype=types.INT64)
     value = fn.reductions.sum((chars - 48) * is_digit * weights, axes=0)
-    digits = fn.reductions.sum(is_digit, axes=0)
-    scale = fn.lookup_table(digits, keys=list(range(width + 1)),
+    used = fn.reductions.sum(is_digit, axes=0) + negative  # the '-' takes the first position
+    scale = fn.lookup_table(used, keys=list(range(width + 1)),
                             values=[float(10 ** (width - k)) for k in range(width + 1)], dtype=types.INT64)
-    return value // scale
+    return value // scale * (1 - 2 * negative)
+
+
+def source_info(ref: tuple) -> str:
+    """The string DALI's readers report as a sample's "source_info" property, for a ref."""
+    if ref[0] == "file":
+        return ref[1]
+    if ref[0] == "tfrecord":
+        return f"{ref[1]} at index {ref[3]}"
+    return f"{ref[1]}:{ref[3].offset}:{ref[3].name}"
 
 
 def read_sample(ref: tuple) -> Sample:

@@ -26,6 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmarks/results", help="results root folder")
     parser.add_argument("--work", default="data/bench", help="where format copies of the data are made (git-ignored)")
     parser.add_argument("--only", default="", help="comma-separated groups to run (loaders, formats, ...)")
+    parser.add_argument("--case", type=int, default=-1, help=argparse.SUPPRESS)  # internal: run one case, print JSON
     return parser.parse_args(argv)
 
 
@@ -38,14 +39,17 @@ def main(args: argparse.Namespace) -> str:
     gpu, cores = torch.cuda.is_available(), os.cpu_count() or 1
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     plan = bench.make_plan(args.quick, gpu, cores)
-    info, dataset = bench.machine_info(), bench.dataset_info(source)
-    print(json.dumps({"machine": info, "dataset": dataset}), flush=True)
     formats = bench.format_copies(source, os.path.join(args.work, f"{os.path.basename(data.rstrip('/'))}"),
                                   plan.shard_counts)
     cases = bench.build_cases(source, plan, gpu, cores, formats)
     if args.only:
         cases = [c for c in cases if c.group in args.only.split(",")]
-    rows = [m.row() for m in bench.run_cases(cases, plan.timing, device)]
+    if args.case >= 0:  # a child process: one case, measured in a process of its own
+        print(bench.RESULT_PREFIX + json.dumps(bench.measure(cases[args.case], plan.timing, device).row()), flush=True)
+        return ""
+    info, dataset = bench.machine_info(), bench.dataset_info(source)
+    print(json.dumps({"machine": info, "dataset": dataset}), flush=True)
+    rows = bench.run_cases_isolated(cases, [sys.executable, __file__, *sys.argv[1:]])
     out = bench.results_dir(args.out, info)
     baseline = "DALI gpu" if gpu else "DALI cpu"
     command = "python scripts/bench_loaders.py " + " ".join(sys.argv[1:])

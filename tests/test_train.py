@@ -125,3 +125,33 @@ def test_two_nodes_get_disjoint_shards(tmp_path):
         assert node.returncode == 0, err[-3000:]
     seen = [{l for labels in labels_by_step(tmp_path / "run", r).values() for l in labels} for r in (0, 1)]
     assert len(seen[0]) == len(seen[1]) == 20 and not seen[0] & seen[1]  # 40 samples, 2 ranks, batch 4
+
+
+def test_killing_one_rank_ends_the_job_and_resume_sees_each_sample_once(tmp_path):
+    """torchrun, 2 CPU ranks, 48 numbered samples (6 steps an epoch per rank): SIGKILL rank 1 after
+    step 9 (mid epoch 1). The job ends on its own, quickly, naming the rank and the signal; no
+    half-written checkpoint is left; --resume finishes the run, and over both runs each sample of
+    the interrupted epoch was trained on exactly once."""
+    import time
+    root = tmp_path / "numbered"
+    root.mkdir()
+    with open(root / "list.txt", "w") as f:
+        for i in range(48):
+            Image.fromarray(np.full((24, 24, 3), i * 5, np.uint8)).save(root / f"{i}.jpg")
+            f.write(f"{i}.jpg {i}\n")
+    work = tmp_path / "run"
+    args = ("--record-labels", "--checkpoint-every", "2", "--width", "8", "--batch-size", "4")
+    start = time.monotonic()
+    killed = torchrun(work, root / "list.txt", *args, "--kill-at-step", 9, "--kill-rank", 1, epochs=2, check=False)
+    assert killed.returncode != 0 and time.monotonic() - start < 120
+    assert "Signal 9 (SIGKILL)" in killed.stderr and "rank      : 1" in killed.stderr
+    assert not [p for p in work.iterdir() if ".tmp" in p.name]
+    before = {r: labels_by_step(work, r) for r in (0, 1)}
+    resumed = torchrun(work, root / "list.txt", *args, "--resume", epochs=2)
+    assert "at step 8" in resumed.stdout
+    epoch1 = []
+    for rank in (0, 1):
+        after = labels_by_step(work, rank)  # steps 9.. rewritten by the resumed run
+        steps = {s: (after if s > 8 else before[rank])[s] for s in range(7, 13)}
+        epoch1 += [l for s in sorted(steps) for l in steps[s]]
+    assert sorted(epoch1) == list(range(48))

@@ -61,4 +61,4 @@ def measure_training(feed_factory: Callable[[], Iterable], *, arch: str, width: 
     if hasattr(loader, "close"):
         loader.close()
     return {"images_per_s": samples / seconds, "data_wait_fraction": wait / seconds, "first_batch_s": first_batch,
-            "steps": steps, "loss": float(loss)}
+            "steps": steps, "loss": loss.item()}

@@ -35,8 +35,13 @@ def atomic_save(obj, path: str) -> None:
     """torch.save to a temporary file in the same folder, fsync, then rename over `path`: a crash
     leaves the old checkpoint or the new one, never half of one."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -10,6 +10,7 @@ no weight decay on norms and biases, bf16 autocast and channels_last on GPU.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -58,6 +59,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (and at epoch end)")
     p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt if it exists")
     p.add_argument("--record-labels", action="store_true", help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
+    p.add_argument("--dist-timeout", type=int, default=600, help="seconds a collective may wait for a lost rank")
+    p.add_argument("--skip-bad", action="store_true", help="exclude samples that fail to decode and go on "
+                   "(recorded in WORKDIR/bad_samples-rank<R>.txt), instead of stopping with their names")
     p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
     p.add_argument("--kill-rank", type=int, default=0)
     return p
@@ -100,7 +104,9 @@ def setup_distributed(args) -> tuple[Shard, torch.device]:
         device = torch.device("cpu")
     if shard.world_size > 1 and not dist.is_initialized():
         # NCCL between GPUs; gloo on CPU. torchrun's env:// rendezvous gives rank and world size.
-        dist.init_process_group("nccl" if args.device == "gpu" else "gloo", device_id=device if args.device == "gpu" else None)
+        # A finite timeout: a rank that dies outside torchrun must not leave the others waiting forever.
+        dist.init_process_group("nccl" if args.device == "gpu" else "gloo", timeout=datetime.timedelta(
+            seconds=args.dist_timeout), device_id=device if args.device == "gpu" else None)
     return shard, device
 
 
@@ -129,7 +135,7 @@ def build_loader(args, data: str, train: bool, shard: Shard):
     per_rank_cores = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if args.loader == "dali":
         return DaliLoader(data, device=args.device, local_rank=shard.local_rank, num_threads=args.threads or
-                          per_rank_cores, channels_last=args.device == "gpu", **common)
+                          per_rank_cores, channels_last=args.device == "gpu", skip_bad=args.skip_bad, **common)
     return TorchLoader(data, num_workers=args.workers or per_rank_cores, pin_memory=True, persistent_workers=True,
                        **common)
 
@@ -348,7 +354,11 @@ def main(args) -> list[dict]:
             stats.update(evaluate(run))
         save_checkpoint(run)  # at epoch end, after the loader moved to the next epoch
         run.memory.sample()
-        stats.update(run.memory.peaks(), lr=run.scheduler.get_last_lr()[0], step=run.step,
+        bad = getattr(run.train_loader, "bad_samples", [])
+        if bad:
+            with open(os.path.join(args.workdir, f"bad_samples-rank{run.shard.rank}.txt"), "w") as f:
+                f.writelines(f"{b}\n" for b in bad)
+        stats.update(run.memory.peaks(), bad_samples=len(bad), lr=run.scheduler.get_last_lr()[0], step=run.step,
                      loader=args.loader, device=args.device, world_size=run.shard.world_size)
         history.append(stats)
         if run.is_main:
