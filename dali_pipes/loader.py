@@ -27,6 +27,7 @@ from dali_pipes.augment import AugmentConfig
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
 from dali_pipes.pipeline import READER_NAME, build_pipeline
+from dali_pipes.procfs import release_free_memory
 from dali_pipes.recovery import BadSample, exclude, find_bad_samples
 from dali_pipes.sources import Source, TFRecordKeys, open_source
 
@@ -77,7 +78,6 @@ class DaliLoader:
         self.epoch = 0          # epochs completed
         self._position = 0      # batches yielded in the current epoch
         self._resumed = False   # the current epoch was restored by load_state_dict: continue it
-        self._consumed: set[str] = set()  # source_info of the samples delivered this epoch
         self._failure: DatasetError | None = None  # once set, the loader refuses to go on
         self._iterator = None
         self._build()
@@ -95,7 +95,7 @@ class DaliLoader:
             self.close()
             pipe = build_pipeline(self.source, checkpoint=checkpoint, **self._pipeline_args)
             try:
-                self._iterator = DALIGenericIterator(pipe, ["images", "labels", "source_info"],
+                self._iterator = DALIGenericIterator(pipe, ["images", "labels"],
                                                      reader_name=READER_NAME, last_batch_policy=policy,
                                                      auto_reset=True)
             except RuntimeError as error:
@@ -169,7 +169,6 @@ class DaliLoader:
                 self._build(checkpoint=self._last_good)  # and back to the last good batch
                 continue
             images, labels = batch["images"], batch["labels"]
-            self._consumed.update(bytes(row).rstrip(b"\0").decode() for row in batch["source_info"].numpy())
             self._last_good = self._iterator.checkpoints()[0]
             if self.augment.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
@@ -182,7 +181,7 @@ class DaliLoader:
             yield images, labels
         self.epoch += 1
         self._position = 0
-        self._consumed.clear()
+        release_free_memory()  # once an epoch: else fragmented heap pages pile up (procfs.py)
 
     def _finish_epoch(self) -> None:
         for _ in self._batches():
@@ -190,26 +189,28 @@ class DaliLoader:
 
     # -- bad samples ---------------------------------------------------------------------------
 
-    def _shards_in_reach(self) -> list[tuple[int, set[str]]]:
-        """(DALI shard, samples already delivered from it) that the failing batch may come from:
-        this epoch's shard, and in train the next epoch's (the pipeline prefetches across the
-        boundary, and train moves every rank to the next shard each epoch)."""
+    def _shards_in_reach(self) -> list[tuple[int, int]]:
+        """(DALI shard, how many of its samples, in storage order, the reader can have read) for the
+        failing batch: this epoch's shard up to the read frontier, and in train the start of the
+        next epoch's shard (the pipeline prefetches across the boundary; train moves every rank
+        to the next shard each epoch)."""
+        ahead = (self._pipeline_args["prefetch_queue_depth"] + 2) * self.batch_size
+        buffer = self._pipeline_args["shuffle_buffer"] if self.train else 0
+        frontier = self._position * self.batch_size + ahead + buffer
         if not self.train:
-            return [(self.shard.rank, self._consumed)]
+            return [(self.shard.rank, frontier)]
         current = (self.shard.rank + self.epoch) % self.shard.world_size
         following = (current + 1) % self.shard.world_size
-        return [(current, self._consumed)] + ([(following, set())] if following != current else [])
+        return [(current, frontier)] + ([(following, ahead + buffer)] if following != current else [])
 
     def _exclude_culprits(self, error: RuntimeError) -> None:
         """Find the samples that broke the batch: exclude them from the source (skip_bad), or
         raise a DatasetError that names them. Never continue silently."""
         message = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
-        window = self._pipeline_args["shuffle_buffer"] * int(self.train) + \
-            (self._pipeline_args["prefetch_queue_depth"] + 2) * self.batch_size
+        window = (self._pipeline_args["prefetch_queue_depth"] + 2) * self.batch_size
         bad = []
-        for i, (shard_id, consumed) in enumerate(self._shards_in_reach()):  # the next epoch's: its start only
-            bad = bad or find_bad_samples(self.source, shard_id, self.shard.world_size, consumed, window, self.device,
-                                          widen=i == 0)
+        for shard_id, reach in self._shards_in_reach():
+            bad = bad or find_bad_samples(self.source, shard_id, self.shard.world_size, reach, window, self.device)
         if not bad:
             self._failure = DatasetError(f"{self.source.location}: the DALI pipeline failed and no bad sample "
                                          f"was found near the reader's position: {message}")

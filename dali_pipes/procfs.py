@@ -88,3 +88,18 @@ class PeakSampler:
         self._stop.set()
         self._thread.join()
         self.sample()
+
+
+def release_free_memory() -> None:
+    """Give free heap pages back to the OS (glibc's malloc_trim; elsewhere a no-op).
+
+    DALI's threads allocate and free decoded images of every size; glibc keeps the freed pages in
+    fragmented arenas, so host RSS crept up epoch after epoch: 4-45% after the second epoch over
+    14-20 epochs here, varying run to run, and plain DALI without this package did the same. Capping
+    arenas (MALLOC_ARENA_MAX=2) helped one workload and hurt another. Trimming once per epoch kept
+    every measured combination flat (-6% to +0.2%) at unchanged speed."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -3,9 +3,9 @@
 DALI 2.4 cannot skip a sample that fails to decode: the whole batch is lost, the message names
 no file ("nvImageCodec failure: '#2'"), and an iterator that goes on afterwards silently yields
 fewer samples. So the loader, on a pipeline error:
-  1. finds the culprits: the unconsumed samples near the reader's position in this rank's shard
-     (DALI reads a shard in storage order through a shuffle buffer, so the failing batch comes
-     from a bounded window), checked with DALI's own decoder, bisecting a failed batch;
+  1. finds the culprits: DALI reads a shard in storage order through a shuffle buffer, so after
+     k batches it has read at most the first (k + prefetch + 2) x batch + buffer samples; those
+     are checked with DALI's own decoder (bisecting a failed batch), nearest the frontier first;
   2. excludes them *in place*: each becomes a tiny valid placeholder image with label -1, so the
      dataset size, shard boundaries and DALI checkpoints stay valid and the run resumes from its
      last good state without losing its place. Label -1 is ignored by
@@ -26,7 +26,7 @@ from PIL import Image
 
 from dali_pipes import records, tar_shards
 from dali_pipes.indexes import INDEX_SUFFIX, default_cache_dir
-from dali_pipes.sources import Source, read_sample, source_info
+from dali_pipes.sources import Source, read_sample
 from dali_pipes.verify import check_image
 
 PLACEHOLDER_LABEL = -1
@@ -88,14 +88,15 @@ def _decode_batch(datas: list[bytes], device: str) -> bool:
         pipe._shutdown()
 
 
-def find_bad_samples(source: Source, shard_id: int, num_shards: int, consumed: set[str], window: int,
-                     device: str = "cpu", widen: bool = True) -> list[tuple[tuple, BadSample]]:
-    """(ref, BadSample) for the samples that DALI cannot decode among the first `window`
-    unconsumed samples of the shard, widening the window (if `widen`) until something is found or
-    the shard is exhausted. `consumed` holds the source_info strings of samples already delivered."""
-    pending = [ref for ref in shard_refs(source, shard_id, num_shards) if source_info(ref) not in consumed]
-    for start in range(0, len(pending) if widen else min(window, len(pending)), window):
-        chunk = pending[start:start + window]
+def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int, window: int,
+                     device: str = "cpu") -> list[tuple[tuple, BadSample]]:
+    """(ref, BadSample) for samples DALI cannot decode among the first `reach` samples of the
+    shard in storage order: all the reader can have read so far. Delivered samples decoded, so
+    every undecodable sample there is still to come. Windows are checked from the read frontier
+    backwards (the likeliest culprits first), stopping at the first window with a bad sample."""
+    refs = shard_refs(source, shard_id, num_shards)[:reach]
+    for end in range(len(refs), 0, -window):
+        chunk = refs[max(0, end - window):end]
         datas, reasons = [], []
         for ref in chunk:
             try:
