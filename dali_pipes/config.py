@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import Callable
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.sources import Source, TFRecordKeys, open_source
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
-    """One --flag per dataclass field, with its default and type."""
-    for f in dataclasses.fields(cls):
-        if isinstance(f.default, bool):
-            parser.add_argument(f"--{prefix}{f.name.replace('_', '-')}", default=f.default,
-                                action=argparse.BooleanOptionalAction)
-        elif isinstance(f.default, (int, float, str)):
-            parser.add_argument(f"--{prefix}{f.name.replace('_', '-')}", default=f.default, type=type(f.default))
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:

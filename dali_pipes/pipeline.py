@@ -38,8 +38,8 @@ def build_pipeline(source: Source, *, train: bool, batch_size: int, device: str 
         jpegs, labels = source.dali_reader(
             name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=train,
             initial_fill=shuffle_buffer, pad_last_batch=True, stick_to_shard=not train)
-        # No per-sample source_info output: with it DALI 2.4 leaked host memory every epoch
-        # (for some dataset paths, 15 MB an epoch on 90 images); the loader finds culprits without it.
+        # Images and labels only: after a decode error the loader finds the culprit from the
+        # reader's position (recovery.py), so the hot path carries no per-sample bookkeeping.
         return (train_augment if train else eval_augment)(jpegs, augment, device), labels
 
     return graph(checkpoint=checkpoint) if checkpoint else graph()

@@ -136,15 +136,6 @@ def _ascii_to_int64(cls):
     return value // scale * (1 - 2 * negative)
 
 
-def source_info(ref: tuple) -> str:
-    """The string DALI's readers report as a sample's "source_info" property, for a ref."""
-    if ref[0] == "file":
-        return ref[1]
-    if ref[0] == "tfrecord":
-        return f"{ref[1]} at index {ref[3]}"
-    return f"{ref[1]}:{ref[3].offset}:{ref[3].name}"
-
-
 def read_sample(ref: tuple) -> Sample:
     """Read one sample from a `Source.refs()` handle. Raises DatasetError if its record is bad."""
     kind, shard = ref[0], ref[1]

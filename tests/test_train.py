@@ -37,6 +37,16 @@ def tiny(tmp_path_factory):
     return root
 
 
+def _numbered(root, n):
+    """A file list of n flat images labelled with their index: labels identify samples."""
+    root.mkdir()
+    with open(root / "list.txt", "w") as f:
+        for i in range(n):
+            Image.fromarray(np.full((24, 24, 3), i * 5, np.uint8)).save(root / f"{i}.jpg")
+            f.write(f"{i}.jpg {i}\n")
+    return root / "list.txt"
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,16 +116,11 @@ def test_killed_run_resumes_on_the_same_sample_sequence(tiny, tmp_path):
 def test_two_nodes_get_disjoint_shards(tmp_path):
     """Two torchrun agents as two nodes (--nnodes=2, c10d rendezvous on localhost, one rank
     each): both have LOCAL_RANK 0, but their global ranks 0 and 1 must read disjoint shards."""
-    root = tmp_path / "numbered"
-    root.mkdir()
-    with open(root / "list.txt", "w") as f:
-        for i in range(40):
-            Image.fromarray(np.full((24, 24, 3), i * 6, np.uint8)).save(root / f"{i}.jpg")
-            f.write(f"{i}.jpg {i}\n")
+    data = _numbered(tmp_path / "numbered", 40)
     port = _free_port()
     cmd = lambda: [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                    "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes",
-                   "-m", "train", "--data", str(root / "list.txt"), "--device", "cpu", "--arch", "resnet10",
+                   "-m", "train", "--data", str(data), "--device", "cpu", "--arch", "resnet10",
                    "--width", "8", "--image-size", "16", "--batch-size", "4", "--epochs", "1", "--threads", "1",
                    "--workdir", str(tmp_path / "run"), "--record-labels", "--checkpoint-every", "0"]
     nodes = [subprocess.Popen(cmd(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -133,21 +138,16 @@ def test_killing_one_rank_ends_the_job_and_resume_sees_each_sample_once(tmp_path
     half-written checkpoint is left; --resume finishes the run, and over both runs each sample of
     the interrupted epoch was trained on exactly once."""
     import time
-    root = tmp_path / "numbered"
-    root.mkdir()
-    with open(root / "list.txt", "w") as f:
-        for i in range(48):
-            Image.fromarray(np.full((24, 24, 3), i * 5, np.uint8)).save(root / f"{i}.jpg")
-            f.write(f"{i}.jpg {i}\n")
+    data = _numbered(tmp_path / "numbered", 48)
     work = tmp_path / "run"
     args = ("--record-labels", "--checkpoint-every", "2", "--width", "8", "--batch-size", "4")
     start = time.monotonic()
-    killed = torchrun(work, root / "list.txt", *args, "--kill-at-step", 9, "--kill-rank", 1, epochs=2, check=False)
+    killed = torchrun(work, data, *args, "--kill-at-step", 9, "--kill-rank", 1, epochs=2, check=False)
     assert killed.returncode != 0 and time.monotonic() - start < 120
     assert "Signal 9 (SIGKILL)" in killed.stderr and "rank      : 1" in killed.stderr
     assert not [p for p in work.iterdir() if ".tmp" in p.name]
     before = {r: labels_by_step(work, r) for r in (0, 1)}
-    resumed = torchrun(work, root / "list.txt", *args, "--resume", epochs=2)
+    resumed = torchrun(work, data, *args, "--resume", epochs=2)
     assert "at step 8" in resumed.stdout
     epoch1 = []
     for rank in (0, 1):
