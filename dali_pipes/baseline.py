@@ -106,11 +106,18 @@ class ShardSampler(Sampler[tuple[int, int]]):
         usable = self.num_samples // self.shard.world_size * self.shard.world_size
         return order[:usable][self.shard.rank::self.shard.world_size].tolist()
 
+    @property
+    def per_epoch(self) -> int:
+        """Indices this rank gets per epoch, without drawing the permutation."""
+        if self.train:
+            return self.num_samples // self.shard.world_size
+        return self.shard.size_of_strided(self.num_samples)
+
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return ((self.epoch, i) for i in self.indices()[self.start:])
 
     def __len__(self) -> int:
-        return len(self.indices()) - self.start
+        return self.per_epoch - self.start
 
 
 class TorchLoader:
@@ -135,7 +142,7 @@ class TorchLoader:
         self.epoch, self._position = 0, 0
 
     def __len__(self) -> int:
-        n = len(self.sampler.indices())
+        n = self.sampler.per_epoch
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
     @property
@@ -144,7 +151,7 @@ class TorchLoader:
 
     @property
     def samples_per_epoch(self) -> int:
-        return len(self) * self.batch_size if self.train else len(self.sampler.indices())
+        return len(self) * self.batch_size if self.train else self.sampler.per_epoch
 
     @property
     def next_batch(self) -> tuple[int, int]:
