@@ -1,6 +1,6 @@
 """dali_pipes: image datasets fed to PyTorch through NVIDIA DALI, GPU decoding, one shard per rank."""
 
-from dali_pipes.augment import AugmentConfig
+from dali_pipes.graph import AugmentConfig
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
 from dali_pipes.loader import DaliLoader

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from dali_pipes.augment import AugmentConfig
+from dali_pipes.graph import AugmentConfig
 from dali_pipes.dist import Shard
 from dali_pipes.sources import Source, open_source, read_sample
 

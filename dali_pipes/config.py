@@ -1,49 +1,109 @@
-"""The argparse bridge: flags for the options that every script shares, turned into library calls."""
+"""One config path: typed dataclasses with defaults and a one-line reason per field, turned into
+argparse flags for the training loop, the benchmarks and the `dali-pipes` command alike.
+
+A field declared with `option(default, "why")` becomes `--field-name` with that default and help;
+`from_args(cls, args)` builds the dataclass back from the parsed flags, and `asdict` of it is what a
+run saves. This module imports nothing of the project's, so any module can declare options here.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import Callable
-
-from dali_pipes.errors import DatasetError
-from dali_pipes.sources import Source, TFRecordKeys, open_source
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("reading TFRecord / WebDataset shards")
-    group.add_argument("--image-key", default=TFRecordKeys.image, help="TFRecord feature holding the image")
-    group.add_argument("--label-key", default=TFRecordKeys.label, help="TFRecord feature holding the label")
-    group.add_argument("--label-offset", type=int, default=TFRecordKeys.label_offset,
-                       help="subtracted from stored labels (1 for TensorFlow's 1-based ImageNet records)")
-    group.add_argument("--label-ext", default="cls", help="WebDataset member extension holding the label")
-    group.add_argument("--index-cache-dir", default=None,
-                       help="where to build indexes when the shard folder is read-only")
+def option(default: Any, help: str, *, type: Callable | None = None, choices: Sequence | None = None) -> Any:
+    """A dataclass field that is also a command-line flag. `type` is needed only when the default is
+    None (the flag's type cannot be read from it)."""
+    return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices})
 
 
-def tfrecord_keys(args: argparse.Namespace) -> TFRecordKeys:
-    return TFRecordKeys(args.image_key, args.label_key, args.label_offset)
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def source_from_args(location: str, args: argparse.Namespace) -> Source:
-    return open_source(location, keys=tfrecord_keys(args), label_ext=args.label_ext,
-                       index_cache_dir=args.index_cache_dir)
+def _none_or(kind: Callable) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return None if text.lower() in ("none", "") else kind(text)
+    parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its errors
+    return parse
 
 
-def add_convert_arguments(parser: argparse.ArgumentParser, ext: str) -> None:
-    """SRC OUT and the sharding flags shared by the converters."""
-    parser.add_argument("src", help="image folder, file list, or shards (a folder, glob or list)")
-    parser.add_argument("out", help="output folder")
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--prefix", default="train", help=f"shard names: PREFIX-00000-of-0000K{ext}")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the shuffle across shards")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    add_source_arguments(parser)
+def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: Sequence[str] = (),
+                  defaults: dict | None = None) -> None:
+    """One flag per option field of `cls`, in an argument group; `defaults` overrides a field's default."""
+    group = parser.add_argument_group(title)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or "help" not in f.metadata:
+            continue
+        default = (defaults or {}).get(f.name, f.default)
+        meta = f.metadata
+        kind: dict[str, Any] = {}
+        if isinstance(f.default, bool):
+            kind["action"] = argparse.BooleanOptionalAction
+        elif isinstance(f.default, tuple):
+            kind.update(nargs=len(f.default), type=type(f.default[0]))
+        else:
+            base = meta["type"] or type(f.default)
+            kind["type"] = _none_or(base) if f.default is None else base
+        if meta["choices"]:
+            kind["choices"] = list(meta["choices"])
+        group.add_argument(flag_name(f.name), dest=f.name, default=default,
+                           help=f"{meta['help']} (default: {_show(default)})", **kind)
 
 
-def run_cli(main: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> None:
-    """Run a script's main; bad data ends it with the one-line message, not a traceback."""
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
+
+
+def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """The dataclass `cls` from parsed flags (fields without a flag keep their defaults)."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return cls(**{**values, **overrides})
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """How to read a dataset location (see open_source)."""
+    image_key: str = option("image/encoded", "TFRecord feature holding the encoded image")
+    label_key: str = option("image/class/label", "TFRecord feature holding the integer label")
+    label_offset: int = option(0, "subtracted from stored labels: 1 for TensorFlow's 1-based ImageNet records")
+    label_ext: str = option("cls", "WebDataset member extension holding the label as ASCII digits")
+    index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
+                                         "(default: $DALI_PIPES_CACHE or ~/.cache/dali_pipes/indexes)", type=str)
+
+    def open_kwargs(self) -> dict:
+        """Keywords for open_source."""
+        from dali_pipes.samples import TFRecordKeys
+        return dict(keys=TFRecordKeys(self.image_key, self.label_key, self.label_offset), label_ext=self.label_ext,
+                    index_cache_dir=self.index_cache_dir)
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How DaliLoader runs one rank's pipeline; `DaliLoader(..., **asdict(cfg))` takes these as keywords."""
+    device: str = option("auto", "gpu: DALI mixed decoder (nvJPEG / hardware JPEG) and GPU augmentation; "
+                         "cpu: the same graph on CPU; auto: gpu when torch sees CUDA", choices=("auto", "gpu", "cpu"))
+    decode_device: str | None = option(None, "cpu with --device gpu: decode on CPU, augment on GPU (frees busy GPU "
+                                       "decoders); default: the --device", type=str, choices=("gpu", "cpu", None))
+    num_threads: int | None = option(None, "DALI CPU threads per rank (default: this process's CPUs / ranks "
+                                     "on the node)", type=int)
+    prefetch_queue_depth: int = option(2, "batches DALI prepares ahead of the training step")
+    shuffle_buffer: int = option(4096, "train: samples the reader shuffles through (more: better mixing, more memory)")
+    skip_bad: bool = option(False, "exclude samples that fail to decode (named in a warning) and go on, "
+                            "instead of stopping with their names")
+
+
+def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
+    """Run a command's main; bad data ends it with the one-line message, not a traceback."""
+    from dali_pipes.errors import DatasetError
     try:
-        main(args)
+        return main(args)
     except (DatasetError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")

@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes import records, tar_shards
+from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 from dali_pipes.indexes import INDEX_SUFFIX
 from dali_pipes.sources import Source, read_sample
@@ -71,13 +71,13 @@ def _class_text(label: int) -> str:
 def _encode_tfrecord(ref: tuple) -> bytes:
     sample = read_sample(ref)
     height, width, fmt = _image_info(sample.data, sample.origin)
-    example = records.encode_example({
+    example = tfrecord.encode_example({
         "image/encoded": sample.data, "image/format": fmt, "image/class/label": sample.label,
         "image/class/text": _class_text(sample.label), "image/height": height, "image/width": width,
         "image/channels": 3, "image/colorspace": "RGB",
         "image/filename": os.path.basename(sample.origin.split("#")[0]),
     })
-    return records.frame_record(example)
+    return tfrecord.frame_record(example)
 
 
 def _encode_tar_sample(ref: tuple) -> tuple[str, bytes, int]:
@@ -132,7 +132,7 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
             f.close()
     for path, shard_entries in zip(paths, entries):
         os.replace(path + ".tmp", path)  # shard complete: only now does it get its final name
-        records.write_tfrecord_index(shard_entries, path + INDEX_SUFFIX)
+        tfrecord.write_tfrecord_index(shard_entries, path + INDEX_SUFFIX)
     _write_classes_json(out, source, shards, [len(e) for e in entries])
     return ConvertStats(sum(len(e) for e in entries), shards, total, time.perf_counter() - start)
 
@@ -150,8 +150,8 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
         for shard, position, (ext, data, label) in _run(source, out, shards, seed, workers, progress,
                                                         _encode_tar_sample, "to_webdataset"):
             key = f"{prefix}_{position:08d}"  # unique, and free of dots (the key ends at the first dot)
-            tar_shards.add_member(tars[shard], f"{key}.{ext}", data)
-            tar_shards.add_member(tars[shard], f"{key}.cls", str(label).encode())
+            webdataset.add_member(tars[shard], f"{key}.{ext}", data)
+            webdataset.add_member(tars[shard], f"{key}.cls", str(label).encode())
             counts[shard] += 1
     finally:
         for t in tars:
@@ -159,7 +159,7 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
     total = 0
     for path in paths:
         os.replace(path + ".tmp", path)
-        tar_shards.write_tar_index(tar_shards.build_tar_index(path), path + INDEX_SUFFIX)
+        webdataset.write_tar_index(webdataset.build_tar_index(path), path + INDEX_SUFFIX)
         total += os.path.getsize(path)
     _write_classes_json(out, source, shards, counts)
     return ConvertStats(sum(counts), shards, total, time.perf_counter() - start)
@@ -174,18 +174,18 @@ def _write_classes_json(out: str, source: Source, shards: int, counts: list[int]
 
 def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
     src, dst = task
-    compression = records.sniff_compression(src)
+    compression = tfrecord.sniff_compression(src)
     entries, offset = [], 0
     with open(dst + ".tmp", "wb") as f:
-        for _, _, data, problem in records.walk_records(src, compression=compression):
+        for _, _, data, problem in tfrecord.walk_records(src, compression=compression):
             if problem:
                 raise DatasetError(str(problem))
-            frame = records.frame_record(data)
+            frame = tfrecord.frame_record(data)
             f.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)
     os.replace(dst + ".tmp", dst)
-    records.write_tfrecord_index(entries, dst + INDEX_SUFFIX)
+    tfrecord.write_tfrecord_index(entries, dst + INDEX_SUFFIX)
     return len(entries), offset
 
 

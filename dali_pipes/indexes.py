@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
-from dali_pipes import records, tar_shards
+from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 
 INDEX_SUFFIX = ".idx"
@@ -39,11 +39,11 @@ def index_candidates(shard: str, cache_dir: str | None = None) -> tuple[str, str
 
 def _kind_functions(kind: str) -> tuple[Callable[[str, str], bool], Callable[[str, str], None]]:
     if kind == "tfrecord":
-        return records.tfrecord_index_matches, lambda shard, idx: records.write_tfrecord_index(
-            records.build_tfrecord_index(shard), idx)
+        return tfrecord.tfrecord_index_matches, lambda shard, idx: tfrecord.write_tfrecord_index(
+            tfrecord.build_tfrecord_index(shard), idx)
     if kind == "webdataset":
-        return tar_shards.tar_index_matches, lambda shard, idx: tar_shards.write_tar_index(
-            tar_shards.build_tar_index(shard), idx)
+        return webdataset.tar_index_matches, lambda shard, idx: webdataset.write_tar_index(
+            webdataset.build_tar_index(shard), idx)
     raise ValueError(f"no index format for {kind!r}")
 
 

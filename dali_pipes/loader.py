@@ -23,7 +23,7 @@ from typing import Iterator
 
 import torch
 
-from dali_pipes.augment import AugmentConfig
+from dali_pipes.graph import AugmentConfig
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
 from dali_pipes.pipeline import READER_NAME, build_pipeline

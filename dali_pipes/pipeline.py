@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from dali_pipes.augment import AugmentConfig, eval_augment, train_augment
+from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
 from dali_pipes.dist import Shard
 from dali_pipes.sources import Source
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from dali_pipes import records, tar_shards
+from dali_pipes._dali import shutdown_pipeline
+from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.indexes import INDEX_SUFFIX, default_cache_dir
 from dali_pipes.sources import Source, read_sample
 from dali_pipes.verify import check_image
@@ -54,30 +55,36 @@ def shard_refs(source: Source, shard_id: int, num_shards: int) -> list[tuple]:
     return refs[shard_id * n // num_shards:(shard_id + 1) * n // num_shards]
 
 
-def dali_decodes(datas: list[bytes], device: str = "cpu") -> list[bool]:
+def dali_decodes(datas: list[bytes], device: str = "cpu", device_id: int | None = None) -> list[bool]:
     """Whether DALI's decoder (mixed on gpu, cpu otherwise) decodes each encoded image. One
     pipeline per batch; a failed batch is split in halves until the failures are single samples."""
     if not datas:
         return []
-    if _decode_batch(datas, device):
+    if _decode_batch(datas, device, device_id):
         return [True] * len(datas)
     if len(datas) == 1:
         return [False]
     mid = len(datas) // 2
-    return dali_decodes(datas[:mid], device) + dali_decodes(datas[mid:], device)
+    return dali_decodes(datas[:mid], device, device_id) + dali_decodes(datas[mid:], device, device_id)
 
 
-def _decode_batch(datas: list[bytes], device: str) -> bool:
+def decode_pipeline(datas: list[bytes], device: str = "cpu", device_id: int | None = None):
+    """An unbuilt pipeline that decodes `datas` as one batch with the loader's decoder: mixed
+    (nvJPEG / hardware decoder) on `device_id` for gpu, cpu otherwise."""
     from nvidia.dali import fn, pipeline_def, types
     batch = [np.frombuffer(d, np.uint8) if d else np.zeros(0, np.uint8) for d in datas]
 
     @pipeline_def(batch_size=len(batch), num_threads=min(4, os.cpu_count() or 1),
-                  device_id=0 if device == "gpu" else None, exec_pipelined=False, exec_async=False)
+                  device_id=device_id if device == "gpu" else None, exec_pipelined=False, exec_async=False)
     def decode():
         return fn.decoders.image(fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8),
                                  device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
 
-    pipe = decode()
+    return decode()
+
+
+def _decode_batch(datas: list[bytes], device: str, device_id: int | None) -> bool:
+    pipe = decode_pipeline(datas, device, device_id)
     try:
         pipe.build()
         pipe.run()
@@ -85,11 +92,11 @@ def _decode_batch(datas: list[bytes], device: str) -> bool:
     except RuntimeError:
         return False
     finally:
-        pipe._shutdown()
+        shutdown_pipeline(pipe)
 
 
 def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int, window: int,
-                     device: str = "cpu") -> list[tuple[tuple, BadSample]]:
+                     device: str = "cpu", device_id: int | None = None) -> list[tuple[tuple, BadSample]]:
     """(ref, BadSample) for samples DALI cannot decode among the first `reach` samples of the
     shard in storage order: all the reader can have read so far. Delivered samples decoded, so
     every undecodable sample there is still to come. Windows are checked from the read frontier
@@ -105,7 +112,7 @@ def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int,
             except Exception as e:  # an unreadable record is bad too, whatever DALI thinks
                 datas.append(b"")
                 reasons.append(str(e))
-        ok = dali_decodes(datas, device)
+        ok = dali_decodes(datas, device, device_id)
         bad = [(ref, BadSample(_origin(ref), reason or check_image(data) or "DALI's decoder rejects it"))
                for ref, data, good, reason in zip(chunk, datas, ok, reasons) if not good or reason]
         if bad:
@@ -160,31 +167,31 @@ def exclude(source: Source, bad_refs: list[tuple], cache_dir: str | None = None)
 
 def _rewrite_tfrecord(shard: str, target: str, bad: set[int], jpeg: bytes, source: Source) -> None:
     keys = source.keys
-    stand_in = records.frame_record(records.encode_example(
+    stand_in = tfrecord.frame_record(tfrecord.encode_example(
         {keys.image: jpeg, keys.label: PLACEHOLDER_LABEL + keys.label_offset}))
     entries, offset = [], 0
     with open(target + ".tmp", "wb") as out:
-        for i, (_, _, data, _) in enumerate(records.walk_records(shard, check_data_crc=False)):
-            frame = stand_in if i in bad else records.frame_record(data)
+        for i, (_, _, data, _) in enumerate(tfrecord.walk_records(shard, check_data_crc=False)):
+            frame = stand_in if i in bad else tfrecord.frame_record(data)
             out.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)
     os.replace(target + ".tmp", target)
-    records.write_tfrecord_index(entries, target + INDEX_SUFFIX)
+    tfrecord.write_tfrecord_index(entries, target + INDEX_SUFFIX)
 
 
 def _rewrite_tar(shard: str, index: str, target: str, bad: set[str], jpeg: bytes, label_ext: str) -> None:
     with open(shard, "rb") as f, tarfile.open(target + ".tmp", "w", format=tarfile.GNU_FORMAT) as out:
-        for members in tar_shards.read_tar_index(index):
+        for members in webdataset.read_tar_index(index):
             key = members[0].key_ext[0]
             for m in members:
                 ext = m.key_ext[1]
                 if key not in bad:
-                    data = tar_shards.read_member(f, m)
+                    data = webdataset.read_member(f, m)
                 elif ext == label_ext:
                     data = str(PLACEHOLDER_LABEL).encode()
                 else:
                     data = jpeg
-                tar_shards.add_member(out, m.name, data)
+                webdataset.add_member(out, m.name, data)
     os.replace(target + ".tmp", target)
-    tar_shards.write_tar_index(tar_shards.build_tar_index(target, label_ext), target + INDEX_SUFFIX)
+    webdataset.write_tar_index(webdataset.build_tar_index(target, label_ext), target + INDEX_SUFFIX)

@@ -21,7 +21,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dali_pipes import indexes, records, tar_shards
+from dali_pipes import indexes
+from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
@@ -88,7 +89,7 @@ class Source:
                 labels = labels - self.keys.label_offset
         else:
             images, cls = fn.readers.webdataset(
-                paths=self.files, index_paths=self.index_files, ext=[";".join(tar_shards.IMAGE_EXTS), self.label_ext],
+                paths=self.files, index_paths=self.index_files, ext=[";".join(webdataset.IMAGE_EXTS), self.label_ext],
                 missing_component_behavior="error", **common)
             labels = _ascii_to_int64(cls)
         labels = fn.reshape(fn.cast(labels, dtype=types.INT64), shape=[])
@@ -102,12 +103,12 @@ class Source:
         if self.kind == "tfrecord":
             return [("tfrecord", shard, i, offset, size, self.keys)
                     for shard, idx in zip(self.files, self.index_files)
-                    for i, (offset, size) in enumerate(records.read_tfrecord_index(idx))]
+                    for i, (offset, size) in enumerate(tfrecord.read_tfrecord_index(idx))]
         refs = []
         for shard, idx in zip(self.files, self.index_files):
-            for members in tar_shards.read_tar_index(idx):
+            for members in webdataset.read_tar_index(idx):
                 by_ext = {m.key_ext[1]: m for m in members}
-                image = next(by_ext[e] for e in tar_shards.IMAGE_EXTS if e in by_ext)
+                image = next(by_ext[e] for e in webdataset.IMAGE_EXTS if e in by_ext)
                 refs.append(("tar", shard, image.key_ext[0], image, by_ext[self.label_ext]))
         return refs
 
@@ -150,11 +151,11 @@ def read_sample(ref: tuple) -> Sample:
             where = f"{shard}#{index}"
             if len(frame) != size:
                 raise DatasetError(f"{where}: truncated record")
-            data = frame[records.HEADER_BYTES:-records.FOOTER_BYTES]
-            if struct.unpack("<I", frame[-records.FOOTER_BYTES:])[0] != records.masked_crc32c(data):
+            data = frame[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES]
+            if struct.unpack("<I", frame[-tfrecord.FOOTER_BYTES:])[0] != tfrecord.masked_crc32c(data):
                 raise DatasetError(f"{where}: data CRC mismatch (the record's bytes are corrupt)")
             try:
-                example = records.decode_example(data)
+                example = tfrecord.decode_example(data)
             except ValueError as e:
                 raise DatasetError(f"{where}: not a tf.train.Example ({e})") from None
             missing = [k for k in (keys.image, keys.label) if k not in example]
@@ -163,8 +164,8 @@ def read_sample(ref: tuple) -> Sample:
             return Sample(where, example[keys.image][0], example[keys.label][0] - keys.label_offset)
         _, _, key, image, label = ref
         where = f"{shard}#{key}"
-        return Sample(where, tar_shards.read_member(f, image),
-                      tar_shards.parse_label(tar_shards.read_member(f, label), where))
+        return Sample(where, webdataset.read_member(f, image),
+                      webdataset.parse_label(webdataset.read_member(f, label), where))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,9 +189,9 @@ def open_source(location: str | os.PathLike | Sequence[str], *, keys: TFRecordKe
         source = Source(kind, _describe(location), files, keys=keys, label_ext=label_ext)
         if kind == "tfrecord":
             for shard in files:
-                compression = records.sniff_compression(shard)
+                compression = tfrecord.sniff_compression(shard)
                 if compression:
-                    raise records.compressed_error(shard, compression)
+                    raise tfrecord.compressed_error(shard, compression)
         source.index_files = indexes.ensure_indexes(files, kind, cache_dir=index_cache_dir, build=build_indexes,
                                                     progress=progress)
         source.counts = [_count_index(kind, idx) for idx in source.index_files]
@@ -227,7 +228,7 @@ def classify(location) -> tuple[str, list[str]]:
     if os.path.isdir(location):
         entries = [e for e in sorted(os.scandir(location), key=lambda e: e.name) if not e.name.startswith(".")]
         files = [e.path for e in entries if e.is_file() and not e.name.endswith(NOT_SHARDS)]
-        shards = [p for p in files if p.endswith(".tar") or records.looks_like_tfrecord(p)]
+        shards = [p for p in files if p.endswith(".tar") or tfrecord.looks_like_tfrecord(p)]
         if shards:
             return _shard_kind(files, location), files
         if any(e.is_dir() for e in entries):
@@ -236,7 +237,7 @@ def classify(location) -> tuple[str, list[str]]:
             return _shard_kind(files, location), files  # raises: names a file that is no shard
         raise DatasetError(f"{location}: empty folder; expected {location}/<class name>/<image>.jpg, "
                            f"TFRecord shards or .tar shards")
-    if location.endswith(".tar") or records.looks_like_tfrecord(location):
+    if location.endswith(".tar") or tfrecord.looks_like_tfrecord(location):
         return _shard_kind([location], location), [location]
     return _text_list_kind(location)
 
@@ -244,7 +245,7 @@ def classify(location) -> tuple[str, list[str]]:
 def _shard_kind(shards: list[str], where: str) -> str:
     if all(p.endswith(".tar") for p in shards):
         return "webdataset"
-    not_records = [p for p in shards if not p.endswith(".tar") and not records.looks_like_tfrecord(p)]
+    not_records = [p for p in shards if not p.endswith(".tar") and not tfrecord.looks_like_tfrecord(p)]
     if not_records:
         raise DatasetError(
             f"{not_records[0]}: neither a TFRecord shard nor a .tar shard ({len(not_records)} such files in "
@@ -337,7 +338,7 @@ def _check_nonempty_files(source: Source) -> None:
 
 def _count_index(kind: str, index_path: str) -> int:
     if kind == "tfrecord":
-        return len(records.read_tfrecord_index(index_path))
+        return len(tfrecord.read_tfrecord_index(index_path))
     with open(index_path) as f:
         return int(f.readline().split()[1])
 
@@ -353,11 +354,11 @@ def _read_classes_json(shard: str) -> list[str] | None:
 def check_tfrecord_keys(shard: str, keys: TFRecordKeys) -> None:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
     the first record before DALI ever sees the shard."""
-    for _, _, data, problem in records.walk_records(shard):
+    for _, _, data, problem in tfrecord.walk_records(shard):
         if problem:
             raise DatasetError(f"{problem}")
         try:
-            example = records.decode_example(data)
+            example = tfrecord.decode_example(data)
         except ValueError as e:
             raise DatasetError(f"{shard}: record 0 is not a tf.train.Example ({e})") from e
         present = ", ".join(sorted(example)) or "none"

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes import records, sources, tar_shards
+from dali_pipes import sources
+from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 from dali_pipes.sources import Source, TFRecordKeys
 
@@ -111,24 +112,24 @@ def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str
             return [], [Problem(shard, "zero-byte shard")]
         try:
             if kind == "tfrecord":
-                compression = records.sniff_compression(shard)
+                compression = tfrecord.sniff_compression(shard)
                 if compression:
-                    return [], [Problem(shard, str(records.compressed_error(shard, compression)).split(": ", 1)[1])]
+                    return [], [Problem(shard, str(tfrecord.compressed_error(shard, compression)).split(": ", 1)[1])]
                 refs, problems = [], []
-                for i, (offset, size, _, problem) in enumerate(records.walk_records(shard, read_data=False)):
+                for i, (offset, size, _, problem) in enumerate(tfrecord.walk_records(shard, read_data=False)):
                     if problem:
                         problems.append(Problem(f"{shard}#{problem.index}", f"{problem.message} (byte {offset})"))
                     else:
                         refs.append(("tfrecord", shard, i, offset, size, keys))
                 return refs, problems
-            samples = tar_shards.group_samples(tar_shards.scan_members(shard))
+            samples = webdataset.group_samples(webdataset.scan_members(shard))
         except DatasetError as e:
             return [], [Problem(shard, str(e).removeprefix(f"{shard}: "))]
         refs, problems = [], []
         for members in samples:
             by_ext = {m.key_ext[1]: m for m in members}
             key = members[0].key_ext[0]
-            image = next((by_ext[e] for e in tar_shards.IMAGE_EXTS if e in by_ext), None)
+            image = next((by_ext[e] for e in webdataset.IMAGE_EXTS if e in by_ext), None)
             if image is None or label_ext not in by_ext:
                 problems.append(Problem(f"{shard}#{key}", f"incomplete sample: members {sorted(by_ext)}"))
             else:

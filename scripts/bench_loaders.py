@@ -13,7 +13,8 @@ import sys
 
 import torch
 
-from dali_pipes import bench, open_source
+from dali_pipes_bench import harness as bench
+from dali_pipes import open_source
 
 DEFAULT_DATA = "data/sample/images/train"
 

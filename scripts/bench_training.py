@@ -9,9 +9,10 @@ import sys
 
 import torch
 
-from dali_pipes import DaliLoader, bench, open_source
+from dali_pipes_bench import harness as bench
+from dali_pipes import DaliLoader, open_source
 from dali_pipes.baseline import TorchLoader
-from train.bench import ideal_feed, measure_training
+from dali_pipes_bench.training import ideal_feed, measure_training
 
 DEFAULT_DATA = "data/sample/images/train"
 

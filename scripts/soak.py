@@ -7,7 +7,7 @@ import json
 import sys
 
 from dali_pipes import DaliLoader
-from dali_pipes.soak import growth_after, soak
+from dali_pipes_bench.soak import growth_after, soak
 
 DEFAULT_DATA = "data/sample/images/train"
 

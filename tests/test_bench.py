@@ -9,7 +9,7 @@ import sys
 import torch
 
 from dali_pipes import open_source
-from dali_pipes.bench import PreloadedDaliLoader
+from dali_pipes_bench.harness import PreloadedDaliLoader
 
 from conftest import write_folder
 

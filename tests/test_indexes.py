@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from dali_pipes import open_source, records
+from dali_pipes import open_source
+from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords, write_webdataset
 from dali_pipes.indexes import ensure_indexes, index_candidates
 
@@ -25,7 +26,7 @@ def shards(jpeg_folder, tmp_path):
 def _append_records(shard, n):
     with open(shard, "ab") as f:
         for i in range(n):
-            f.write(records.frame_record(records.encode_example({"image/encoded": jpeg_bytes(200 + i),
+            f.write(tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(200 + i),
                                                                  "image/class/label": 2})))
 
 
@@ -52,14 +53,14 @@ def test_same_size_rewrite_is_detected(shards):
     longer fall on record headers, even though its entries still end at the file size."""
     shard = shards[0]
     size = os.path.getsize(shard)
-    frame = next(f for f in (records.frame_record(records.encode_example(
+    frame = next(f for f in (tfrecord.frame_record(tfrecord.encode_example(
         {"image/encoded": b"x" * n, "image/class/label": label}))
         for n in range(size - 200, size) for label in (0, 200)) if len(f) == size)
     with open(shard, "wb") as f:
         f.write(frame)
     future = time.time() + 10
     os.utime(shard + ".idx", (future, future))  # an index that even looks newer than the shard
-    assert not records.tfrecord_index_matches(shard, shard + ".idx")
+    assert not tfrecord.tfrecord_index_matches(shard, shard + ".idx")
     assert open_source(os.path.dirname(shard)).counts[0] == 1
 
 

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.augment import IMAGENET_MEAN, IMAGENET_STD
+from dali_pipes.graph import IMAGENET_MEAN, IMAGENET_STD
 
 from conftest import jpeg_bytes
 

@@ -10,7 +10,7 @@ import struct
 import pytest
 from PIL import Image
 
-from dali_pipes import records
+from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords
 from dali_pipes.sources import open_source
 
@@ -130,23 +130,23 @@ def test_converted_tfrecords_parse_with_an_independent_reader(jpeg_folder, tmp_p
 
 def test_example_round_trip_and_crc_against_spec():
     features = {"a": b"\x00\xff", "b": [1, -2, 2 ** 40], "c": [0.5, -1.25], "d": "text"}
-    decoded = records.decode_example(records.encode_example(features))
+    decoded = tfrecord.decode_example(tfrecord.encode_example(features))
     assert decoded == {"a": [b"\x00\xff"], "b": [1, -2, 2 ** 40], "c": [0.5, -1.25], "d": [b"text"]}
     for data in (b"", b"a", bytes(range(256)) * 3):
-        assert records.masked_crc32c(data) == spec_masked_crc(data)
+        assert tfrecord.masked_crc32c(data) == spec_masked_crc(data)
 
 
 def test_gzip_and_zlib_are_recognised(tmp_path):
     import gzip
     import zlib
-    framed = records.frame_record(records.encode_example({"image/encoded": b"x", "image/class/label": 1}))
+    framed = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": b"x", "image/class/label": 1}))
     (tmp_path / "g").write_bytes(gzip.compress(framed))
     (tmp_path / "z").write_bytes(zlib.compress(framed))
     (tmp_path / "p").write_bytes(framed)
-    assert records.sniff_compression(str(tmp_path / "g")) == "GZIP"
-    assert records.sniff_compression(str(tmp_path / "z")) == "ZLIB"
-    assert records.sniff_compression(str(tmp_path / "p")) is None
+    assert tfrecord.sniff_compression(str(tmp_path / "g")) == "GZIP"
+    assert tfrecord.sniff_compression(str(tmp_path / "z")) == "ZLIB"
+    assert tfrecord.sniff_compression(str(tmp_path / "p")) is None
     for name in "gzp":
-        assert records.looks_like_tfrecord(str(tmp_path / name))
-    walked = [d for _, _, d, p in records.walk_records(str(tmp_path / "z"), compression="ZLIB")]
+        assert tfrecord.looks_like_tfrecord(str(tmp_path / name))
+    walked = [d for _, _, d, p in tfrecord.walk_records(str(tmp_path / "z"), compression="ZLIB")]
     assert walked == [framed[12:-4]]

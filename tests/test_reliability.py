@@ -14,7 +14,8 @@ import pytest
 import torch
 from PIL import Image
 
-from dali_pipes import DaliLoader, DatasetError, open_source, records
+from dali_pipes import DaliLoader, DatasetError, open_source
+from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords, write_webdataset
 from dali_pipes.verify import verify
 
@@ -113,11 +114,11 @@ def _corrupt_image_in_place(ref):
             f.seek(offset)
             frame = f.read(size)
             data = frame[12:-4]
-            example = records.decode_example(data)
+            example = tfrecord.decode_example(data)
             image = example[keys.image][0]
             data = data.replace(image, bytes(len(image)))  # zeros: same length, not an image
             f.seek(offset)
-            f.write(records.frame_record(data))
+            f.write(tfrecord.frame_record(data))
         else:
             member = ref[3]
             f.seek(member.offset)
@@ -148,7 +149,7 @@ def _one_shard(tmp_path, n=3):
     path = folder / "train-00000-of-00001"
     with open(path, "wb") as f:
         for i in range(n):
-            f.write(records.frame_record(records.encode_example({"image/encoded": jpeg_bytes(i),
+            f.write(tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(i),
                                                                  "image/class/label": i})))
     return folder, path
 
@@ -157,7 +158,7 @@ def test_length_field_far_larger_than_the_file(tmp_path):
     folder, path = _one_shard(tmp_path)
     data = bytearray(path.read_bytes())
     length = struct.pack("<Q", 2 ** 40)  # a terabyte, with a valid length CRC
-    data[:12] = length + struct.pack("<I", records.masked_crc32c(length))
+    data[:12] = length + struct.pack("<I", tfrecord.masked_crc32c(length))
     path.write_bytes(bytes(data))
     with pytest.raises(DatasetError, match=r"record 0 \(byte 0\): truncated: record of 1099511627776 bytes runs "
                                            r"past the end of the file"):

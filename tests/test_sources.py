@@ -10,7 +10,8 @@ import zlib
 
 import pytest
 
-from dali_pipes import DatasetError, TFRecordKeys, open_source, records
+from dali_pipes import DatasetError, TFRecordKeys, open_source
+from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords, write_webdataset
 
 from conftest import dali_read_epoch, expected_multiset, jpeg_bytes
@@ -74,7 +75,7 @@ def test_webdataset_round_trips(wds_dir, jpeg_folder):
 
 def test_webdataset_labels_with_many_digits_and_newlines(tmp_path):
     import tarfile
-    from dali_pipes.tar_shards import add_member
+    from dali_pipes.formats.webdataset import add_member
     labels = [0, 9, 10, 123, 98765, 4000000000]
     with tarfile.open(tmp_path / "x.tar", "w") as tar:
         for i, label in enumerate(labels):
@@ -92,7 +93,7 @@ def test_tensorflow_style_keys_and_one_based_labels(tmp_path, jpeg_folder):
     expected = expected_multiset(jpeg_folder)
     with open(path, "wb") as f:
         for data, label in expected:
-            f.write(records.frame_record(records.encode_example({"jpeg": data, "cls": label + 1, "extra": 1.5})))
+            f.write(tfrecord.frame_record(tfrecord.encode_example({"jpeg": data, "cls": label + 1, "extra": 1.5})))
     source = open_source(os.path.dirname(path), keys=TFRecordKeys("jpeg", "cls", label_offset=1))
     assert dali_read_epoch(source, batch_size=5) == expected
     assert os.path.exists(path + ".idx")

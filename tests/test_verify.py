@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dali_pipes import open_source, records
+from dali_pipes import open_source
+from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords, write_webdataset
 from dali_pipes.verify import verify, write_clean_list
 
@@ -61,11 +62,11 @@ def test_tfrecord_crc_and_keys(jpeg_folder, tmp_path):
     out = tmp_path / "tfr"
     write_tfrecords(open_source(jpeg_folder), str(out), shards=1, progress=False)
     shard = glob.glob(f"{out}/*.tfrecord")[0]
-    entries = records.read_tfrecord_index(shard + ".idx")
+    entries = tfrecord.read_tfrecord_index(shard + ".idx")
     data = bytearray(open(shard, "rb").read())
     data[entries[2][0] + 40] ^= 0xFF  # a flipped bit inside record 2's data
-    extra = records.frame_record(records.encode_example({"jpeg": jpeg_bytes(1), "label": 0}))
-    garbage = records.frame_record(records.encode_example({"image/encoded": b"garbage!" * 10,
+    extra = tfrecord.frame_record(tfrecord.encode_example({"jpeg": jpeg_bytes(1), "label": 0}))
+    garbage = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": b"garbage!" * 10,
                                                            "image/class/label": 1}))
     with open(shard, "wb") as f:
         f.write(bytes(data) + extra + garbage)

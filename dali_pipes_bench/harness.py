@@ -27,7 +27,7 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes.augment import AugmentConfig, eval_augment, train_augment
+from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.loader import DaliLoader
 from dali_pipes.procfs import PeakSampler, cpu_seconds
@@ -210,7 +210,7 @@ class TfDataLoader:
     delivered as torch tensors. Needs TensorFlow."""
 
     def __init__(self, shards: list[str], *, batch_size: int, train: bool, image_size: int = 224) -> None:
-        from dali_pipes.bench_tf import tf_dataset
+        from dali_pipes_bench.tf_data import tf_dataset
         self._dataset = tf_dataset(shards, batch_size=batch_size, train=train, image_size=image_size)
 
     def __iter__(self):

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from dali_pipes.bench import forever
+from dali_pipes_bench.harness import forever
 from train.models import create_model
 from train.train import param_groups
 

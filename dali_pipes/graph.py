@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dali_pipes.config import option
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment")
@@ -21,18 +23,20 @@ HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest
 
 @dataclass(frozen=True)
 class AugmentConfig:
-    image_size: int = 224
-    random_area: tuple[float, float] = (0.08, 1.0)         # train: random-resized-crop area fraction
-    random_aspect_ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip_probability: float = 0.5                          # train: horizontal flip
-    color_jitter: float = 0.0                              # train: brightness/contrast/saturation +- this
-    auto_augment: str | None = None                        # train: "autoaugment" | "randaugment" | "trivialaugment"
-    crop_ratio: float = 0.875                              # val: resize shorter side to image_size / crop_ratio
-    mean: tuple[float, float, float] = IMAGENET_MEAN       # on the [0, 1] scale
-    std: tuple[float, float, float] = IMAGENET_STD
-    channels_last: bool = False                            # NHWC memory (logical shape stays N,3,H,W)
-    float16: bool = False                                  # output dtype float16 instead of float32
-    hw_decoder_load: float = 0.65                          # gpu: share of images for the hardware JPEG decoder
+    """The decode + augment graph's settings; every field is also a flag (config.add_arguments)."""
+    image_size: int = option(224, "output side in pixels (train crop, val centre crop)")
+    random_area: tuple[float, float] = option((0.08, 1.0), "train: random-resized-crop area fraction, low high")
+    random_aspect_ratio: tuple[float, float] = option((3 / 4, 4 / 3), "train: random-resized-crop aspect ratio range")
+    flip_probability: float = option(0.5, "train: probability of a horizontal flip")
+    color_jitter: float = option(0.0, "train: brightness/contrast/saturation drawn in 1 +- this (0: off)")
+    auto_augment: str | None = option(None, "train: an AutoAugment-family policy (DALI auto_aug)", type=str,
+                                      choices=(*AUTO_AUGMENTS, None))
+    crop_ratio: float = option(0.875, "val: resize the shorter side to image_size / crop_ratio, then centre-crop")
+    mean: tuple[float, float, float] = option(IMAGENET_MEAN, "normalisation mean per channel, on the [0, 1] scale")
+    std: tuple[float, float, float] = option(IMAGENET_STD, "normalisation std per channel, on the [0, 1] scale")
+    channels_last: bool = option(False, "NHWC memory (the logical shape stays N,3,H,W): faster convs on GPU")
+    float16: bool = option(False, "float16 output instead of float32: half the bytes to move")
+    hw_decoder_load: float = option(0.65, "gpu: share of images sent to the hardware JPEG decoder (A100/H100)")
 
     def __post_init__(self) -> None:
         if self.image_size < 1:

@@ -1,0 +1,58 @@
+"""The shared sample types: what every format, the loader and recovery pass around.
+
+A leaf module (it imports nothing of the project's), so that the format modules, the source and
+the recovery code can all import it without closing an import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The label of a sample that is not a real sample: val padding (to equalise batch counts across
+# ranks) and the placeholders of excluded bad samples. CrossEntropyLoss(ignore_index=-1) and
+# `labels >= 0` masks ignore both.
+PADDING_LABEL = -1
+
+
+@dataclass(frozen=True)
+class TFRecordKeys:
+    """Feature keys of TFRecord Examples; defaults are those of TensorFlow's ImageNet scripts."""
+    image: str = "image/encoded"
+    label: str = "image/class/label"
+    label_offset: int = 0  # subtracted from stored labels: 1 for TensorFlow's 1-based ImageNet labels
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """Where one sample lives, picklable (worker processes read samples from it).
+
+    kind: the format ("file", "tfrecord", "webdataset"); path: the image file or the shard;
+    index: the sample's position in its shard (0 for files); key: the record number as text (TFRecord)
+    or the sample key (tar); offset, size: the byte range of the record (TFRecord frame or image member);
+    label: the label when it is known without reading (files), else None; extra: format details
+    (a tar's member table)."""
+    kind: str
+    path: str
+    index: int = 0
+    key: str = ""
+    offset: int = 0
+    size: int = 0
+    label: int | None = None
+    extra: tuple = ()
+
+    @property
+    def origin(self) -> str:
+        """Where to look, for messages: the file, shard#record (byte offset) or tar#key."""
+        if self.kind == "file":
+            return self.path
+        if self.kind == "tfrecord":
+            return f"{self.path}#{self.index} (byte {self.offset})"
+        return f"{self.path}#{self.key}"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample read in Python: `origin` says where it came from (file, or shard#record)."""
+    origin: str
+    data: bytes
+    label: int
