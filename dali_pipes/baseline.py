@@ -21,7 +21,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_pipes.graph import AugmentConfig
 from dali_pipes.dist import Shard
-from dali_pipes.sources import Source, open_source, read_sample
+from dali_pipes.formats import read_sample
+from dali_pipes.source import Source, open_source
 
 
 def random_resized_crop_box(width: int, height: int, area: tuple[float, float], ratio: tuple[float, float],

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 
-def option(default: Any, help: str, *, type: Callable | None = None, choices: Sequence | None = None) -> Any:
+def option(default: Any, help: str, *, type: Callable | None = None, choices: Sequence | None = None,
+           aliases: Sequence[str] = ()) -> Any:
     """A dataclass field that is also a command-line flag. `type` is needed only when the default is
-    None (the flag's type cannot be read from it)."""
-    return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices})
+    None (the flag's type cannot be read from it); `aliases` are extra flag spellings."""
+    return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices,
+                                                        "aliases": tuple(aliases)})
 
 
 def flag_name(name: str) -> str:
@@ -30,6 +32,17 @@ def _none_or(kind: Callable) -> Callable[[str], Any]:
         return None if text.lower() in ("none", "") else kind(text)
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its errors
     return parse
+
+
+def count_or_fraction(text: str) -> int | float:
+    """"12" -> 12 (a count), "0.01" -> 0.01 (a fraction)."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)
+        if not 0 < value < 1:
+            raise argparse.ArgumentTypeError(f"{text}: expected a count (int) or a fraction in (0, 1)")
+        return value
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: Sequence[str] = (),
@@ -51,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: 
             kind["type"] = _none_or(base) if f.default is None else base
         if meta["choices"]:
             kind["choices"] = list(meta["choices"])
-        group.add_argument(flag_name(f.name), dest=f.name, default=default,
+        group.add_argument(flag_name(f.name), *meta["aliases"], dest=f.name, default=default,
                            help=f"{meta['help']} (default: {_show(default)})", **kind)
 
 
@@ -93,11 +106,14 @@ class LoaderConfig:
     decode_device: str | None = option(None, "cpu with --device gpu: decode on CPU, augment on GPU (frees busy GPU "
                                        "decoders); default: the --device", type=str, choices=("gpu", "cpu", None))
     num_threads: int | None = option(None, "DALI CPU threads per rank (default: this process's CPUs / ranks "
-                                     "on the node)", type=int)
+                                     "on the node)", type=int, aliases=("--threads",))
     prefetch_queue_depth: int = option(2, "batches DALI prepares ahead of the training step")
     shuffle_buffer: int = option(4096, "train: samples the reader shuffles through (more: better mixing, more memory)")
-    skip_bad: bool = option(False, "exclude samples that fail to decode (named in a warning) and go on, "
-                            "instead of stopping with their names")
+    skip_bad: bool = option(False, "exclude bad samples (each named in a warning) and go on, instead of "
+                            "stopping with their names")
+    max_bad: int | float | None = option(None, "with --skip-bad: stop once more samples than this are excluded; "
+                                         "an int is a count, a float in (0, 1) a fraction of the dataset",
+                                         type=count_or_fraction)
 
 
 def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:

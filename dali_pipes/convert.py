@@ -23,7 +23,9 @@ from tqdm import tqdm
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 from dali_pipes.indexes import INDEX_SUFFIX
-from dali_pipes.sources import Source, read_sample
+from dali_pipes.formats import read_sample
+from dali_pipes.samples import SampleRef
+from dali_pipes.source import Source
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ def _image_info(data: bytes, where: str) -> tuple[int, int, str]:
         with Image.open(io.BytesIO(data)) as img:
             return img.height, img.width, img.format or "JPEG"
     except Exception as e:  # PIL raises several types for undecodable bytes
-        raise DatasetError(f"{where}: not a readable image ({e}). Find every bad sample with: "
-                           f"python scripts/verify_dataset.py SRC --write-clean-list clean.txt") from None
+        raise DatasetError(where, f"not a readable image ({e})", "Find every bad sample with: "
+                           "python scripts/verify_dataset.py SRC --write-clean-list clean.txt (or: dali-pipes verify ...)") from None
 
 
 _classes: list[str] | None = None  # set in each worker by _init_worker
@@ -68,7 +70,7 @@ def _class_text(label: int) -> str:
     return _classes[label] if _classes and 0 <= label < len(_classes) else str(label)
 
 
-def _encode_tfrecord(ref: tuple) -> bytes:
+def _encode_tfrecord(ref: SampleRef) -> bytes:
     sample = read_sample(ref)
     height, width, fmt = _image_info(sample.data, sample.origin)
     example = tfrecord.encode_example({
@@ -80,14 +82,14 @@ def _encode_tfrecord(ref: tuple) -> bytes:
     return tfrecord.frame_record(example)
 
 
-def _encode_tar_sample(ref: tuple) -> tuple[str, bytes, int]:
+def _encode_tar_sample(ref: SampleRef) -> tuple[str, bytes, int]:
     sample = read_sample(ref)
     _, _, fmt = _image_info(sample.data, sample.origin)
     return {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tif"}.get(fmt, "jpg"), \
         sample.data, sample.label
 
 
-def _dealt(source: Source, shards: int, seed: int) -> list[tuple[int, tuple]]:
+def _dealt(source: Source, shards: int, seed: int) -> list[tuple[int, SampleRef]]:
     """(shard, ref) in writing order: a seeded shuffle dealt round-robin over the shards."""
     refs = source.refs()
     if shards < 1:
@@ -179,7 +181,7 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
     with open(dst + ".tmp", "wb") as f:
         for _, _, data, problem in tfrecord.walk_records(src, compression=compression):
             if problem:
-                raise DatasetError(str(problem))
+                raise DatasetError(problem.path, f"record {problem.index} (byte {problem.offset}): {problem.message}")
             frame = tfrecord.frame_record(data)
             f.write(frame)
             entries.append((offset, len(frame)))

@@ -6,6 +6,15 @@ import os
 from dataclasses import dataclass
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, cgroups, Slurm), not the machine's
+    count, which os.cpu_count() returns."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class Shard:
     rank: int = 0        # global rank -> DALI shard_id (which slice of the data)

@@ -1,5 +1,22 @@
 """The one error type for bad datasets, so callers can catch data problems apart from bugs."""
 
+from __future__ import annotations
+
 
 class DatasetError(ValueError):
-    """A dataset that cannot be read as asked. The message names the file, what was found and the fix."""
+    """A dataset that cannot be read as asked, as data: `where` (a file, shard#record or tar#key),
+    `problem` (what was found) and `fix` (what to do). Code that needs the parts reads the fields;
+    nothing parses the message back."""
+
+    def __init__(self, where: str, problem: str = "", fix: str = "") -> None:
+        if not problem:  # a whole message with no single place to name
+            where, problem = "", where
+        self.where, self.problem, self.fix = where, problem, fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.problem}" if self.where else self.problem
+        return f"{text}. {self.fix}" if self.fix else text
+
+    def __reduce__(self):  # picklable across worker processes with its fields
+        return type(self), (self.where, self.problem, self.fix)

@@ -14,11 +14,11 @@ import hashlib
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from typing import Sequence
 
 from tqdm import tqdm
 
-from dali_pipes.formats import tfrecord, webdataset
+from dali_pipes.formats import format_of
 from dali_pipes.errors import DatasetError
 
 INDEX_SUFFIX = ".idx"
@@ -37,21 +37,10 @@ def index_candidates(shard: str, cache_dir: str | None = None) -> tuple[str, str
     return shard + INDEX_SUFFIX, os.path.join(cache_dir or default_cache_dir(), key, name + INDEX_SUFFIX)
 
 
-def _kind_functions(kind: str) -> tuple[Callable[[str, str], bool], Callable[[str, str], None]]:
-    if kind == "tfrecord":
-        return tfrecord.tfrecord_index_matches, lambda shard, idx: tfrecord.write_tfrecord_index(
-            tfrecord.build_tfrecord_index(shard), idx)
-    if kind == "webdataset":
-        return webdataset.tar_index_matches, lambda shard, idx: webdataset.write_tar_index(
-            webdataset.build_tar_index(shard), idx)
-    raise ValueError(f"no index format for {kind!r}")
-
-
 def find_index(shard: str, kind: str, cache_dir: str | None = None) -> str | None:
     """The path of a matching index for `shard`, or None."""
-    matches, _ = _kind_functions(kind)
     for candidate in index_candidates(shard, cache_dir):
-        if os.path.exists(candidate) and matches(shard, candidate):
+        if os.path.exists(candidate) and format_of(kind).index_matches(shard, candidate):
             _mark_checked(shard, candidate)
             return candidate
     return None
@@ -67,33 +56,32 @@ def _mark_checked(shard: str, index: str) -> None:
             pass  # read-only: the full check simply repeats next time
 
 
-def build_index(shard: str, kind: str, cache_dir: str | None = None) -> str:
+def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: str = "cls") -> str:
     """Build the index beside the shard, or in the cache when the shard's folder is read-only."""
-    _, build = _kind_functions(kind)
     beside, cached = index_candidates(shard, cache_dir)
     if os.access(os.path.dirname(beside), os.W_OK) and (not os.path.exists(beside) or os.access(beside, os.W_OK)):
         target = beside
     else:
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         target = cached
-    build(shard, target)
+    format_of(kind).build_index(shard, target, label_ext)
     return target
 
 
 def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = None, build: bool = True,
-                   workers: int | None = None, progress: bool = True) -> list[str]:
+                   workers: int | None = None, progress: bool = True, label_ext: str = "cls") -> list[str]:
     """A matching index path for each shard, building missing or stale ones in parallel.
 
     With build=False a missing or stale index is an error that says how to build it."""
     found = _parallel(lambda s: find_index(s, kind, cache_dir), shards, workers, None)
     missing = [s for s, idx in zip(shards, found) if idx is None]
     if missing and not build:
-        raise DatasetError(
-            f"{missing[0]}: no index that matches this shard ({len(missing)} of {len(shards)} shards lack one). "
-            f"Build them with: python scripts/make_index.py {os.path.dirname(missing[0]) or '.'}")
+        raise DatasetError(missing[0], f"no index that matches this shard ({len(missing)} of {len(shards)} shards "
+                           f"lack one)", f"Build them with: python scripts/make_index.py {os.path.dirname(missing[0]) or '.'} "
+                           f"(or: dali-pipes index ...)")
     if missing:
         desc = f"indexing {len(missing)} {kind} shard{'s' if len(missing) > 1 else ''}"
-        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir), missing, workers,
+        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext), missing, workers,
                                             desc if progress else None)))
         found = [idx or built[s] for s, idx in zip(shards, found)]
     return found

@@ -23,25 +23,34 @@ from typing import Iterator
 
 import torch
 
-from dali_pipes.graph import AugmentConfig
+from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
-from dali_pipes.pipeline import READER_NAME, build_pipeline
+from dali_pipes.graph import AugmentConfig
+from dali_pipes.pipeline import build_pipeline
 from dali_pipes.procfs import release_free_memory
-from dali_pipes.recovery import BadSample, exclude, find_bad_samples
-from dali_pipes.sources import Source, TFRecordKeys, open_source
+from dali_pipes.reader import READER_NAME
+from dali_pipes.recovery import READER_AHEAD_BATCHES, BadSample, BadSamplePolicy, reader_reach
+from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.source import Source, open_source
 
-PADDING_LABEL = -1
 DEVICES = ("auto", "gpu", "cpu")
-_STATE_VERSION = 1
+REQUIRE_GPU_ENV = "DALI_PIPES_REQUIRE_GPU"
+_STATE_VERSION = 2
 
 
 def resolve_device(device: str) -> str:
+    """"gpu" or "cpu". With DALI_PIPES_REQUIRE_GPU=1, "auto" never falls back to the CPU: a CPU-only
+    torch on a GPU machine is then an error, not a silent slow run."""
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    cuda = torch.cuda.is_available()
+    if device == "auto" and not cuda and os.environ.get(REQUIRE_GPU_ENV) == "1":
+        raise RuntimeError(f"{REQUIRE_GPU_ENV}=1 but torch sees no CUDA device (torch {torch.__version__}, built "
+                           f"for CUDA {torch.version.cuda}); install a CUDA build of torch")
     if device == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if device == "gpu" and not torch.cuda.is_available():
+        return "gpu" if cuda else "cpu"
+    if device == "gpu" and not cuda:
         raise RuntimeError("device='gpu' but torch sees no CUDA device; use device='cpu' or 'auto'")
     return device
 
@@ -53,28 +62,37 @@ class DaliLoader:
                  device: str = "auto", rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, image_size: int = 224, seed: int = 0, num_threads: int | None = None,
                  shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2, augment: AugmentConfig | None = None,
-                 keys: TFRecordKeys | None = None, skip_bad: bool = False, **augment_args) -> None:
+                 keys: TFRecordKeys | None = None, skip_bad: bool = False, max_bad: int | float | None = None,
+                 decode_device: str | None = None, label_ext: str = "cls", index_cache_dir: str | None = None,
+                 **augment_args) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         self.device = resolve_device(device)
+        if self.device == "cpu" and decode_device == "gpu":
+            raise ValueError("decode_device='gpu' needs device='gpu': a GPU decode cannot feed a CPU pipeline "
+                             "(use device='gpu', decode_device='cpu' for CPU decoding with GPU augmentation)")
         self.shard = Shard.from_env(rank, world_size, local_rank)
-        self.source = source if isinstance(source, Source) else open_source(source, keys=keys)
+        self.source = source if isinstance(source, Source) else open_source(
+            source, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir)
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.augment = augment or AugmentConfig(image_size=image_size, **augment_args)
         self._pipeline_args = dict(train=train, batch_size=batch_size, device=self.device, shard=self.shard,
                                    augment=self.augment, num_threads=num_threads, seed=seed,
                                    shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth)
+        if decode_device is not None:  # hybrid: decode on CPU, augment on GPU
+            self._pipeline_args["decode_device"] = decode_device
         if train and self.source.num_samples // self.shard.world_size < batch_size:
             raise ValueError(
                 f"{self.source.location}: {self.source.num_samples} samples over {self.shard.world_size} ranks "
                 f"give less than one batch of {batch_size} per rank in train mode (the tail is dropped); "
                 f"lower batch_size")
-        self.skip_bad = skip_bad
-        self.bad_samples: list[BadSample] = []  # excluded so far (skip_bad=True)
-        self._last_good: str | None = None  # DALI checkpoint after the last delivered batch
-        self._excluded: list[list[tuple]] = []  # refs excluded, in order (re-applied on resume)
+        self.bad_policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device,
+                                          device_id=self.shard.local_rank if self.device == "gpu" else None)
+        # DALI checkpoint after the last delivered batch: where a pipeline error recovers to. Taken
+        # after every batch only when skip_bad may need it; else read when state_dict() asks.
+        self._last_good: str | None = None
         self.epoch = 0          # epochs completed
         self._position = 0      # batches yielded in the current epoch
         self._resumed = False   # the current epoch was restored by load_state_dict: continue it
@@ -107,11 +125,20 @@ class DaliLoader:
     def close(self) -> None:
         """Free the pipeline (its threads and memory) now rather than at garbage collection."""
         if self._iterator is not None:
-            pipes = self._iterator._pipes
+            pipes = iterator_pipelines(self._iterator)
             self._iterator = None
             for pipe in pipes:
-                pipe._shutdown()
+                shutdown_pipeline(pipe)
             del pipes
+
+    @property
+    def skip_bad(self) -> bool:
+        return self.bad_policy.skip
+
+    @property
+    def bad_samples(self) -> list[BadSample]:
+        """Samples excluded so far (skip_bad=True), in order."""
+        return self.bad_policy.bad_samples
 
     def __del__(self) -> None:
         try:
@@ -169,7 +196,7 @@ class DaliLoader:
                 self._build(checkpoint=self._last_good)  # and back to the last good batch
                 continue
             images, labels = batch["images"], batch["labels"]
-            self._last_good = self._iterator.checkpoints()[0]
+            self._last_good = self._iterator.checkpoints()[0] if self.skip_bad else None
             if self.augment.channels_last:
                 images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
             if not self.train:
@@ -189,69 +216,43 @@ class DaliLoader:
 
     # -- bad samples ---------------------------------------------------------------------------
 
-    def _shards_in_reach(self) -> list[tuple[int, int]]:
-        """(DALI shard, how many of its samples, in storage order, the reader can have read) for the
-        failing batch: this epoch's shard up to the read frontier, and in train the start of the
-        next epoch's shard (the pipeline prefetches across the boundary; train moves every rank
-        to the next shard each epoch)."""
-        ahead = (self._pipeline_args["prefetch_queue_depth"] + 2) * self.batch_size
-        buffer = self._pipeline_args["shuffle_buffer"] if self.train else 0
-        frontier = self._position * self.batch_size + ahead + buffer
-        if not self.train:
-            return [(self.shard.rank, frontier)]
-        current = (self.shard.rank + self.epoch) % self.shard.world_size
-        following = (current + 1) % self.shard.world_size
-        return [(current, frontier)] + ([(following, ahead + buffer)] if following != current else [])
-
     def _exclude_culprits(self, error: RuntimeError) -> None:
-        """Find the samples that broke the batch: exclude them from the source (skip_bad), or
-        raise a DatasetError that names them. Never continue silently."""
-        message = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
-        window = (self._pipeline_args["prefetch_queue_depth"] + 2) * self.batch_size
-        bad = []
-        for shard_id, reach in self._shards_in_reach():
-            bad = bad or find_bad_samples(self.source, shard_id, self.shard.world_size, reach, window, self.device)
-        if not bad:
-            self._failure = DatasetError(f"{self.source.location}: the DALI pipeline failed and no bad sample "
-                                         f"was found near the reader's position: {message}")
-            raise self._failure from error
-        found = "; ".join(str(b) for _, b in bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
-        if not self.skip_bad:
-            self._failure = DatasetError(
-                f"decoding failed: {found}. Remove or replace the file, train from a clean list "
-                f"(python scripts/verify_dataset.py {self.source.location} --write-clean-list clean.txt), or "
-                f"exclude bad samples as they are met with skip_bad=True (train: --skip-bad)")
-            raise self._failure from error
-        warnings.warn(f"excluding {len(bad)} bad sample(s) and resuming at the last good batch: {found}")
-        self.bad_samples += [b for _, b in bad]
-        self._excluded.append([ref for ref, _ in bad])
-        self.source = exclude(self.source, self._excluded[-1])
+        """Hand a pipeline error to the bad-sample policy: it raises naming the culprits, or
+        excludes them from the source (skip_bad). Once it raises, the loader refuses to go on."""
+        args = self._pipeline_args
+        reach = reader_reach(position=self._position, batch_size=self.batch_size,
+                             prefetch_queue_depth=args["prefetch_queue_depth"], shuffle_buffer=args["shuffle_buffer"],
+                             train=self.train, rank=self.shard.rank, epoch=self.epoch,
+                             world_size=self.shard.world_size)
+        window = (args["prefetch_queue_depth"] + READER_AHEAD_BATCHES) * self.batch_size  # one failed batch's reach
+        try:
+            self.source = self.bad_policy.handle(error, self.source, reach, window, self.shard.world_size)
+        except DatasetError as failure:
+            self._failure = failure
+            raise
 
     # -- resumption ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
         """Where this rank is: DALI's checkpoint (reader position, shuffle and augmentation RNG)
-        plus the epoch and batch counters. Take it between batches."""
+        plus the epoch and batch counters, and the bad samples excluded so far. Take it between batches."""
         epoch, position = self.next_batch
-        return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
-                "rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
-                "train": self.train, "num_samples": self.num_samples, "seed": self.seed,
-                "dali": self._last_good, "bad_samples": [str(b) for b in self.bad_samples],
-                "excluded": self._excluded}
+        dali = self._last_good or self._iterator.checkpoints()[0]  # DALI's state after the last delivered batch
+        return {"version": _STATE_VERSION, "epoch": epoch, "position": position, **self._identity(),
+                "dali": dali, **self.bad_policy.state()}
+
+    def _identity(self) -> dict:
+        return {"rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
+                "train": self.train, "num_samples": self.num_samples, "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where `state` was taken: the next batches are those the original
         loader would have yielded, also across epoch boundaries."""
-        mine = {"rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
-                "train": self.train, "num_samples": self.num_samples, "seed": self.seed}
-        differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
+        differ = {k: (state.get(k), v) for k, v in self._identity().items() if state.get(k) != v}
         if state.get("version") != _STATE_VERSION or differ:
             raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
                              f"the same data, rank, world size, batch size and seed")
-        for refs in state.get("excluded", []):  # the same samples excluded, in the same order
-            self.source = exclude(self.source, refs)
-        self._excluded = [list(refs) for refs in state.get("excluded", [])]
-        self.bad_samples = [BadSample(*b.split(": ", 1)) for b in state.get("bad_samples", [])]
+        self.source = self.bad_policy.restore(state, self.source)
         self._build(checkpoint=state["dali"])
         self.epoch, self._position = state["epoch"], state["position"]
         self._resumed = self._position > 0

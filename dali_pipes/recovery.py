@@ -1,15 +1,18 @@
-"""Bad samples found mid-run: which ones they are, and a Source that excludes them in place.
+"""Bad samples met mid-run: the policy that finds them, names them or excludes them in place, keeps
+the count within a budget, and carries all of that through the loader's state.
 
 DALI 2.4 cannot skip a sample that fails to decode: the whole batch is lost, the message names
 no file ("nvImageCodec failure: '#2'"), and an iterator that goes on afterwards silently yields
-fewer samples. So the loader, on a pipeline error:
+fewer samples. So the loader hands every pipeline error to `BadSamplePolicy.handle`, which
   1. finds the culprits: DALI reads a shard in storage order through a shuffle buffer, so after
-     k batches it has read at most the first (k + prefetch + 2) x batch + buffer samples; those
-     are checked with DALI's own decoder (bisecting a failed batch), nearest the frontier first;
-  2. excludes them *in place*: each becomes a tiny valid placeholder image with label -1, so the
-     dataset size, shard boundaries and DALI checkpoints stay valid and the run resumes from its
-     last good state without losing its place. Label -1 is ignored by
-     CrossEntropyLoss(ignore_index=-1) and by `labels >= 0` masks, like val padding.
+     k batches it has read at most the first `reader_reach(...)` samples of it; those are checked
+     with DALI's own decoder (bisecting a failed batch), nearest the read frontier first;
+  2. raises a DatasetError naming them, or (skip=True) excludes them *in place*: each becomes a tiny
+     valid placeholder image with label -1, so the dataset size, shard boundaries and DALI
+     checkpoints stay valid and the run resumes from its last good state without losing its place.
+     Label -1 is ignored by CrossEntropyLoss(ignore_index=-1) and by `labels >= 0` masks, like val
+     padding;
+  3. raises once more samples than the budget (`max_bad`) have been excluded.
 """
 
 from __future__ import annotations
@@ -18,28 +21,129 @@ import dataclasses
 import hashlib
 import io
 import os
-import tarfile
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from dali_pipes._dali import shutdown_pipeline
-from dali_pipes.formats import tfrecord, webdataset
+from dali_pipes.errors import DatasetError
+from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, default_cache_dir
-from dali_pipes.sources import Source, read_sample
+from dali_pipes.samples import SampleRef
+from dali_pipes.source import Source
 from dali_pipes.verify import check_image
 
-PLACEHOLDER_LABEL = -1
+# Beyond the batches in the pipeline's prefetch queue, a reader can have read two more batches
+# than were delivered: the batch the pipeline is assembling and the reader's own prefetch queue
+# (DALI's reader prefetch_queue_depth, 1 here).
+READER_AHEAD_BATCHES = 2
+SHOWN = 5  # bad samples named in a message; the rest are counted
 
 
 @dataclass(frozen=True)
 class BadSample:
-    origin: str  # file, shard#record or tar#key: where to look
+    origin: str  # file, shard#record (byte offset) or tar#key: where to look
     reason: str
 
     def __str__(self) -> str:
         return f"{self.origin}: {self.reason}"
+
+
+def listing(bad: list[BadSample]) -> str:
+    """The first few bad samples, and how many more."""
+    text = "; ".join(str(b) for b in bad[:SHOWN])
+    return text + (f"; and {len(bad) - SHOWN} more" if len(bad) > SHOWN else "")
+
+
+def budget_of(max_bad: int | float | None, num_samples: int) -> int | None:
+    """How many excluded samples are tolerated: an int is a count, a float in (0, 1) a fraction of
+    the dataset, None no limit."""
+    if max_bad is None:
+        return None
+    if isinstance(max_bad, bool) or not isinstance(max_bad, (int, float)):
+        raise ValueError(f"max_bad must be an int count, a float fraction in (0, 1) or None, got {max_bad!r}")
+    if isinstance(max_bad, float):
+        if not 0 < max_bad < 1:
+            raise ValueError(f"max_bad as a fraction must be in (0, 1), got {max_bad}; pass an int for a count")
+        return int(max_bad * num_samples)
+    if max_bad < 0:
+        raise ValueError(f"max_bad must be >= 0, got {max_bad}")
+    return max_bad
+
+
+def reader_reach(*, position: int, batch_size: int, prefetch_queue_depth: int, shuffle_buffer: int, train: bool,
+                 rank: int, epoch: int, world_size: int) -> list[tuple[int, int]]:
+    """(DALI shard, how many of its samples, in storage order, the reader can have read) for a batch
+    that failed after `position` delivered batches of this epoch: this epoch's shard up to the read
+    frontier and, in train, the start of the next epoch's shard (the pipeline prefetches across the
+    boundary; train moves every rank to the next shard each epoch)."""
+    ahead = (prefetch_queue_depth + READER_AHEAD_BATCHES) * batch_size
+    buffer = shuffle_buffer if train else 0
+    frontier = position * batch_size + ahead + buffer
+    if not train:
+        return [(rank, frontier)]
+    current = (rank + epoch) % world_size
+    following = (current + 1) % world_size
+    return [(current, frontier)] + ([(following, ahead + buffer)] if following != current else [])
+
+
+class BadSamplePolicy:
+    """What the loader does about bad samples, in one object: find them after a pipeline error,
+    raise naming them (skip=False) or exclude them in place (skip=True) within `max_bad`, and keep
+    what was excluded in the loader's state so a resumed run excludes the same samples."""
+
+    def __init__(self, *, skip: bool = False, max_bad: int | float | None = None, device: str = "cpu",
+                 device_id: int | None = None) -> None:
+        self.skip, self.max_bad = skip, max_bad
+        self.device, self.device_id = device, device_id
+        self.bad_samples: list[BadSample] = []   # excluded so far, in order
+        self.excluded: list[list[SampleRef]] = []  # refs excluded by each event (re-applied on resume)
+
+    def handle(self, error: RuntimeError, source: Source, reach: list[tuple[int, int]], window: int,
+               num_shards: int) -> Source:
+        """The source with the culprits of `error` excluded (skip=True); else raises DatasetError
+        naming them. Raises too when no culprit is found or the budget is spent: never continue
+        silently."""
+        message = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
+        bad: list[tuple[SampleRef, BadSample]] = []
+        for shard_id, count in reach:
+            bad = bad or find_bad_samples(source, shard_id, num_shards, count, window, self.device, self.device_id)
+        if not bad:
+            raise DatasetError(source.location, f"the DALI pipeline failed and no bad sample was found near the "
+                               f"reader's position: {message}") from error
+        found = [b for _, b in bad]
+        if not self.skip:
+            raise DatasetError(f"decoding failed: {listing(found)}", "",
+                               f"Remove or replace the file, train from a clean list (python scripts/verify_dataset.py "
+                               f"{source.location} --write-clean-list clean.txt), or exclude bad samples as "
+                               f"they are met with skip_bad=True (train: --skip-bad)") from error
+        warnings.warn(f"excluding {len(found)} bad sample(s) and resuming at the last good batch: {listing(found)}")
+        self.bad_samples += found
+        self.excluded.append([ref for ref, _ in bad])
+        self.check_budget(source)
+        return exclude(source, self.excluded[-1])
+
+    def check_budget(self, source: Source) -> None:
+        budget = budget_of(self.max_bad, source.num_samples)
+        if budget is not None and len(self.bad_samples) > budget:
+            raise DatasetError(
+                source.location, f"{len(self.bad_samples)} bad samples excluded, over the budget of {budget} "
+                f"(max_bad={self.max_bad}); first: {listing(self.bad_samples)}",
+                f"Check the data and train from a clean list: python scripts/verify_dataset.py {source.location} "
+                f"--write-clean-list clean.txt (or: dali-pipes verify ...), or raise --max-bad")
+
+    def state(self) -> dict:
+        return {"bad_samples": [dataclasses.asdict(b) for b in self.bad_samples], "excluded": self.excluded}
+
+    def restore(self, state: dict, source: Source) -> Source:
+        """Take a saved state: the same samples excluded, in the same order. Returns the source."""
+        self.bad_samples = [BadSample(**b) for b in state.get("bad_samples", [])]
+        self.excluded = [list(refs) for refs in state.get("excluded", [])]
+        for refs in self.excluded:
+            source = exclude(source, refs)
+        return source
 
 
 def placeholder_jpeg() -> bytes:
@@ -48,7 +152,7 @@ def placeholder_jpeg() -> bytes:
     return out.getvalue()
 
 
-def shard_refs(source: Source, shard_id: int, num_shards: int) -> list[tuple]:
+def shard_refs(source: Source, shard_id: int, num_shards: int) -> list[SampleRef]:
     """Refs of DALI's shard `shard_id` in storage order: [floor(i*N/S), floor((i+1)*N/S))."""
     refs = source.refs()
     n = len(refs)
@@ -70,7 +174,7 @@ def dali_decodes(datas: list[bytes], device: str = "cpu", device_id: int | None 
 
 def decode_pipeline(datas: list[bytes], device: str = "cpu", device_id: int | None = None):
     """An unbuilt pipeline that decodes `datas` as one batch with the loader's decoder: mixed
-    (nvJPEG / hardware decoder) on `device_id` for gpu, cpu otherwise."""
+    (nvJPEG / hardware decoder) on `device_id` (the rank's own GPU) for gpu, cpu otherwise."""
     from nvidia.dali import fn, pipeline_def, types
     batch = [np.frombuffer(d, np.uint8) if d else np.zeros(0, np.uint8) for d in datas]
 
@@ -95,8 +199,8 @@ def _decode_batch(datas: list[bytes], device: str, device_id: int | None) -> boo
         shutdown_pipeline(pipe)
 
 
-def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int, window: int,
-                     device: str = "cpu", device_id: int | None = None) -> list[tuple[tuple, BadSample]]:
+def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int, window: int, device: str = "cpu",
+                     device_id: int | None = None) -> list[tuple[SampleRef, BadSample]]:
     """(ref, BadSample) for samples DALI cannot decode among the first `reach` samples of the
     shard in storage order: all the reader can have read so far. Delivered samples decoded, so
     every undecodable sample there is still to come. Windows are checked from the read frontier
@@ -109,26 +213,18 @@ def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int,
             try:
                 datas.append(read_sample(ref).data)
                 reasons.append(None)
-            except Exception as e:  # an unreadable record is bad too, whatever DALI thinks
+            except (DatasetError, OSError) as e:  # an unreadable record is bad too, whatever DALI thinks
                 datas.append(b"")
-                reasons.append(str(e))
+                reasons.append(e.problem if isinstance(e, DatasetError) else str(e))
         ok = dali_decodes(datas, device, device_id)
-        bad = [(ref, BadSample(_origin(ref), reason or check_image(data) or "DALI's decoder rejects it"))
+        bad = [(ref, BadSample(ref.origin, reason or check_image(data) or "DALI's decoder rejects it"))
                for ref, data, good, reason in zip(chunk, datas, ok, reasons) if not good or reason]
         if bad:
             return bad
     return []
 
 
-def _origin(ref: tuple) -> str:
-    if ref[0] == "file":
-        return ref[1]
-    if ref[0] == "tfrecord":
-        return f"{ref[1]}#{ref[2]} (byte {ref[3]})"
-    return f"{ref[1]}#{ref[2]}"
-
-
-def exclude(source: Source, bad_refs: list[tuple], cache_dir: str | None = None) -> Source:
+def exclude(source: Source, bad_refs: list[SampleRef], cache_dir: str | None = None) -> Source:
     """A copy of `source` in which each bad sample is a placeholder image with label -1, at the
     same position. Files are swapped for the placeholder file; shards that hold bad records are
     rewritten (once, under the cache folder) with the records replaced, and get their own index."""
@@ -140,58 +236,18 @@ def exclude(source: Source, bad_refs: list[tuple], cache_dir: str | None = None)
         with open(placeholder + ".tmp", "wb") as f:
             f.write(jpeg)
         os.replace(placeholder + ".tmp", placeholder)
-    new = dataclasses.replace(source, files=list(source.files),
-                              labels=list(source.labels) if source.labels is not None else None,
-                              index_files=list(source.index_files) if source.index_files else None)
-    if source.kind in ("folder", "file_list"):
-        bad_paths = {ref[1] for ref in bad_refs}
-        for i, path in enumerate(source.files):
-            if path in bad_paths:  # every listing of a bad file
-                new.files[i], new.labels[i] = placeholder, PLACEHOLDER_LABEL
-        return new
-    by_shard: dict[str, set] = {}
+    if not source.format.SHARDED:
+        files, labels = image_files.excluded_files(source, bad_refs, placeholder)
+        return dataclasses.replace(source, files=files, labels=labels)
+    files, index_files = list(source.files), list(source.index_files)
+    by_shard: dict[str, set[str]] = {}
     for ref in bad_refs:
-        by_shard.setdefault(ref[1], set()).add(ref[2])  # record index (tfrecord) or sample key (tar)
+        by_shard.setdefault(ref.path, set()).add(ref.key)  # record number (tfrecord) or sample key (tar)
     for shard, bad in by_shard.items():
-        i = new.files.index(shard)
+        i = files.index(shard)
         tag = hashlib.sha1(f"{os.path.abspath(shard)}|{sorted(bad)}".encode()).hexdigest()[:16]
         target = os.path.join(folder, f"{tag}-{os.path.basename(shard)}")
         if not os.path.exists(target + INDEX_SUFFIX):
-            if source.kind == "tfrecord":
-                _rewrite_tfrecord(shard, target, bad, jpeg, source)
-            else:
-                _rewrite_tar(shard, new.index_files[i], target, bad, jpeg, source.label_ext)
-        new.files[i], new.index_files[i] = target, target + INDEX_SUFFIX
-    return new
-
-
-def _rewrite_tfrecord(shard: str, target: str, bad: set[int], jpeg: bytes, source: Source) -> None:
-    keys = source.keys
-    stand_in = tfrecord.frame_record(tfrecord.encode_example(
-        {keys.image: jpeg, keys.label: PLACEHOLDER_LABEL + keys.label_offset}))
-    entries, offset = [], 0
-    with open(target + ".tmp", "wb") as out:
-        for i, (_, _, data, _) in enumerate(tfrecord.walk_records(shard, check_data_crc=False)):
-            frame = stand_in if i in bad else tfrecord.frame_record(data)
-            out.write(frame)
-            entries.append((offset, len(frame)))
-            offset += len(frame)
-    os.replace(target + ".tmp", target)
-    tfrecord.write_tfrecord_index(entries, target + INDEX_SUFFIX)
-
-
-def _rewrite_tar(shard: str, index: str, target: str, bad: set[str], jpeg: bytes, label_ext: str) -> None:
-    with open(shard, "rb") as f, tarfile.open(target + ".tmp", "w", format=tarfile.GNU_FORMAT) as out:
-        for members in webdataset.read_tar_index(index):
-            key = members[0].key_ext[0]
-            for m in members:
-                ext = m.key_ext[1]
-                if key not in bad:
-                    data = webdataset.read_member(f, m)
-                elif ext == label_ext:
-                    data = str(PLACEHOLDER_LABEL).encode()
-                else:
-                    data = jpeg
-                webdataset.add_member(out, m.name, data)
-    os.replace(target + ".tmp", target)
-    webdataset.write_tar_index(webdataset.build_tar_index(target, label_ext), target + INDEX_SUFFIX)
+            source.format.rewrite_without(shard, index_files[i], target, bad, jpeg, source)
+        files[i], index_files[i] = target, target + INDEX_SUFFIX
+    return dataclasses.replace(source, files=files, index_files=index_files)

@@ -12,16 +12,18 @@ from __future__ import annotations
 import io
 import os
 import sys
+import warnings
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes import sources
-from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
-from dali_pipes.sources import Source, TFRecordKeys
+from dali_pipes.formats import format_of, read_sample
+from dali_pipes.location import classify
+from dali_pipes.samples import SampleRef, TFRecordKeys
+from dali_pipes.source import file_list_source, folder_source
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own bomb threshold (~ 9459 x 9459)
 
@@ -49,16 +51,21 @@ class Report:
 
 
 def check_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
-    """None if `data` decodes to an image within the pixel limit, else what is wrong."""
+    """None if `data` decodes to an image within the pixel limit, else what is wrong. The pixel
+    count comes from the header, before any pixel is decoded. PIL's own bomb guard stays on in
+    this process (only verification's worker processes lift it, for limits above PIL's)."""
     if not data:
         return "zero-byte file"
-    Image.MAX_IMAGE_PIXELS = None  # our own limit below, checked before decoding
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.width * img.height > max_pixels:
-                return (f"oversized: {img.width} x {img.height} = {img.width * img.height:,} pixels, over the "
-                        f"limit of {max_pixels:,} (a decompression bomb, or raise --max-pixels)")
-            img.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit decides
+            with Image.open(io.BytesIO(data)) as img:
+                if img.width * img.height > max_pixels:
+                    return (f"oversized: {img.width} x {img.height} = {img.width * img.height:,} pixels, over the "
+                            f"limit of {max_pixels:,} (a decompression bomb, or raise --max-pixels)")
+                img.load()
+    except Image.DecompressionBombError as e:
+        return f"oversized: {e} (a decompression bomb, or raise --max-pixels)"
     except Image.UnidentifiedImageError:
         return f"not an image (starts with {data[:8]!r})"
     except (OSError, SyntaxError, ValueError) as e:
@@ -66,15 +73,22 @@ def check_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None
     return None
 
 
-def _check_ref(task: tuple) -> tuple[str, int | None, str | None]:
+def _lift_pil_limit() -> None:
+    # Verification's own worker processes: the --max-pixels check above replaces PIL's guard,
+    # which would otherwise refuse images between its limit and a higher --max-pixels.
+    Image.MAX_IMAGE_PIXELS = None
+
+
+def _check_ref(task: tuple[SampleRef, int]) -> tuple[str, int | None, str | None]:
     ref, max_pixels = task
     try:
-        sample = sources.read_sample(ref)
+        sample = read_sample(ref)
     except FileNotFoundError:
-        return ref[1], None, "missing file"
-    except (DatasetError, OSError) as e:
-        where, _, message = str(e).partition(": ")  # DatasetError messages start with "where: "
-        return (where, None, message) if where.startswith(ref[1]) else (ref[1], None, str(e))
+        return ref.path, None, "missing file"
+    except DatasetError as e:
+        return e.where or ref.origin, None, e.problem
+    except OSError as e:
+        return ref.origin, None, str(e)
     return sample.origin, sample.label, check_image(sample.data, max_pixels)
 
 
@@ -82,16 +96,16 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
            max_pixels: int = DEFAULT_MAX_PIXELS, workers: int | None = None, progress: bool = True) -> Report:
     """Check every sample of `location` (any kind open_source takes); never raises on bad data."""
     keys = keys or TFRecordKeys()
-    kind, shards = sources.classify(location)
+    kind, shards = classify(location)
     report = Report(str(location), kind)
     if kind == "folder":
-        source = sources.folder_source(str(location))
+        source = folder_source(str(location))
         seen = set(source.labels)
         report.problems += [Problem(os.path.join(str(location), name), "class folder with no images")
                             for label, name in enumerate(source.classes) if label not in seen]
         refs = source.refs()
     elif kind == "file_list":
-        refs = sources.file_list_source(str(location), missing_ok=True).refs()
+        refs = file_list_source(str(location), missing_ok=True).refs()
     else:
         refs = _shard_refs(kind, shards, keys, label_ext, report)
     results = _parallel_checks(refs, max_pixels, workers, progress)
@@ -99,55 +113,36 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
         report.checked += 1
         if problem:
             report.problems.append(Problem(where, problem))
-        elif ref[0] == "file":
+        elif ref.kind == "file":
             report.clean.append((where, label))
     return report
 
 
-def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str, report: Report) -> list[tuple]:
+def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str, report: Report) -> list[SampleRef]:
     """Walk each shard's framing (in threads: it is seeks and small reads); broken frames and
     shards become problems, readable records become refs for the per-sample checks."""
-    def walk(shard: str) -> tuple[list[tuple], list[Problem]]:
+    fmt = format_of(kind)
+
+    def walk(shard: str) -> tuple[list[SampleRef], list[DatasetError]]:
         if os.path.getsize(shard) == 0:
-            return [], [Problem(shard, "zero-byte shard")]
+            return [], [DatasetError(shard, "zero-byte shard")]
         try:
-            if kind == "tfrecord":
-                compression = tfrecord.sniff_compression(shard)
-                if compression:
-                    return [], [Problem(shard, str(tfrecord.compressed_error(shard, compression)).split(": ", 1)[1])]
-                refs, problems = [], []
-                for i, (offset, size, _, problem) in enumerate(tfrecord.walk_records(shard, read_data=False)):
-                    if problem:
-                        problems.append(Problem(f"{shard}#{problem.index}", f"{problem.message} (byte {offset})"))
-                    else:
-                        refs.append(("tfrecord", shard, i, offset, size, keys))
-                return refs, problems
-            samples = webdataset.group_samples(webdataset.scan_members(shard))
+            return fmt.verify_shard(shard, keys, label_ext)
         except DatasetError as e:
-            return [], [Problem(shard, str(e).removeprefix(f"{shard}: "))]
-        refs, problems = [], []
-        for members in samples:
-            by_ext = {m.key_ext[1]: m for m in members}
-            key = members[0].key_ext[0]
-            image = next((by_ext[e] for e in webdataset.IMAGE_EXTS if e in by_ext), None)
-            if image is None or label_ext not in by_ext:
-                problems.append(Problem(f"{shard}#{key}", f"incomplete sample: members {sorted(by_ext)}"))
-            else:
-                refs.append(("tar", shard, key, image, by_ext[label_ext]))
-        return refs, problems
+            return [], [e]
 
     all_refs = []
     with ThreadPoolExecutor(min(32, 4 * (os.cpu_count() or 1))) as pool:
-        for refs, problems in pool.map(walk, shards):
+        for shard, (refs, problems) in zip(shards, pool.map(walk, shards)):
             all_refs += refs
-            report.problems += problems
+            report.problems += [Problem(e.where or shard, e.problem) for e in problems]
     return all_refs
 
 
-def _parallel_checks(refs: list[tuple], max_pixels: int, workers: int | None, progress: bool) -> list:
+def _parallel_checks(refs: list[SampleRef], max_pixels: int, workers: int | None, progress: bool) -> list:
     if not refs:
         return []
-    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+    with ProcessPoolExecutor(workers or os.cpu_count(), initializer=_lift_pil_limit) as pool:
         results = pool.map(_check_ref, [(ref, max_pixels) for ref in refs], chunksize=16)
         return list(tqdm(results, total=len(refs), desc="verifying", unit="img", file=sys.stderr,
                          disable=None if progress else True))
@@ -157,15 +152,15 @@ def write_clean_list(report: Report, list_path: str) -> int:
     """Write the good samples as a file list ("relative/path label", relative to the list's
     folder), which open_source reads back. Returns the number of lines."""
     if report.kind not in ("folder", "file_list"):
-        raise DatasetError(f"{report.location}: --write-clean-list needs an image folder or a file list; "
-                           f"shards cannot be listed by file. Convert the clean images again instead.")
+        raise DatasetError(report.location, "--write-clean-list needs an image folder or a file list; "
+                           "shards cannot be listed by file", "Convert the clean images again instead")
     base = os.path.dirname(os.path.abspath(list_path))
     lines = []
     for path, label in report.clean:
         relative = os.path.relpath(os.path.abspath(path), base)
         if relative.startswith(".."):
-            raise DatasetError(f"{list_path}: a file list must sit in a folder that holds the images "
-                               f"({path} is outside {base}); write it inside the dataset folder")
+            raise DatasetError(list_path, f"a file list must sit in a folder that holds the images "
+                               f"({path} is outside {base})", "Write it inside the dataset folder")
         lines.append(f"{relative} {label}\n")
     with open(list_path, "w") as f:
         f.writelines(lines)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dali_pipes.sources import Source
+from dali_pipes.source import Source
 
 CLASSES = ("cat", "dog", "fish")
 

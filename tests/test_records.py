@@ -12,7 +12,7 @@ from PIL import Image
 
 from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords
-from dali_pipes.sources import open_source
+from dali_pipes.source import open_source
 
 from conftest import expected_multiset
 

@@ -17,6 +17,7 @@ from PIL import Image
 from dali_pipes import DaliLoader, DatasetError, open_source
 from dali_pipes.formats import tfrecord
 from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.formats import read_sample
 from dali_pipes.verify import verify
 
 from conftest import jpeg_bytes
@@ -93,7 +94,7 @@ def test_garbage_record_in_a_shard(tmp_path, fmt):
     out = str(tmp_path / fmt)
     (write_tfrecords if fmt == "tfrecord" else write_webdataset)(open_source(location), out, shards=2, progress=False)
     source = open_source(out)
-    victim = next(ref for ref in source.refs() if __import__("dali_pipes").sources.read_sample(ref).label == 13)
+    victim = next(ref for ref in source.refs() if read_sample(ref).label == 13)
     _corrupt_image_in_place(victim)
     with pytest.raises(DatasetError, match=r"decoding failed: .*00001-of-00002|decoding failed: .*00000-of-00002"):
         epoch_labels(DaliLoader(open_source(out), batch_size=4, train=False, device="cpu", image_size=16))
@@ -107,20 +108,19 @@ def test_garbage_record_in_a_shard(tmp_path, fmt):
 def _corrupt_image_in_place(ref):
     """Overwrite the image bytes of one sample with garbage of the same length (valid framing;
     the TFRecord CRC is recomputed so that only the image is bad)."""
-    shard = ref[1]
-    with open(shard, "r+b") as f:
-        if ref[0] == "tfrecord":
-            _, _, _, offset, size, keys = ref
-            f.seek(offset)
-            frame = f.read(size)
+    with open(ref.path, "r+b") as f:
+        if ref.kind == "tfrecord":
+            (keys,) = ref.extra
+            f.seek(ref.offset)
+            frame = f.read(ref.size)
             data = frame[12:-4]
             example = tfrecord.decode_example(data)
             image = example[keys.image][0]
             data = data.replace(image, bytes(len(image)))  # zeros: same length, not an image
-            f.seek(offset)
+            f.seek(ref.offset)
             f.write(tfrecord.frame_record(data))
         else:
-            member = ref[3]
+            member = ref.extra[0]
             f.seek(member.offset)
             f.write(b"\x00" * member.size)
 

@@ -10,6 +10,7 @@ no weight decay on norms and biases, bf16 autocast and channels_last on GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -25,8 +26,11 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from dali_pipes import DaliLoader, Shard, open_source
+from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig
 from dali_pipes.baseline import TorchLoader
+from dali_pipes.config import add_arguments, from_args
+from dali_pipes.dist import available_cpus
+from dali_pipes.loader import resolve_device
 from train.metrics import MemoryMeter, atomic_save
 from train.models import ARCHS, create_model
 
@@ -39,13 +43,11 @@ def get_args_parser() -> argparse.ArgumentParser:
                    f"default: the built-in dataset, made in {DEFAULT_DATA} if missing")
     p.add_argument("--val-data", default="", help="val data; default: DATA/../val when that exists")
     p.add_argument("--loader", choices=["dali", "torch"], default="dali")
-    p.add_argument("--device", choices=["gpu", "cpu"], default="gpu" if torch.cuda.is_available() else "cpu")
     p.add_argument("--arch", choices=list(ARCHS), default="resnet50")
     p.add_argument("--width", type=int, default=64, help="channels of the first ResNet stage (64 = standard)")
     p.add_argument("--num-classes", type=int, default=0, help="default: from the dataset")
     p.add_argument("--epochs", type=int, default=90)
     p.add_argument("--batch-size", type=int, default=256, help="per rank")
-    p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--lr", type=float, default=0.0, help="default: 0.1 x global batch / 256")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-5)
@@ -53,18 +55,27 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: on GPU)")
     p.add_argument("--workers", type=int, default=0, help="torch loader workers per rank (default: cores / ranks)")
-    p.add_argument("--threads", type=int, default=0, help="DALI threads per rank (default: cores / ranks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="runs/latest")
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (and at epoch end)")
     p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt if it exists")
     p.add_argument("--record-labels", action="store_true", help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
     p.add_argument("--dist-timeout", type=int, default=600, help="seconds a collective may wait for a lost rank")
-    p.add_argument("--skip-bad", action="store_true", help="exclude samples that fail to decode and go on "
-                   "(recorded in WORKDIR/bad_samples-rank<R>.txt), instead of stopping with their names")
     p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
     p.add_argument("--kill-rank", type=int, default=0)
+    # The loader's options, generated from the library's dataclasses (one config path; saved in config.json).
+    add_arguments(p, LoaderConfig, "the DALI loader (bad samples excluded with --skip-bad are recorded in "
+                  "WORKDIR/bad_samples-rank<R>.txt)")
+    add_arguments(p, AugmentConfig, "decoding and augmentation (the DALI graph; --loader torch applies the same)",
+                  defaults={"channels_last": torch.cuda.is_available()})
+    add_arguments(p, SourceConfig, "reading TFRecord / WebDataset shards")
     return p
+
+
+def loader_configs(args) -> dict:
+    """The dataclasses the flags resolve to, as saved with the run."""
+    return {"loader": from_args(LoaderConfig, args), "augment": from_args(AugmentConfig, args),
+            "source": from_args(SourceConfig, args)}
 
 
 @dataclass
@@ -81,6 +92,7 @@ class Run:
     val_loader: object | None
     step: int = 0
     memory: MemoryMeter = field(default_factory=MemoryMeter)
+    step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
     loaders_built_at: float = 0.0          # perf_counter() before the loaders were constructed
     first_batch_s: float | None = None     # construction -> first batch in hand (this process)
 
@@ -95,11 +107,15 @@ class Run:
 
 def setup_distributed(args) -> tuple[Shard, torch.device]:
     shard = Shard.from_env()
+    try:
+        args.device = resolve_device(args.device)  # "auto" -> gpu or cpu, once, for both loaders
+    except RuntimeError as e:
+        raise SystemExit(str(e))
     if args.device == "gpu":
-        if not torch.cuda.is_available():
-            raise SystemExit("--device gpu but torch sees no CUDA device; use --device cpu")
-        torch.cuda.set_device(shard.local_rank)
-        device = torch.device("cuda", shard.local_rank)
+        # With CUDA_VISIBLE_DEVICES set per rank, each rank sees its GPU as device 0: take the
+        # local rank modulo what this process sees, and read the device back from torch.
+        torch.cuda.set_device(shard.local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
     if shard.world_size > 1 and not dist.is_initialized():
@@ -130,14 +146,21 @@ def resolve_data(args) -> tuple[str, str]:
 
 def build_loader(args, data: str, train: bool, shard: Shard):
     """The one place where the two loaders differ: the constructor."""
+    cfg = loader_configs(args)
     common = dict(batch_size=args.batch_size, train=train, rank=shard.rank, world_size=shard.world_size,
-                  image_size=args.image_size, seed=args.seed)
-    per_rank_cores = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+                  seed=args.seed, augment=cfg["augment"], keys=cfg["source"].open_kwargs()["keys"])
+    per_rank_cores = max(1, available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     if args.loader == "dali":
-        return DaliLoader(data, device=args.device, local_rank=shard.local_rank, num_threads=args.threads or
-                          per_rank_cores, channels_last=args.device == "gpu", skip_bad=args.skip_bad, **common)
+        loader_args = {**dataclasses.asdict(cfg["loader"]), "device": args.device}
+        return DaliLoader(data, local_rank=_device_index(args), label_ext=args.label_ext,
+                          index_cache_dir=args.index_cache_dir, **loader_args, **common)
     return TorchLoader(data, num_workers=args.workers or per_rank_cores, pin_memory=True, persistent_workers=True,
                        **common)
+
+
+def _device_index(args) -> int | None:
+    """The CUDA device this rank uses (set by setup_distributed), else None."""
+    return torch.cuda.current_device() if args.device == "gpu" else None
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -171,7 +194,7 @@ def create_run(args) -> Run:
     if args.device == "gpu":
         model = model.to(memory_format=torch.channels_last)
     if shard.world_size > 1:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[shard.local_rank] if args.device == "gpu" else None)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if args.device == "gpu" else None)
     lr = args.lr or 0.1 * args.batch_size * shard.world_size / 256
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=args.momentum, nesterov=True)
     steps = len(train_loader) * args.epochs
@@ -279,13 +302,15 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
             label_log.flush()
         if run.args.checkpoint_every and run.step % run.args.checkpoint_every == 0:
             save_checkpoint(run)
-        if run.step == run.args.kill_at_step and run.shard.rank == run.args.kill_rank:
-            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup, no flush, no goodbye
+        for hook in run.step_hooks:
+            hook(run)
         bar.update()
         if run.step % 10 == 0:
             run.memory.sample()
         tick = time.perf_counter()
     bar.close()
+    if run.device.type == "cuda":
+        torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
     seconds = time.perf_counter() - start
     steps = max(1, bar.n)
     stats = {"train_loss": _mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
@@ -333,6 +358,14 @@ def _mean_over_ranks(value: float) -> float:
     return _sum_over_ranks(value) / (dist.get_world_size() if dist.is_initialized() else 1)
 
 
+def kill_at_step(step: int, rank: int):
+    """A crash test's hook: SIGKILL rank `rank` right after step `step`."""
+    def hook(run: Run) -> None:
+        if run.step == step and run.shard.rank == rank:
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup, no flush, no goodbye
+    return hook
+
+
 def main(args) -> list[dict]:
     os.makedirs(args.workdir, exist_ok=True)
     run = create_run(args)
@@ -341,9 +374,13 @@ def main(args) -> list[dict]:
         load_checkpoint(run, checkpoint)
         if run.is_main:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
+    if args.kill_at_step:
+        run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank))
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
+        with open(os.path.join(args.workdir, "config.json"), "w") as f:
+            json.dump({k: dataclasses.asdict(v) for k, v in loader_configs(args).items()}, f, indent=1)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)
     label_log = open(os.path.join(args.workdir, f"labels-rank{run.shard.rank}.jsonl"), "a") if args.record_labels else None
     history = []

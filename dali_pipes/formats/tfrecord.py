@@ -1,4 +1,5 @@
-"""TFRecord shards: framing, tf.train.Example encoding, scanning and DALI index files.
+"""TFRecord shards: framing, tf.train.Example encoding, scanning, DALI index files, and the TFRecord
+format's entries in the format table (samples, the DALI reader, verification, exclusion).
 
 A TFRecord file is a sequence of records, each framed as
     uint64 length | uint32 masked_crc32c(length) | data[length] | uint32 masked_crc32c(data)
@@ -16,11 +17,15 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 import google_crc32c
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
+
+if TYPE_CHECKING:
+    from dali_pipes.source import Source
 
 HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
 FOOTER_BYTES = 4  # uint32 crc of the data
@@ -302,18 +307,18 @@ def build_tfrecord_index(path: str) -> list[tuple[int, int]]:
     entries = []
     for offset, framed, _, problem in walk_records(path, read_data=False):
         if problem:
-            raise DatasetError(f"{problem}. Re-create the shard, or check it with: "
-                               f"python scripts/verify_dataset.py {path}")
+            raise DatasetError(path, f"record {problem.index} (byte {problem.offset}): {problem.message}",
+                               f"Re-create the shard, or check it with: python scripts/verify_dataset.py {path} (dali-pipes verify)")
         entries.append((offset, framed))
     if not entries:
-        raise DatasetError(f"{path}: empty TFRecord file (0 records)")
+        raise DatasetError(path, "empty TFRecord file (0 records)")
     return entries
 
 
 def compressed_error(path: str, compression: str) -> DatasetError:
-    return DatasetError(
-        f"{path}: {compression}-compressed TFRecord. DALI reads only uncompressed TFRecords. "
-        f"Write uncompressed copies with: python scripts/to_tfrecord.py {os.path.dirname(path) or '.'} OUT --decompress")
+    return DatasetError(path, f"{compression}-compressed TFRecord; DALI reads only uncompressed TFRecords",
+                        f"Write uncompressed copies with: python scripts/to_tfrecord.py {os.path.dirname(path) or '.'} OUT "
+                        f"--decompress (or: dali-pipes convert decompress ...)")
 
 
 def write_tfrecord_index(entries: list[tuple[int, int]], index_path: str) -> None:
@@ -360,3 +365,117 @@ def _atomic_write_text(path: str, text: str) -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The format table's entries (see formats/__init__.py).
+# ---------------------------------------------------------------------------------------------
+
+SHARDED = True
+index_matches = tfrecord_index_matches
+
+
+def build_index(shard: str, index_path: str, label_ext: str = "cls") -> None:
+    write_tfrecord_index(build_tfrecord_index(shard), index_path)
+
+
+def count_samples(index_path: str) -> int:
+    return len(read_tfrecord_index(index_path))
+
+
+def check_shard(shard: str) -> None:
+    """Refuse what DALI cannot read before an index is built: compressed shards."""
+    compression = sniff_compression(shard)
+    if compression:
+        raise compressed_error(shard, compression)
+
+
+def sample_refs(source: "Source") -> list[SampleRef]:
+    return [SampleRef("tfrecord", shard, i, str(i), offset, size, extra=(source.keys,))
+            for shard, idx in zip(source.files, source.index_files)
+            for i, (offset, size) in enumerate(read_tfrecord_index(idx))]
+
+
+def read_sample(ref: SampleRef) -> Sample:
+    """One record, its CRCs and keys checked. Raises DatasetError naming shard#record."""
+    (keys,) = ref.extra
+    where = f"{ref.path}#{ref.index}"
+    with open(ref.path, "rb") as f:
+        f.seek(ref.offset)
+        frame = f.read(ref.size)
+    if len(frame) != ref.size:
+        raise DatasetError(where, f"truncated record (byte {ref.offset})")
+    data = frame[HEADER_BYTES:-FOOTER_BYTES]
+    if struct.unpack("<I", frame[-FOOTER_BYTES:])[0] != masked_crc32c(data):
+        raise DatasetError(where, "data CRC mismatch (the record's bytes are corrupt)")
+    try:
+        example = decode_example(data)
+    except ValueError as e:
+        raise DatasetError(where, f"not a tf.train.Example ({e})") from None
+    missing = [k for k in (keys.image, keys.label) if k not in example]
+    if missing:
+        raise DatasetError(where, f"no feature {missing[0]!r}; keys present: {', '.join(sorted(example))}")
+    return Sample(where, example[keys.image][0], example[keys.label][0] - keys.label_offset)
+
+
+def dali_reader(source: "Source", reader_args: dict):
+    """(encoded images, labels) from DALI's TFRecord reader; labels shifted by label_offset."""
+    from nvidia.dali import fn
+    from nvidia.dali import tfrecord as tfrec
+    keys = source.keys
+    features = {keys.image: tfrec.FixedLenFeature((), tfrec.string, ""),
+                keys.label: tfrec.FixedLenFeature([1], tfrec.int64, -1)}
+    out = fn.readers.tfrecord(path=source.files, index_path=source.index_files, features=features, **reader_args)
+    labels = out[keys.label]
+    return out[keys.image], (labels - keys.label_offset if keys.label_offset else labels)
+
+
+def check_keys(shard: str, keys: TFRecordKeys) -> None:
+    """DALI returns uninitialised memory as labels when asked for keys the records lack: check
+    the first record before DALI ever sees the shard."""
+    for _, _, data, problem in walk_records(shard):
+        if problem:
+            raise DatasetError(shard, f"record {problem.index} (byte {problem.offset}): {problem.message}")
+        try:
+            example = decode_example(data)
+        except ValueError as e:
+            raise DatasetError(f"{shard}#0", f"not a tf.train.Example ({e})") from e
+        present = ", ".join(sorted(example)) or "none"
+        for key, kind in ((keys.image, bytes), (keys.label, int)):
+            if key not in example:
+                raise DatasetError(f"{shard}#0", f"no feature {key!r}; keys present: {present}",
+                                   "Pass the right key (TFRecordKeys / --image-key / --label-key)")
+            values = example[key]
+            if len(values) != 1 or not isinstance(values[0], kind):
+                raise DatasetError(f"{shard}#0", f"feature {key!r} should hold one {kind.__name__} value, "
+                                   f"holds {len(values)} value(s) of another type")
+        return
+
+
+def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
+    """Walk the framing (headers only): readable records become refs for the per-sample checks,
+    broken frames become problems (nothing after a broken frame can be trusted)."""
+    check_shard(shard)
+    refs, problems = [], []
+    for i, (offset, size, _, problem) in enumerate(walk_records(shard, read_data=False)):
+        if problem:
+            problems.append(DatasetError(f"{shard}#{problem.index}", f"{problem.message} (byte {offset})"))
+        else:
+            refs.append(SampleRef("tfrecord", shard, i, str(i), offset, size, extra=(keys,)))
+    return refs, problems
+
+
+def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: "Source") -> None:
+    """Copy `shard` to `target` with the records numbered in `bad` replaced by a placeholder
+    record (the placeholder image, label PADDING_LABEL), and write the copy's index."""
+    keys = source.keys
+    stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: PADDING_LABEL + keys.label_offset}))
+    entries, offset = [], 0
+    with open(target + ".tmp", "wb") as out:
+        for i, (_, _, data, _) in enumerate(walk_records(shard, check_data_crc=False)):
+            frame = stand_in if str(i) in bad else frame_record(data)
+            out.write(frame)
+            entries.append((offset, len(frame)))
+            offset += len(frame)
+    os.replace(target + ".tmp", target)
+    write_tfrecord_index(entries, target + ".idx")

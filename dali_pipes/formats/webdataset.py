@@ -1,4 +1,5 @@
-"""WebDataset tar shards: writing, scanning, and DALI's webdataset index format.
+"""WebDataset tar shards: writing, scanning, DALI's webdataset index format, and the format's entries
+in the format table (samples, the DALI reader with in-graph label parsing, verification, exclusion).
 
 Layout (webdataset's convention): consecutive tar members that share a key form one sample,
 `<key>.jpg` holding the encoded image and `<key>.cls` the label as ASCII digits. The key is
@@ -14,8 +15,15 @@ import io
 import os
 import tarfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
+
+if TYPE_CHECKING:
+    from dali_pipes.source import Source
 
 INDEX_VERSION = "v1.2"
 BLOCK = 512
@@ -54,19 +62,19 @@ def scan_members(path: str) -> list[Member]:
                     continue
                 if info.offset_data + info.size > size:
                     raise DatasetError(
-                        f"{path}: member {info.name!r} is truncated: needs {info.size} bytes at byte "
-                        f"{info.offset_data}, the file ends at {size}. Re-create the shard.")
+                        path, f"member {info.name!r} is truncated: needs {info.size} bytes at byte "
+                        f"{info.offset_data}, the file ends at {size}", "Re-create the shard")
                 members.append(Member(info.name, info.offset_data, info.size))
             end = tar.offset
     except tarfile.TarError as e:
-        raise DatasetError(f"{path}: not a readable tar file ({e}). Re-create the shard.") from e
+        raise DatasetError(path, f"not a readable tar file ({e})", "Re-create the shard") from e
     # tarfile stops quietly at a header cut short; a whole tar ends with zero blocks.
     with open(path, "rb") as f:
         f.seek(end)
         if f.read(BLOCK) != bytes(BLOCK):
             after = f"after member {members[-1].name!r}" if members else "at its start"
-            raise DatasetError(f"{path}: truncated or damaged {after} (byte {end}): no end-of-archive "
-                               f"marker. Re-create the shard.")
+            raise DatasetError(path, f"truncated or damaged {after} (byte {end}): no end-of-archive marker",
+                               "Re-create the shard")
     return members
 
 
@@ -89,15 +97,16 @@ def build_tar_index(path: str, label_ext: str = "cls") -> list[list[Member]]:
     """Samples of a tar shard, each checked to hold one image and one label component."""
     samples = group_samples(scan_members(path))
     if not samples:
-        raise DatasetError(f"{path}: no samples in this tar (expected <key>.jpg + <key>.{label_ext} members)")
+        raise DatasetError(path, f"no samples in this tar (expected <key>.jpg + <key>.{label_ext} members)")
     for sample in samples:
         exts = {m.key_ext[1] for m in sample}
         key = sample[0].key_ext[0]
         if not exts & set(IMAGE_EXTS):
-            raise DatasetError(f"{path}: sample {key!r} has no image member (found: {sorted(exts)}; "
+            raise DatasetError(f"{path}#{key}", f"sample {key!r} has no image member (found: {sorted(exts)}; "
                                f"expected one of {', '.join(IMAGE_EXTS)})")
         if label_ext not in exts:
-            raise DatasetError(f"{path}: sample {key!r} has no .{label_ext} label member (found: {sorted(exts)})")
+            raise DatasetError(f"{path}#{key}", f"sample {key!r} has no .{label_ext} label member "
+                               f"(found: {sorted(exts)})")
     return samples
 
 
@@ -168,4 +177,113 @@ def parse_label(data: bytes, where: str) -> int:
     try:
         return int(data.decode().strip())
     except (UnicodeDecodeError, ValueError):
-        raise DatasetError(f"{where}: label {data[:20]!r} is not an integer") from None
+        raise DatasetError(where, f"label {data[:20]!r} is not an integer") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The format table's entries (see formats/__init__.py).
+# ---------------------------------------------------------------------------------------------
+
+SHARDED = True
+LABEL_DIGITS = 10  # .cls bytes read by the DALI graph; powers of 10 up to 10**10 are exact in lookup_table's float32
+index_matches = tar_index_matches
+
+
+def build_index(shard: str, index_path: str, label_ext: str = "cls") -> None:
+    write_tar_index(build_tar_index(shard, label_ext), index_path)
+
+
+def count_samples(index_path: str) -> int:
+    with open(index_path) as f:
+        return int(f.readline().split()[1])
+
+
+def check_shard(shard: str) -> None:
+    """Nothing to refuse before indexing: scanning the tar checks it."""
+
+
+def _ref(shard: str, position: int, members: list[Member], label_ext: str) -> SampleRef | None:
+    by_ext = {m.key_ext[1]: m for m in members}
+    image = next((by_ext[e] for e in IMAGE_EXTS if e in by_ext), None)
+    if image is None or label_ext not in by_ext:
+        return None
+    return SampleRef("webdataset", shard, position, members[0].key_ext[0], image.offset, image.size,
+                     extra=(image, by_ext[label_ext]))
+
+
+def sample_refs(source: "Source") -> list[SampleRef]:
+    return [_ref(shard, i, members, source.label_ext)
+            for shard, idx in zip(source.files, source.index_files)
+            for i, members in enumerate(read_tar_index(idx))]
+
+
+def read_sample(ref: SampleRef) -> Sample:
+    image, label = ref.extra
+    where = f"{ref.path}#{ref.key}"
+    with open(ref.path, "rb") as f:
+        return Sample(where, read_member(f, image), parse_label(read_member(f, label), where))
+
+
+def dali_reader(source: "Source", reader_args: dict):
+    """(encoded images, int64 labels) from DALI's webdataset reader; labels parsed in the graph."""
+    from nvidia.dali import fn
+    images, cls = fn.readers.webdataset(
+        paths=source.files, index_paths=source.index_files, ext=[";".join(IMAGE_EXTS), source.label_ext],
+        missing_component_behavior="error", **reader_args)
+    return images, ascii_to_int64(cls)
+
+
+def ascii_to_int64(cls):
+    """Parse ASCII digits ("42", "42\\n", "-1") into int64 inside the DALI graph, without Python.
+
+    The bytes are padded (then cut) to LABEL_DIGITS, each digit is weighted as if the number
+    filled the whole width, and the sum is divided by 10 ** (unused width). An optional leading
+    '-' negates (placeholders for excluded samples carry -1); trailing whitespace is ignored."""
+    from nvidia.dali import fn, types
+    width = LABEL_DIGITS
+    chars = fn.cast(fn.pad(cls, axes=(0,), shape=(width,), fill_value=0)[0:width], dtype=types.INT64)
+    is_digit = fn.cast((chars >= 48) & (chars <= 57), dtype=types.INT64)
+    negative = fn.cast(chars[0] == 45, dtype=types.INT64)
+    weights = types.Constant(np.array([10 ** (width - 1 - i) for i in range(width)], np.int64), dtype=types.INT64)
+    value = fn.reductions.sum((chars - 48) * is_digit * weights, axes=0)
+    used = fn.reductions.sum(is_digit, axes=0) + negative  # the '-' takes the first position
+    scale = fn.lookup_table(used, keys=list(range(width + 1)),
+                            values=[float(10 ** (width - k)) for k in range(width + 1)], dtype=types.INT64)
+    return value // scale * (1 - 2 * negative)
+
+
+def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
+    """Scan the members: complete samples become refs for the per-sample checks, incomplete ones
+    problems. A tar that cannot be scanned is one problem."""
+    try:
+        samples = group_samples(scan_members(shard))
+    except DatasetError as e:
+        return [], [e]
+    refs, problems = [], []
+    for i, members in enumerate(samples):
+        ref = _ref(shard, i, members, label_ext)
+        if ref is None:
+            key = members[0].key_ext[0]
+            problems.append(DatasetError(f"{shard}#{key}", f"incomplete sample: members "
+                                         f"{sorted(m.key_ext[1] for m in members)}"))
+        else:
+            refs.append(ref)
+    return refs, problems
+
+
+def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: "Source") -> None:
+    """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
+    placeholder image, label PADDING_LABEL), and write the copy's index."""
+    with open(shard, "rb") as f, tarfile.open(target + ".tmp", "w", format=tarfile.GNU_FORMAT) as out:
+        for members in read_tar_index(index_path):
+            key = members[0].key_ext[0]
+            for m in members:
+                if key not in bad:
+                    data = read_member(f, m)
+                elif m.key_ext[1] == source.label_ext:
+                    data = str(PADDING_LABEL).encode()
+                else:
+                    data = jpeg
+                add_member(out, m.name, data)
+    os.replace(target + ".tmp", target)
+    write_tar_index(build_tar_index(target, source.label_ext), target + ".idx")

@@ -1,0 +1,33 @@
+"""The reader step: a Source's DALI reader nodes, (encoded images, int64 labels), for one rank.
+
+The format module (formats/) makes the reader; this step adds what every format shares: the shard
+of the data this rank reads, shuffling, padding, and labels as int64 scalars per sample.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nvidia.dali.data_node import DataNode
+
+    from dali_pipes.source import Source
+
+READER_NAME = "Reader"
+
+
+def dali_reader(source: "Source", *, name: str = READER_NAME, shard_id: int = 0, num_shards: int = 1,
+                random_shuffle: bool = False, initial_fill: int = 1024, seed: int = -1, pad_last_batch: bool = False,
+                stick_to_shard: bool = False, prefetch_queue_depth: int = 1,
+                **reader_args) -> tuple["DataNode", "DataNode"]:
+    """Reader nodes for use inside a DALI pipeline definition: (encoded images, int64 labels).
+
+    Labels come out as int64 scalars per sample (shape ()), already shifted by label_offset.
+    DALI cuts the data into `num_shards` contiguous slices in storage order; this rank reads
+    slice `shard_id`."""
+    from nvidia.dali import fn, types
+    args = dict(name=name, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
+                initial_fill=initial_fill, seed=seed, pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
+                prefetch_queue_depth=prefetch_queue_depth, **reader_args)
+    images, labels = source.format.dali_reader(source, args)
+    return images, fn.reshape(fn.cast(labels, dtype=types.INT64), shape=[])
