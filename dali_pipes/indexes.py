@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -56,23 +58,38 @@ def _mark_checked(shard: str, index: str) -> None:
             pass  # read-only: the full check simply repeats next time
 
 
-def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: str = "cls") -> str:
-    """Build the index beside the shard, or in the cache when the shard's folder is read-only."""
+def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: str = "cls",
+                damaged: list | None = None) -> str:
+    """Build the index beside the shard, or in the cache when the shard's folder is read-only.
+
+    With a `damaged` list, per-sample damage is recorded there (format modules say what they
+    tolerate) and an index of the readable samples is written under the cache folder with a
+    `.partial.idx` name, where find_index never looks: a later run without skip_bad rebuilds and
+    raises, rather than silently reading a shard with samples left out."""
     beside, cached = index_candidates(shard, cache_dir)
     if os.access(os.path.dirname(beside), os.W_OK) and (not os.path.exists(beside) or os.access(beside, os.W_OK)):
         target = beside
     else:
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         target = cached
-    format_of(kind).build_index(shard, target, label_ext)
+    found: list = []
+    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"  # .tmp: never listed as a shard
+    format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
+    if found:
+        damaged.extend(found)
+        target = cached.removesuffix(INDEX_SUFFIX) + ".partial" + INDEX_SUFFIX
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.move(tmp, target)  # a rename on one file system; the cache may sit on another
     return target
 
 
 def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = None, build: bool = True,
-                   workers: int | None = None, progress: bool = True, label_ext: str = "cls") -> list[str]:
+                   workers: int | None = None, progress: bool = True, label_ext: str = "cls",
+                   damaged: list | None = None) -> list[str]:
     """A matching index path for each shard, building missing or stale ones in parallel.
 
-    With build=False a missing or stale index is an error that says how to build it."""
+    With build=False a missing or stale index is an error that says how to build it. With a
+    `damaged` list, damaged samples are recorded there instead of raising (see build_index)."""
     found = _parallel(lambda s: find_index(s, kind, cache_dir), shards, workers, None)
     missing = [s for s, idx in zip(shards, found) if idx is None]
     if missing and not build:
@@ -81,7 +98,7 @@ def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = 
                            f"(or: dali-pipes index ...)")
     if missing:
         desc = f"indexing {len(missing)} {kind} shard{'s' if len(missing) > 1 else ''}"
-        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext), missing, workers,
+        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext, damaged), missing, workers,
                                             desc if progress else None)))
         found = [idx or built[s] for s, idx in zip(shards, found)]
     return found

@@ -96,6 +96,7 @@ class BadSamplePolicy:
 
     def __init__(self, *, skip: bool = False, max_bad: int | float | None = None, device: str = "cpu",
                  device_id: int | None = None) -> None:
+        budget_of(max_bad, 1)  # refuse a malformed budget now, not at the first bad sample
         self.skip, self.max_bad = skip, max_bad
         self.device, self.device_id = device, device_id
         self.bad_samples: list[BadSample] = []   # excluded so far, in order
@@ -119,11 +120,28 @@ class BadSamplePolicy:
                                f"Remove or replace the file, train from a clean list (python scripts/verify_dataset.py "
                                f"{source.location} --write-clean-list clean.txt), or exclude bad samples as "
                                f"they are met with skip_bad=True (train: --skip-bad)") from error
-        warnings.warn(f"excluding {len(found)} bad sample(s) and resuming at the last good batch: {listing(found)}")
+        for b in found:  # one warning per sample, each naming it
+            warnings.warn(f"excluding a bad sample and resuming at the last good batch: {b}")
         self.bad_samples += found
         self.excluded.append([ref for ref, _ in bad])
         self.check_budget(source)
         return exclude(source, self.excluded[-1])
+
+    def take_damaged(self, source: Source) -> Source:
+        """Damage found while opening with skip_bad (source.damaged): one warning each, counted
+        against the budget; samples still in the source are excluded in place."""
+        if not source.damaged:
+            return source
+        refs = [ref for ref, _ in source.damaged if ref is not None]
+        for _, error in source.damaged:
+            warnings.warn(f"excluding a bad sample: {error.where}: {error.problem}")
+            self.bad_samples.append(BadSample(error.where, error.problem))
+        source = dataclasses.replace(source, damaged=[])
+        if refs:
+            self.excluded.append(refs)
+            source = exclude(source, refs)
+        self.check_budget(source)
+        return source
 
     def check_budget(self, source: Source) -> None:
         budget = budget_of(self.max_bad, source.num_samples)

@@ -33,6 +33,9 @@ class Source:
     classes: list[str] | None = None
     keys: TFRecordKeys = field(default_factory=TFRecordKeys)
     label_ext: str = "cls"
+    # Damage found while opening with skip_bad=True: (ref of a sample to exclude in place, or None
+    # when the damaged sample is simply not in the index; what is wrong). BadSamplePolicy takes it.
+    damaged: list[tuple[SampleRef | None, DatasetError]] = field(default_factory=list)
 
     @property
     def num_samples(self) -> int:
@@ -61,11 +64,14 @@ class Source:
 
 def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls",
                 index_cache_dir: str | None = None, build_indexes: bool = True, progress: bool = True,
-                check_keys: bool = True) -> Source:
+                check_keys: bool = True, skip_bad: bool = False) -> Source:
     """Recognise what `location` is, check it, build missing indexes, and return a Source.
 
     Raises FileNotFoundError for paths that do not exist and DatasetError (a ValueError) for
-    anything DALI could not read correctly, each naming the file and the fix."""
+    anything DALI could not read correctly, each naming the file and the fix. With skip_bad=True,
+    damage confined to samples (a zero-byte image, a truncated last record or tar member, an
+    incomplete tar sample) is listed in `source.damaged` instead; damage that leaves nothing
+    readable (a compressed or foreign shard) still raises."""
     keys = keys or TFRecordKeys()
     kind, shards = classify(location)
     if kind == "folder":
@@ -74,24 +80,25 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
         source = file_list_source(str(location))
     else:
         source = _shard_source(kind, describe(location), shards, keys, label_ext, index_cache_dir,
-                               build_indexes, progress)
+                               build_indexes, progress, skip_bad)
         if kind == "tfrecord" and check_keys:
             for shard in sorted({shards[0], shards[-1]}):
                 tfrecord.check_keys(shard, keys)
-    _check_nonempty_files(source)
+    _check_nonempty_files(source, skip_bad)
     return source
 
 
 def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, label_ext: str,
-                  index_cache_dir: str | None, build: bool, progress: bool) -> Source:
+                  index_cache_dir: str | None, build: bool, progress: bool, skip_bad: bool) -> Source:
     fmt = format_of(kind)
     for shard in shards:
         fmt.check_shard(shard)
+    damaged: list[DatasetError] | None = [] if skip_bad else None
     index_files = indexes.ensure_indexes(shards, kind, cache_dir=index_cache_dir, build=build, progress=progress,
-                                         label_ext=label_ext)
+                                         label_ext=label_ext, damaged=damaged)
     return Source(kind, where, shards, index_files=index_files,
                   counts=[fmt.count_samples(idx) for idx in index_files], classes=_read_classes_json(shards[0]),
-                  keys=keys, label_ext=label_ext)
+                  keys=keys, label_ext=label_ext, damaged=[(None, e) for e in damaged or []])
 
 
 def folder_source(root: str) -> Source:
@@ -104,10 +111,15 @@ def file_list_source(list_path: str, missing_ok: bool = False) -> Source:
     return Source("file_list", list_path, files, labels=labels)
 
 
-def _check_nonempty_files(source: Source) -> None:
-    """DALI's file reader dies on a 0-byte file (its default mmap fails), naming nothing useful."""
+def _check_nonempty_files(source: Source, skip_bad: bool) -> None:
+    """DALI's file reader dies on a 0-byte file (its default mmap fails), naming nothing useful:
+    refuse them, or (skip_bad, image files) list them for exclusion."""
     empty = [p for p in source.files if os.path.getsize(p) == 0]
-    if empty:
+    if empty and skip_bad and not source.format.SHARDED:
+        empty_set = set(empty)
+        source.damaged += [(ref, DatasetError(ref.path, "zero-byte file")) for ref in source.refs()
+                           if ref.path in empty_set]
+    elif empty:
         what = "images" if source.kind in ("folder", "file_list") else "shards"
         raise DatasetError(empty[0], f"empty (0-byte) file; {len(empty)} {what} in {source.location} are empty",
                            f"Remove them, or train from a clean list: python scripts/verify_dataset.py {source.location} "

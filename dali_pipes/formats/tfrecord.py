@@ -299,16 +299,25 @@ def _check_header(path: str, index: int, offset: int, header: bytes, size: int |
     return None
 
 
-def build_tfrecord_index(path: str) -> list[tuple[int, int]]:
-    """[(offset, framed size)] for every record, reading only headers. Raises DatasetError on a bad shard."""
+def build_tfrecord_index(path: str, damaged: list[DatasetError] | None = None) -> list[tuple[int, int]]:
+    """[(offset, framed size)] for every record, reading only headers. Raises DatasetError on a bad
+    shard; with a `damaged` list, a broken record (a truncated last record, a frame cut short) is
+    recorded there instead and the intact records before it are indexed. Nothing after a broken
+    frame can be trusted, and a shard with no intact record still raises."""
     compression = sniff_compression(path)
     if compression:
         raise compressed_error(path, compression)
     entries = []
     for offset, framed, _, problem in walk_records(path, read_data=False):
         if problem:
-            raise DatasetError(path, f"record {problem.index} (byte {problem.offset}): {problem.message}",
-                               f"Re-create the shard, or check it with: python scripts/verify_dataset.py {path} (dali-pipes verify)")
+            error = DatasetError(path, f"record {problem.index} (byte {problem.offset}): {problem.message}",
+                                 f"Re-create the shard, or check it with: python scripts/verify_dataset.py {path} "
+                                 f"(dali-pipes verify)")
+            if damaged is None or not entries:
+                raise error
+            damaged.append(DatasetError(f"{path}#{problem.index}", f"byte {problem.offset}: {problem.message}; "
+                                        f"the {len(entries)} records before it are read"))
+            break
         entries.append((offset, framed))
     if not entries:
         raise DatasetError(path, "empty TFRecord file (0 records)")
@@ -372,11 +381,12 @@ def _atomic_write_text(path: str, text: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 SHARDED = True
+MISSING_LABEL = -2_147_483_000  # the reader's default for a missing label key (int32 range: DALI constants)
 index_matches = tfrecord_index_matches
 
 
-def build_index(shard: str, index_path: str, label_ext: str = "cls") -> None:
-    write_tfrecord_index(build_tfrecord_index(shard), index_path)
+def build_index(shard: str, index_path: str, label_ext: str = "cls", damaged: list | None = None) -> None:
+    write_tfrecord_index(build_tfrecord_index(shard, damaged), index_path)
 
 
 def count_samples(index_path: str) -> int:
@@ -422,11 +432,17 @@ def dali_reader(source: "Source", reader_args: dict):
     """(encoded images, labels) from DALI's TFRecord reader; labels shifted by label_offset."""
     from nvidia.dali import fn
     from nvidia.dali import tfrecord as tfrec
+    from nvidia.dali import types
     keys = source.keys
     features = {keys.image: tfrec.FixedLenFeature((), tfrec.string, ""),
-                keys.label: tfrec.FixedLenFeature([1], tfrec.int64, -1)}
+                keys.label: tfrec.FixedLenFeature([1], tfrec.int64, MISSING_LABEL)}
     out = fn.readers.tfrecord(path=source.files, index_path=source.index_files, features=features, **reader_args)
     labels = out[keys.label]
+    # A record without the label key gets MISSING_LABEL; fail the batch (a reshape to a wrong
+    # volume) rather than train on it, so the bad-sample search names the record. A record without
+    # the image key fails in the decoder (its default is empty) and is found the same way.
+    missing = fn.cast(labels[0] == MISSING_LABEL, dtype=types.INT32)
+    labels = fn.reshape(labels, shape=fn.stack(1 + missing))
     return out[keys.image], (labels - keys.label_offset if keys.label_offset else labels)
 
 
@@ -471,9 +487,10 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     keys = source.keys
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: PADDING_LABEL + keys.label_offset}))
     entries, offset = [], 0
-    with open(target + ".tmp", "wb") as out:
-        for i, (_, _, data, _) in enumerate(walk_records(shard, check_data_crc=False)):
-            frame = stand_in if str(i) in bad else frame_record(data)
+    with open(shard, "rb") as f, open(target + ".tmp", "wb") as out:
+        for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
+            f.seek(start)
+            frame = stand_in if str(i) in bad else f.read(size)
             out.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)

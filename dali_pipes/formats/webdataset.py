@@ -50,20 +50,24 @@ def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def scan_members(path: str) -> list[Member]:
+def scan_members(path: str, damaged: list[DatasetError] | None = None) -> list[Member]:
     """Every regular file in the tar with its data offset. Raises DatasetError on a truncated or
-    non-tar file, naming the member."""
+    non-tar file, naming the member; with a `damaged` list, a truncated member or a missing end of
+    the archive is recorded there and the members before it are returned."""
     size = os.path.getsize(path)
-    members = []
+    members: list[Member] = []
     try:
         with tarfile.open(path, "r:") as tar:
             for info in tar:
                 if not info.isreg():
                     continue
                 if info.offset_data + info.size > size:
-                    raise DatasetError(
-                        path, f"member {info.name!r} is truncated: needs {info.size} bytes at byte "
-                        f"{info.offset_data}, the file ends at {size}", "Re-create the shard")
+                    error = DatasetError(path, f"member {info.name!r} is truncated: needs {info.size} bytes at byte "
+                                         f"{info.offset_data}, the file ends at {size}", "Re-create the shard")
+                    if damaged is None or not members:
+                        raise error
+                    damaged.append(DatasetError(f"{path}#{Member(info.name, 0, 0).key_ext[0]}", error.problem))
+                    return members
                 members.append(Member(info.name, info.offset_data, info.size))
             end = tar.offset
     except tarfile.TarError as e:
@@ -73,8 +77,11 @@ def scan_members(path: str) -> list[Member]:
         f.seek(end)
         if f.read(BLOCK) != bytes(BLOCK):
             after = f"after member {members[-1].name!r}" if members else "at its start"
-            raise DatasetError(path, f"truncated or damaged {after} (byte {end}): no end-of-archive marker",
-                               "Re-create the shard")
+            error = DatasetError(path, f"truncated or damaged {after} (byte {end}): no end-of-archive marker",
+                                 "Re-create the shard")
+            if damaged is None or not members:
+                raise error
+            damaged.append(error)
     return members
 
 
@@ -93,21 +100,27 @@ def group_samples(members: list[Member]) -> list[list[Member]]:
     return samples
 
 
-def build_tar_index(path: str, label_ext: str = "cls") -> list[list[Member]]:
-    """Samples of a tar shard, each checked to hold one image and one label component."""
-    samples = group_samples(scan_members(path))
-    if not samples:
-        raise DatasetError(path, f"no samples in this tar (expected <key>.jpg + <key>.{label_ext} members)")
+def build_tar_index(path: str, label_ext: str = "cls", damaged: list[DatasetError] | None = None) -> list[list[Member]]:
+    """Samples of a tar shard, each checked to hold one image and one label component. With a
+    `damaged` list, incomplete samples and a truncated end are recorded there and left out."""
+    samples = group_samples(scan_members(path, damaged))
+    complete = []
     for sample in samples:
         exts = {m.key_ext[1] for m in sample}
         key = sample[0].key_ext[0]
         if not exts & set(IMAGE_EXTS):
-            raise DatasetError(f"{path}#{key}", f"sample {key!r} has no image member (found: {sorted(exts)}; "
-                               f"expected one of {', '.join(IMAGE_EXTS)})")
-        if label_ext not in exts:
-            raise DatasetError(f"{path}#{key}", f"sample {key!r} has no .{label_ext} label member "
-                               f"(found: {sorted(exts)})")
-    return samples
+            problem = f"sample {key!r} has no image member (found: {sorted(exts)}; expected one of {', '.join(IMAGE_EXTS)})"
+        elif label_ext not in exts:
+            problem = f"sample {key!r} has no .{label_ext} label member (found: {sorted(exts)})"
+        else:
+            complete.append(sample)
+            continue
+        if damaged is None:
+            raise DatasetError(f"{path}#{key}", problem)
+        damaged.append(DatasetError(f"{path}#{key}", problem))
+    if not complete:
+        raise DatasetError(path, f"no samples in this tar (expected <key>.jpg + <key>.{label_ext} members)")
+    return complete
 
 
 def write_tar_index(samples: list[list[Member]], index_path: str) -> None:
@@ -189,8 +202,8 @@ LABEL_DIGITS = 10  # .cls bytes read by the DALI graph; powers of 10 up to 10**1
 index_matches = tar_index_matches
 
 
-def build_index(shard: str, index_path: str, label_ext: str = "cls") -> None:
-    write_tar_index(build_tar_index(shard, label_ext), index_path)
+def build_index(shard: str, index_path: str, label_ext: str = "cls", damaged: list | None = None) -> None:
+    write_tar_index(build_tar_index(shard, label_ext, damaged), index_path)
 
 
 def count_samples(index_path: str) -> int:
