@@ -114,6 +114,8 @@ class LoaderConfig:
     max_bad: int | float | None = option(None, "with --skip-bad: stop once more samples than this are excluded; "
                                          "an int is a count, a float in (0, 1) a fraction of the dataset",
                                          type=count_or_fraction)
+    max_pixels: int | None = option(100_000_000, "refuse (or with --skip-bad exclude) images whose header claims "
+                                    "more pixels, before DALI allocates them; None: no limit", type=int)
 
 
 def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:

@@ -33,7 +33,7 @@ from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, default_cache_dir
 from dali_pipes.samples import SampleRef
 from dali_pipes.source import Source
-from dali_pipes.verify import check_image
+from dali_pipes.verify import check_image, oversized
 
 # Beyond the batches in the pipeline's prefetch queue, a reader can have read two more batches
 # than were delivered: the batch the pipeline is assembling and the reader's own prefetch queue
@@ -95,10 +95,10 @@ class BadSamplePolicy:
     what was excluded in the loader's state so a resumed run excludes the same samples."""
 
     def __init__(self, *, skip: bool = False, max_bad: int | float | None = None, device: str = "cpu",
-                 device_id: int | None = None) -> None:
+                 device_id: int | None = None, max_pixels: int | None = None) -> None:
         budget_of(max_bad, 1)  # refuse a malformed budget now, not at the first bad sample
         self.skip, self.max_bad = skip, max_bad
-        self.device, self.device_id = device, device_id
+        self.device, self.device_id, self.max_pixels = device, device_id, max_pixels
         self.bad_samples: list[BadSample] = []   # excluded so far, in order
         self.excluded: list[list[SampleRef]] = []  # refs excluded by each event (re-applied on resume)
 
@@ -110,7 +110,8 @@ class BadSamplePolicy:
         message = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
         bad: list[tuple[SampleRef, BadSample]] = []
         for shard_id, count in reach:
-            bad = bad or find_bad_samples(source, shard_id, num_shards, count, window, self.device, self.device_id)
+            bad = bad or find_bad_samples(source, shard_id, num_shards, count, window, self.device, self.device_id,
+                                          self.max_pixels)
         if not bad:
             raise DatasetError(source.location, f"the DALI pipeline failed and no bad sample was found near the "
                                f"reader's position: {message}") from error
@@ -218,22 +219,26 @@ def _decode_batch(datas: list[bytes], device: str, device_id: int | None) -> boo
 
 
 def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int, window: int, device: str = "cpu",
-                     device_id: int | None = None) -> list[tuple[SampleRef, BadSample]]:
+                     device_id: int | None = None, max_pixels: int | None = None) -> list[tuple[SampleRef, BadSample]]:
     """(ref, BadSample) for samples DALI cannot decode among the first `reach` samples of the
     shard in storage order: all the reader can have read so far. Delivered samples decoded, so
     every undecodable sample there is still to come. Windows are checked from the read frontier
-    backwards (the likeliest culprits first), stopping at the first window with a bad sample."""
+    backwards (the likeliest culprits first), stopping at the first window with a bad sample.
+    Headers are checked against `max_pixels` first: an oversized image never reaches a decoder."""
     refs = shard_refs(source, shard_id, num_shards)[:reach]
     for end in range(len(refs), 0, -window):
         chunk = refs[max(0, end - window):end]
         datas, reasons = [], []
         for ref in chunk:
             try:
-                datas.append(read_sample(ref).data)
-                reasons.append(None)
+                data = read_sample(ref).data
             except (DatasetError, OSError) as e:  # an unreadable record is bad too, whatever DALI thinks
                 datas.append(b"")
                 reasons.append(e.problem if isinstance(e, DatasetError) else str(e))
+                continue
+            too_big = oversized(data, max_pixels)
+            datas.append(b"" if too_big else data)  # b"": fails in DALI without allocating anything
+            reasons.append(too_big)
         ok = dali_decodes(datas, device, device_id)
         bad = [(ref, BadSample(ref.origin, reason or check_image(data) or "DALI's decoder rejects it"))
                for ref, data, good, reason in zip(chunk, datas, ok, reasons) if not good or reason]

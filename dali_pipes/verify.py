@@ -50,19 +50,51 @@ class Report:
         return not self.problems
 
 
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from an image's header, or None. PIL's format plugins are called directly:
+    Image.open would apply PIL's own bomb guard, a process-wide setting we leave alone."""
+    Image.init()
+    prefix = data[:16]
+    for format_id in Image.ID:
+        factory, accept = Image.OPEN[format_id]
+        if accept and not accept(prefix):
+            continue
+        try:
+            with factory(io.BytesIO(data), None) as img:
+                return img.size
+        except Exception:
+            continue
+    return None
+
+
+def oversized(data: bytes, max_pixels: int | None) -> str | None:
+    """What is wrong if the image header claims more than `max_pixels` pixels, from the header
+    alone (nothing is decoded); None if it does not, or if the header cannot be read."""
+    if max_pixels is None or not data:
+        return None
+    size = header_size(data)
+    if size is None:
+        return None  # unreadable headers are the decoder's (and check_image's) to report
+    width, height = size
+    if width * height <= max_pixels:
+        return None
+    return (f"oversized: {width} x {height} = {width * height:,} pixels, over the limit of {max_pixels:,} "
+            f"(a decompression bomb, or raise --max-pixels)")
+
+
 def check_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
     """None if `data` decodes to an image within the pixel limit, else what is wrong. The pixel
     count comes from the header, before any pixel is decoded. PIL's own bomb guard stays on in
     this process (only verification's worker processes lift it, for limits above PIL's)."""
     if not data:
         return "zero-byte file"
+    too_big = oversized(data, max_pixels)
+    if too_big:
+        return too_big
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit decides
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit decided above
             with Image.open(io.BytesIO(data)) as img:
-                if img.width * img.height > max_pixels:
-                    return (f"oversized: {img.width} x {img.height} = {img.width * img.height:,} pixels, over the "
-                            f"limit of {max_pixels:,} (a decompression bomb, or raise --max-pixels)")
                 img.load()
     except Image.DecompressionBombError as e:
         return f"oversized: {e} (a decompression bomb, or raise --max-pixels)"

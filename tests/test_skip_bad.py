@@ -5,6 +5,8 @@ sample is still delivered exactly once (val). Container damage that leaves nothi
 raises. Real DALI on CPU, tiny data; labels are the sample numbers, so counts are checked exactly."""
 
 import gzip
+import resource
+import struct
 import os
 import warnings
 
@@ -150,3 +152,29 @@ def test_bad_max_bad_values_are_refused(tmp_path):
     for value, match in ((1.5, r"\(0, 1\)"), (-1, ">= 0"), ("3", "int count")):
         with pytest.raises(ValueError, match=match):
             DaliLoader(location, skip_bad=True, max_bad=value, **KW)
+
+
+def bomb_jpeg(width: int = 60000, height: int = 60000) -> bytes:
+    """A small valid JPEG whose header claims width x height pixels (10.8 GB decoded at 60,000²)."""
+    data = bytearray(jpeg_bytes(1, 8, 8))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+def test_pixel_guard_refuses_a_60000_by_60000_header_before_decoding(tmp_path):
+    location = numbered_folder(tmp_path / "d", {6: bomb_jpeg()})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(DatasetError, match=r"006.jpg: oversized: 60000 x 60000 = 3,600,000,000 pixels"):
+        epoch_labels(DaliLoader(location, **KW))
+    labels, warned = val_epoch(location)
+    assert labels == [i for i in range(N) if i != 6] and len(warned) == 1 and "oversized" in warned[0]
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 1_000_000  # KiB: never 10.8 GB
+
+
+def test_pixel_guard_limit_is_an_option(tmp_path):
+    """An image just over a low limit is refused; max_pixels=None turns the guard off."""
+    location = numbered_folder(tmp_path / "d", {})  # images are at most 23 x 28 = 644 pixels
+    with pytest.raises(DatasetError, match="oversized"):
+        epoch_labels(DaliLoader(location, max_pixels=500, **KW))
+    assert sorted(l for l in epoch_labels(DaliLoader(location, max_pixels=None, **KW)) if l >= 0) == list(range(N))
