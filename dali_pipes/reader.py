@@ -46,4 +46,4 @@ def guard_pixels(images: "DataNode", max_pixels: int) -> "DataNode":
     from nvidia.dali import fn, types
     shape = fn.peek_image_shape(images, dtype=types.INT64)
     too_big = fn.cast(shape[0] * shape[1] > max_pixels, dtype=types.INT64)
-    return fn.reshape(images, shape=fn.shapes(images, dtype=types.INT64) * (1 - too_big))
+    return fn.reshape(images, shape=images.shape(dtype=types.INT64) * (1 - too_big))

@@ -1,0 +1,153 @@
+"""DaliDataModule under Lightning: 2-rank DDP on CPU (gloo) counts every sample exactly, and resumes mid-epoch.
+
+The DDP runs are subprocesses (tests/lightning_ddp_job.py): Lightning starts rank 1 by re-running sys.argv.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("lightning", reason="Lightning is an optional extra: pip install dali_pipes[lightning]")
+
+import lightning.pytorch as pl  # noqa: E402
+
+import dali_pipes  # noqa: E402
+from dali_pipes import DaliLoader  # noqa: E402
+from dali_pipes.lightning import DaliDataModule  # noqa: E402
+
+from conftest import jpeg_bytes  # noqa: E402
+from lightning_ddp_job import BATCH_SIZE, LOADER_ARGS, RANKS, Recorder  # noqa: E402
+
+N = 43  # odd: train drops a tail on each rank, val pads the two ranks' shards (21, 22) differently
+EPOCHS = 2
+BATCHES = (N // RANKS) // BATCH_SIZE  # train batches per rank per epoch: 5
+JOB = os.path.join(os.path.dirname(__file__), "lightning_ddp_job.py")
+REPO = os.path.dirname(os.path.dirname(dali_pipes.__file__))
+_LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory) -> str:
+    """A file list of N JPEGs whose label is their index, so a label names its sample."""
+    root = tmp_path_factory.mktemp("numbered")
+    with open(root / "list.txt", "w") as f:
+        for i in range(N):
+            (root / f"{i:03d}.jpg").write_bytes(jpeg_bytes(i, 24 + i % 5, 32))
+            f.write(f"{i:03d}.jpg {i}\n")
+    return str(root / "list.txt")
+
+
+def run_job(file_list: str, out: str, *args: str) -> list[dict]:
+    """Run the DDP job to its end; each rank's record, rank 0 first."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}  # a fresh launch, whatever runs pytest
+    path = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)  # the dali_pipes under test
+    done = subprocess.run([sys.executable, JOB, file_list, out, *args], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1"}, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    records = []
+    for rank in range(RANKS):
+        with open(os.path.join(out, f"rank{rank}.json")) as f:
+            records.append(json.load(f))
+    return records
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(numbered, tmp_path_factory) -> tuple[str, list[dict]]:
+    """2 epochs on 2 ranks; checkpoints every 3 train steps (ModelCheckpoint), and training goes on."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    return out, run_job(numbered, str(out), "--epochs", str(EPOCHS), "--checkpoint-every", "3")
+
+
+def train_labels(record: dict, epoch: int) -> list[int]:
+    return [label for e, _, labels in record["train"] if e == epoch for label in labels]
+
+
+def assert_val_counts_each_sample_once(records: list[dict], epochs: int) -> None:
+    for epoch in range(epochs):
+        real = [label for r in records for e, labels in r["val"] if e == epoch for label in labels]
+        assert sorted(real) == list(range(N)), f"epoch {epoch}"
+
+
+def test_ddp_counts_every_val_sample_once_and_loses_no_train_batch(numbered, uninterrupted):
+    _, records = uninterrupted
+    for record in records:
+        # Lightning got our iterable, not a DataLoader it could re-shard with a DistributedSampler
+        assert record["train_loader_type"] == "_LoaderView"
+        assert record["len_train"] == record["num_training_batches"] == BATCHES
+        assert record["len_val"] == 6  # shards of 21 and 22 samples, both padded with -1 to 6 batches of 4
+        assert [(e, i) for e, i, _ in record["train"]] == [(e, i) for e in range(EPOCHS) for i in range(BATCHES)]
+    for epoch in range(EPOCHS):
+        labels = [label for record in records for label in train_labels(record, epoch)]
+        assert len(labels) == len(set(labels)) == RANKS * BATCHES * BATCH_SIZE  # each sample at most once
+        assert set(labels) <= set(range(N))
+    assert_val_counts_each_sample_once(records, EPOCHS)
+    # Lightning trained on exactly the batches the rank's loader yields alone: none dropped, added or reordered
+    for rank, record in enumerate(records):
+        loader = DaliLoader(numbered, batch_size=BATCH_SIZE, train=True, rank=rank, world_size=RANKS, **LOADER_ARGS)
+        alone = [[epoch, i, labels.tolist()] for epoch in range(EPOCHS) for i, (_, labels) in enumerate(loader)]
+        loader.close()
+        assert record["train"] == alone
+
+
+def test_resume_mid_epoch_continues_with_the_uninterrupted_batches(numbered, uninterrupted, tmp_path):
+    """A fresh job resumes from the checkpoint written after step 3 of epoch 0's 5 (as after a job killed
+    there): it trains on exactly the batches the uninterrupted run went on to, in order, across the epoch
+    boundary that follows, and validates each sample once per epoch."""
+    out, records = uninterrupted
+    checkpoint = os.path.join(out, "epoch=0-step=3.ckpt")
+    states = torch.load(checkpoint, weights_only=False)["DaliDataModule"]["train"]
+    assert [(s["rank"], s["epoch"], s["position"]) for s in states] == [(0, 0, 3), (1, 0, 3)]  # rank 0 wrote both
+    resumed = run_job(numbered, str(tmp_path), "--epochs", str(EPOCHS), "--ckpt", checkpoint)
+    for after, whole in zip(resumed, records):
+        assert after["train"] == whole["train"][3:]
+    assert_val_counts_each_sample_once(resumed, EPOCHS)
+
+
+@pytest.mark.filterwarnings("ignore:Total length of `list` across ranks is zero")  # no val loader: on purpose
+def test_one_device_without_val(numbered, tmp_path):
+    """No val location: Lightning skips validation. One process: nothing to gather. After fit() the
+    pipelines are closed, but a checkpoint saved then still holds where the loader ended."""
+    data = DaliDataModule(numbered, batch_size=BATCH_SIZE, **LOADER_ARGS)
+    model = Recorder(num_classes=64)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=data)
+    labels = train_labels({"train": model.train_seen}, 0)
+    assert len(labels) == len(set(labels)) == N // BATCH_SIZE * BATCH_SIZE and model.val_seen == []
+    assert data.train_loader is None  # teardown closed the pipelines
+    (state,) = data.state_dict()["train"]
+    assert (state["epoch"], state["position"]) == (1, 0)
+
+
+def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered):
+    """A state loaded before setup() is applied when the loader is built; one rank's loader refuses 2 ranks'."""
+    data = DaliDataModule(numbered, batch_size=BATCH_SIZE, **LOADER_ARGS)
+    batches = iter(data.train_dataloader())
+    for _ in range(2):
+        next(batches)
+    state = data.state_dict()
+    rest = [labels.tolist() for _, labels in batches]
+    resumed = DaliDataModule(numbered, batch_size=BATCH_SIZE, **LOADER_ARGS)
+    resumed.load_state_dict(state)  # no loader yet: kept until setup builds it
+    assert resumed.state_dict() == state
+    resumed.setup("fit")
+    assert [labels.tolist() for _, labels in resumed.train_dataloader()] == rest
+    with pytest.raises(ValueError, match="train-loader states of 2 ranks but this run has 1"):
+        resumed.load_state_dict({"train": state["train"] * 2})
+    for module in (data, resumed):
+        module.teardown("fit")
+
+
+def test_missing_lightning_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lightning", None)  # None in sys.modules: import raises ImportError
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
+    monkeypatch.delitem(sys.modules, "dali_pipes.lightning")
+    with pytest.raises(ImportError, match=r"pip install dali_pipes\[lightning\]"):
+        importlib.import_module("dali_pipes.lightning")
