@@ -36,3 +36,122 @@ def iterator_pipelines(iterator) -> list:
         return list(iterator._pipes)
     except AttributeError as e:
         raise private_api_error("DALIGenericIterator._pipes", e) from e
+
+
+# -- static graph checks (graph_check.py) ---------------------------------------------------------
+
+class PrivateApiChanged(RuntimeError):
+    """The private DALI API the static graph check relies on is not there: tests skip on it."""
+
+
+def _changed(what: str, error: Exception) -> PrivateApiChanged:
+    return PrivateApiChanged(str(private_api_error(what, error)))
+
+
+def serialize_without_device(pipe) -> bytes:
+    """DALI's serialized C++ graph of an unbuilt pipeline, assembled without CUDA.
+
+    DALI 2.4.0 asserts CUDA in `serialize()` and `build()` as soon as a device id is set, but a
+    pipeline with GPU and mixed operators can be *defined* with one. With the (private) device id
+    set back to None, `serialize()` runs DALI's own graph assembly (`_build_graph`,
+    `_init_pipeline_backend`, `SerializeToProtobuf`): every operator's spec is made and checked
+    (required arguments, input devices), which is as far as DALI gets without a GPU. The pipeline
+    is spent afterwards: it is for checking, never for building."""
+    if not hasattr(pipe, "_device_id") or not hasattr(pipe, "_backend_prepared"):
+        raise _changed("Pipeline._device_id", AttributeError("no _device_id / _backend_prepared"))
+    if pipe._backend_prepared:
+        raise ValueError("the pipeline was already built or serialized; pass a freshly defined one")
+    pipe._device_id = None
+    if pipe.device_id is not None:
+        raise _changed("Pipeline._device_id", AttributeError("device_id does not read _device_id"))
+    return pipe.serialize()
+
+
+def registered_ops() -> dict[str, frozenset[str]]:
+    """Operator schemas with an implementation, per device ("cpu", "gpu", "mixed"), internal
+    operators (conditionals, transfers) included."""
+    from nvidia.dali import backend
+    try:
+        return {"cpu": frozenset(backend.RegisteredCPUOps(True)), "gpu": frozenset(backend.RegisteredGPUOps(True)),
+                "mixed": frozenset(backend.RegisteredMixedOps(True))}
+    except (AttributeError, TypeError) as e:
+        raise _changed("backend.Registered{CPU,GPU,Mixed}Ops", e) from e
+
+
+# Field numbers of dali_proto (dali/pipeline/proto/dali.proto, DALI 2.4.0) that the check reads:
+# PipelineDef: op = 5, pipe_outputs = 7; OpDef: name (schema) = 1, input = 2, output = 3, args = 4,
+# inst_name = 5; InputOutput: name = 1, device = 2, is_argument_input = 3, arg_name = 4;
+# Argument: name = 1, s = 5 (the string value; "device" is a string argument).
+_PIPELINE_OP, _PIPELINE_OUTPUT = 5, 7
+_OP_SCHEMA, _OP_INPUT, _OP_OUTPUT, _OP_ARG, _OP_NAME = 1, 2, 3, 4, 5
+_IO_NAME, _IO_DEVICE, _IO_IS_ARGUMENT, _IO_ARG_NAME = 1, 2, 3, 4
+_ARG_NAME, _ARG_STRING = 1, 5
+
+
+def parse_serialized_graph(serialized: bytes) -> tuple[list[dict], list[dict]]:
+    """(operators, pipeline outputs) of a serialized DALI pipeline, as plain dicts:
+    operator {"schema", "name", "device", "inputs", "outputs"}, each input or output
+    {"name", "device", "argument"} ("argument": the argument name of a named-argument input)."""
+    try:
+        fields = _proto_fields(serialized)
+        ops = [_op(body) for number, body in fields if number == _PIPELINE_OP]
+        outputs = [_io(body) for number, body in fields if number == _PIPELINE_OUTPUT]
+    except (IndexError, ValueError, UnicodeDecodeError) as e:
+        raise _changed("the serialized pipeline format (dali_proto.PipelineDef)", e) from e
+    if not ops or any(not op["schema"] or not op["device"] for op in ops):
+        raise _changed("the serialized pipeline format (dali_proto.PipelineDef)",
+                       ValueError("operators without a schema name or a device argument"))
+    return ops, outputs
+
+
+def _op(body: bytes) -> dict:
+    fields = _proto_fields(body)
+    text = lambda number: next((v.decode() for n, v in fields if n == number), "")
+    device = ""
+    for number, arg in fields:
+        if number == _OP_ARG:
+            arg_fields = dict(_proto_fields(arg))
+            if arg_fields.get(_ARG_NAME) == b"device":
+                device = arg_fields.get(_ARG_STRING, b"").decode()
+    return {"schema": text(_OP_SCHEMA), "name": text(_OP_NAME), "device": device,
+            "inputs": [_io(v) for n, v in fields if n == _OP_INPUT],
+            "outputs": [_io(v) for n, v in fields if n == _OP_OUTPUT]}
+
+
+def _io(body: bytes) -> dict:
+    fields = dict(_proto_fields(body))
+    argument = fields.get(_IO_ARG_NAME, b"").decode() if fields.get(_IO_IS_ARGUMENT) else ""
+    return {"name": fields.get(_IO_NAME, b"").decode(), "device": fields.get(_IO_DEVICE, b"").decode(),
+            "argument": argument}
+
+
+def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
+    """(field number, value) of one protobuf message: varints as int, length-delimited as bytes."""
+    out, i = [], 0
+    while i < len(data):
+        key, i = _varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(data, i)
+        elif wire == 2:
+            size, i = _varint(data, i)
+            value, i = data[i:i + size], i + size
+            if i > len(data):
+                raise ValueError("length past the end of the message")
+        elif wire in (1, 5):
+            value, i = data[i:i + (8 if wire == 1 else 4)], i + (8 if wire == 1 else 4)
+        else:
+            raise ValueError(f"unknown protobuf wire type {wire}")
+        out.append((number, value))
+    return out
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, i

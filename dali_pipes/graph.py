@@ -1,24 +1,56 @@
 """Decode + augment graphs: plain functions of DALI DataNodes, one code path for CPU and GPU.
 
-`device="gpu"` decodes with DALI's mixed decoder (host parses, nvJPEG or the GPU's hardware
-JPEG decoder decodes) and augments on the GPU; `device="cpu"` is the same graph on CPU operators.
+Where each step runs (`device`, `decode_device`):
+  * "gpu", "gpu" (the default for gpu): DALI's mixed decoder (the host parses, nvJPEG or the GPU's
+    hardware JPEG decoder decodes), then resize, augmentation and normalisation on the GPU;
+  * "gpu", "cpu" (hybrid): libjpeg-turbo decodes on the CPU threads (in train only the random crop's
+    region), the decoded crop moves to the GPU, and the rest runs there. NVIDIA's ConvNets examples
+    run this way when the GPU's decoders are the bottleneck;
+  * "cpu", "cpu": the same graph on CPU operators. "cpu" with a GPU decode is refused.
+
+DALI is imported inside the functions, never at module level: `import nvidia.dali` takes 0.7-0.8 s
+(measured on this project's 2-core machine) and loads libdali, while this module's dataclass is
+imported by every command, converters, `verify` and `--help` included, that never builds a pipeline.
+
+DALI checks argument names and types when a graph is defined, not their values: a `hw_decoder_load`
+of 1.5 or a negative padding is accepted even on a GPU, and a 2-value mean passes definition and
+serialization. The values are checked here, before DALI sees them (`AugmentConfig.__post_init__`,
+`check_decoder_args`); tests/test_gpu_graphs.py has a case for each.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dali_pipes.config import option
+
+if TYPE_CHECKING:
+    from nvidia.dali.data_node import DataNode
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment")
+DEVICES = ("gpu", "cpu")
 
-# Mixed-decoder buffers sized for ImageNet-like data (DALI's ResNet-50 example): nvJPEG grows its
-# buffers to the largest image seen; padding them up front avoids reallocations mid-epoch.
-DEVICE_MEMORY_PADDING = 211_025_920
-HOST_MEMORY_PADDING = 140_544_512
-HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest image
+# nvJPEG buffers of the mixed decoders. DALI preallocates them *per CPU thread*: one device buffer of
+# `device_memory_padding` and two pinned host buffers of `host_memory_padding` per thread. DALI's
+# ResNet-50 example pads 211 MB / 140 MB, sized for ImageNet's largest image; per thread, at 16
+# threads that is 3.4 GB of GPU memory and 4.5 GB of pinned host memory per process. Here the
+# example's sizes are a budget per *process*, split across the threads, and no thread gets less
+# than DALI's own defaults (16 MiB / 8 MiB: a 5-Mpixel RGB image, larger than all but a handful of
+# ImageNet's images). A larger image makes its thread grow the buffer once (one allocation, then
+# reused), which is what the padding only postpones. A GPU run should confirm the sizes: the
+# doctor's throughput runs report peak GPU memory.
+DEVICE_PADDING_BUDGET = 211_025_920
+HOST_PADDING_BUDGET = 140_544_512
+DALI_DEFAULT_DEVICE_PADDING = 16 * 2**20
+DALI_DEFAULT_HOST_PADDING = 8 * 2**20
+MAX_PADDING = 4 * 2**30  # per thread; more is a unit mistake (bytes, not pixels or MB)
+HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest image (DALI's example)
+JPEG_MAX_SIDE = 65535
 
 
 @dataclass(frozen=True)
@@ -39,27 +71,125 @@ class AugmentConfig:
     hw_decoder_load: float = option(0.65, "gpu: share of images sent to the hardware JPEG decoder (A100/H100)")
 
     def __post_init__(self) -> None:
-        if self.image_size < 1:
-            raise ValueError(f"image_size must be positive, got {self.image_size}")
-        if self.auto_augment not in (None, *AUTO_AUGMENTS):
-            raise ValueError(f"auto_augment must be one of {AUTO_AUGMENTS} or None, got {self.auto_augment!r}")
-        if not 0 < self.random_area[0] <= self.random_area[1] <= 1:
-            raise ValueError(f"random_area must satisfy 0 < low <= high <= 1, got {self.random_area}")
-        if not 0 <= self.hw_decoder_load <= 1:
-            raise ValueError(f"hw_decoder_load must be in [0, 1], got {self.hw_decoder_load}")
+        problems = augment_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
-def _decoder_args(device: str, cfg: AugmentConfig) -> dict:
-    from nvidia.dali import types
-    args = dict(device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
-    if device == "gpu":
-        args.update(device_memory_padding=DEVICE_MEMORY_PADDING, host_memory_padding=HOST_MEMORY_PADDING,
-                    hw_decoder_load=cfg.hw_decoder_load, preallocate_width_hint=HW_DECODER_WIDTH_HINT,
-                    preallocate_height_hint=HW_DECODER_HEIGHT_HINT)
+def augment_problems(cfg: AugmentConfig) -> list[str]:
+    """Every value of `cfg` that DALI would accept silently (or fail on deep inside a run)."""
+    problems = []
+    if isinstance(cfg.image_size, bool) or not isinstance(cfg.image_size, int) or cfg.image_size < 1:
+        problems.append(f"image_size must be a positive integer, got {cfg.image_size!r}")
+    if cfg.auto_augment not in (None, *AUTO_AUGMENTS):
+        problems.append(f"auto_augment must be one of {AUTO_AUGMENTS} or None, got {cfg.auto_augment!r}")
+    low_high = _pair(cfg.random_area)
+    if not low_high or not 0 < low_high[0] <= low_high[1] <= 1:
+        problems.append(f"random_area must be (low, high) with 0 < low <= high <= 1, got {cfg.random_area}")
+    low_high = _pair(cfg.random_aspect_ratio)
+    if not low_high or not 0 < low_high[0] <= low_high[1]:
+        problems.append(f"random_aspect_ratio must be (low, high) with 0 < low <= high, got {cfg.random_aspect_ratio}")
+    if not _number(cfg.flip_probability) or not 0 <= cfg.flip_probability <= 1:
+        problems.append(f"flip_probability must be in [0, 1], got {cfg.flip_probability!r}")
+    if not _number(cfg.color_jitter) or not 0 <= cfg.color_jitter < 1:
+        problems.append(f"color_jitter must be in [0, 1) (factors drawn in 1 +- it stay positive), "
+                        f"got {cfg.color_jitter!r}")
+    if not _number(cfg.crop_ratio) or not 0 < cfg.crop_ratio <= 1:
+        problems.append(f"crop_ratio must be in (0, 1], got {cfg.crop_ratio!r}")
+    problems += _normalisation_problems(cfg.mean, cfg.std)
+    if not _number(cfg.hw_decoder_load) or not 0 <= cfg.hw_decoder_load <= 1:
+        problems.append(f"hw_decoder_load must be in [0, 1], got {cfg.hw_decoder_load!r}")
+    return problems
+
+
+def _number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _pair(values) -> tuple[float, float] | None:
+    try:
+        low, high = values
+    except (TypeError, ValueError):
+        return None
+    return (low, high) if _number(low) and _number(high) else None
+
+
+def _normalisation_problems(mean, std) -> list[str]:
+    problems = []
+    for name, given in (("mean", mean), ("std", std)):
+        values = tuple(given) if isinstance(given, (tuple, list)) else ()
+        if len(values) != 3 or not all(_number(v) for v in values):
+            problems.append(f"{name} must be 3 finite numbers (R, G, B), got {given!r}")
+        elif any(v > 1 for v in values):
+            problems.append(f"{name} is on the [0, 1] scale, got {values}; divide 0-255 values by 255")
+        elif name == "mean" and any(v < 0 for v in values):
+            problems.append(f"mean values must be in [0, 1], got {values}")
+        elif name == "std" and any(v <= 0 for v in values):
+            problems.append(f"std values must be > 0 (they divide), got {values}")
+    return problems
+
+
+def resolve_decode_device(device: str, decode_device: str | None) -> str:
+    """Where the decoder runs: `decode_device`, or `device` when None. A GPU decode feeding a CPU
+    pipeline is refused (the decoded images would come back to the host every batch)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    decode_device = decode_device or device
+    if decode_device not in DEVICES:
+        raise ValueError(f"decode_device must be one of {DEVICES} or None, got {decode_device!r}")
+    if device == "cpu" and decode_device == "gpu":
+        raise ValueError("decode_device='gpu' needs device='gpu': a GPU decode cannot feed a CPU pipeline. "
+                         "For CPU decoding with GPU augmentation use device='gpu', decode_device='cpu'")
+    return decode_device
+
+
+def decoder_paddings(num_threads: int) -> tuple[int, int]:
+    """(device_memory_padding, host_memory_padding) per thread: the per-process budget split across
+    `num_threads`, never below DALI's defaults (see DEVICE_PADDING_BUDGET)."""
+    threads = max(1, num_threads)
+    return (max(DALI_DEFAULT_DEVICE_PADDING, DEVICE_PADDING_BUDGET // threads),
+            max(DALI_DEFAULT_HOST_PADDING, HOST_PADDING_BUDGET // threads))
+
+
+def check_decoder_args(args: dict) -> dict:
+    """Check the decoder arguments DALI never checks by value; returns `args` unchanged."""
+    for key in ("device_memory_padding", "host_memory_padding"):
+        value = args.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PADDING:
+            raise ValueError(f"{key} must be a byte count in [0, {MAX_PADDING}] per thread, got {value!r}")
+    for key in ("preallocate_width_hint", "preallocate_height_hint"):
+        value = args.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= JPEG_MAX_SIDE:
+            raise ValueError(f"{key} must be a side in pixels in [0, {JPEG_MAX_SIDE}], got {value!r}")
+    load = args.get("hw_decoder_load", 0.0)
+    if not _number(load) or not 0 <= load <= 1:
+        raise ValueError(f"hw_decoder_load must be in [0, 1], got {load!r}")
     return args
 
 
-def _normalize(images, cfg: AugmentConfig, **crop_args):
+def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> dict:
+    """Keywords for DALI's image decoders on `decode_device` ("gpu": the mixed decoder)."""
+    from nvidia.dali import types
+    # Fancy upsampling makes the mixed decoder upsample chroma as libjpeg-turbo does, so GPU and CPU
+    # decodes agree at colour edges. DALI 2.4 accepts it on both backends; it changes only the mixed one.
+    args = dict(device="mixed" if decode_device == "gpu" else "cpu", output_type=types.RGB,
+                jpeg_fancy_upsampling=True)
+    if decode_device == "gpu":
+        device_padding, host_padding = decoder_paddings(num_threads)
+        args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
+                    hw_decoder_load=cfg.hw_decoder_load, preallocate_width_hint=HW_DECODER_WIDTH_HINT,
+                    preallocate_height_hint=HW_DECODER_HEIGHT_HINT)
+    return check_decoder_args(args)
+
+
+def _pipeline_threads() -> int:
+    """CPU threads of the pipeline being defined (decoder paddings are per thread)."""
+    from nvidia.dali import Pipeline
+    pipe = Pipeline.current()
+    return pipe.num_threads if pipe is not None and pipe.num_threads else 1
+
+
+def _normalize(images: DataNode, cfg: AugmentConfig, **crop_args) -> DataNode:
     """Crop (optional), flip (optional), normalise, lay out: the last step of both graphs."""
     from nvidia.dali import fn, types
     return fn.crop_mirror_normalize(
@@ -68,14 +198,18 @@ def _normalize(images, cfg: AugmentConfig, **crop_args):
         mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std], **crop_args)
 
 
-def train_augment(jpegs, cfg: AugmentConfig, device: str = "cpu"):
+def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
+                  decode_device: str | None = None) -> DataNode:
     """Random-resized-crop decode (only the crop's region is decoded), resize to image_size,
     optional colour jitter and AutoAugment-family policy, flip, normalise.
     Returns float CHW (HWC with channels_last) images on `device`."""
     from nvidia.dali import fn, types
+    decode_device = resolve_decode_device(device, decode_device)
     images = fn.decoders.image_random_crop(jpegs, random_area=list(cfg.random_area),
                                            random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100,
-                                           **_decoder_args(device, cfg))
+                                           **decoder_args(decode_device, cfg, _pipeline_threads()))
+    if device == "gpu":
+        images = images.gpu()  # hybrid: the decoded crop moves once; a no-op after the mixed decoder
     images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, interp_type=types.INTERP_LINEAR,
                        antialias=True)
     if cfg.color_jitter:
@@ -87,7 +221,7 @@ def train_augment(jpegs, cfg: AugmentConfig, device: str = "cpu"):
     return _normalize(images, cfg, mirror=mirror)
 
 
-def _auto_augment(images, policy: str):
+def _auto_augment(images: DataNode, policy: str) -> DataNode:
     # DALI's auto_aug needs the pipeline built with enable_conditionals=True (pipeline.py does).
     from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
     if policy == "autoaugment":
@@ -97,11 +231,15 @@ def _auto_augment(images, policy: str):
     return trivial_augment.trivial_augment_wide(images)
 
 
-def eval_augment(jpegs, cfg: AugmentConfig, device: str = "cpu"):
+def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
+                 decode_device: str | None = None) -> DataNode:
     """Decode, resize the shorter side to image_size / crop_ratio, centre-crop image_size,
     normalise. Returns float CHW (HWC with channels_last) images on `device`."""
     from nvidia.dali import fn, types
-    images = fn.decoders.image(jpegs, **_decoder_args(device, cfg))
+    decode_device = resolve_decode_device(device, decode_device)
+    images = fn.decoders.image(jpegs, **decoder_args(decode_device, cfg, _pipeline_threads()))
+    if device == "gpu":
+        images = images.gpu()
     images = fn.resize(images, resize_shorter=round(cfg.image_size / cfg.crop_ratio),
                        interp_type=types.INTERP_LINEAR, antialias=True)
     return _normalize(images, cfg, crop=(cfg.image_size, cfg.image_size), crop_pos_x=0.5, crop_pos_y=0.5)

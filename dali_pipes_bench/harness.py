@@ -5,6 +5,14 @@ warms it up, then times `passes` passes of `batches_per_pass` batches, each batc
 where training happens (copied to the GPU and synchronised when there is one). It records
 images/s per pass (reported as median, min, max), CPU use of the whole process tree (workers
 included), and peak host and GPU memory. A case that fails is recorded with its error, not fatal.
+
+Images/s counts the samples a loader *decoded*: in train mode DALI's reader pads each epoch's last
+batch and the loader drops it, work that a small benchmark set would otherwise charge to the
+delivered samples (6-50% of an epoch of 1,000 images at batch 64-512; on ImageNet, nothing).
+
+The "loader_overhead" case runs DaliLoader and the bare DALI pipeline it wraps (the same graph,
+driven by DALI's own DALIGenericIterator) in one process, in alternating passes, and reports
+loader / bare.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -27,11 +35,16 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
+from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.baseline import TorchLoader
+from dali_pipes.dist import Shard
+from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
 from dali_pipes.loader import DaliLoader
+from dali_pipes.pipeline import build_pipeline, usable_cpus
 from dali_pipes.procfs import PeakSampler, cpu_seconds
-from dali_pipes.sources import Source, open_source, read_sample
+from dali_pipes.reader import READER_NAME
+from dali_pipes.formats import read_sample
+from dali_pipes.source import Source, open_source
 
 
 @dataclass
@@ -46,6 +59,16 @@ class Measurement:
     host_peak_mb: float | None = None
     gpu_peak_mb: float | None = None
     error: str | None = None
+    dropped_counted: int = 0  # decoded samples the loader dropped (padded train batches), counted in images/s
+    reference_images_per_s: list[float] = field(default_factory=list)  # loader_overhead: the bare pipeline
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        """loader_overhead: median loader images/s over median bare-pipeline images/s."""
+        if not self.reference_images_per_s or not self.images_per_s:
+            return None
+        return self.median / float(np.median(self.reference_images_per_s))
 
     @property
     def median(self) -> float:
@@ -53,7 +76,8 @@ class Measurement:
 
     def row(self) -> dict:
         out = asdict(self)
-        out.update(median=self.median, min=min(self.images_per_s, default=0.0), max=max(self.images_per_s, default=0.0))
+        out.update(median=self.median, min=min(self.images_per_s, default=0.0), max=max(self.images_per_s, default=0.0),
+                   ratio=self.ratio)
         return out
 
 
@@ -79,6 +103,32 @@ def forever(loader: Iterable) -> Iterator:
         yield from loader
 
 
+def forever_counted(loader: Iterable) -> Iterator[tuple[object, int]]:
+    """(batch, samples decoded but dropped) across epoch boundaries: 0, except with an epoch's last
+    batch, which carries the padded batch a DALI loader decoded and dropped in that epoch."""
+    dropped = dropped_per_epoch(loader)
+    while True:
+        previous = None
+        for batch in loader:
+            if previous is not None:
+                yield previous, 0
+            previous = batch
+        if previous is None:
+            raise RuntimeError("the loader yielded no batch in a whole epoch")
+        yield previous, dropped
+
+
+def dropped_per_epoch(loader: Iterable) -> int:
+    """Samples a loader decodes per epoch but never yields. DALI's reader pads the shard's last
+    batch (pad_last_batch) and, in train mode, DaliLoader (like DALI's DROP policy) drops it:
+    ceil(shard / batch) batches decoded, floor(shard / batch) yielded. Other loaders drop nothing
+    (DataLoader's drop_last never loads the partial batch)."""
+    if isinstance(loader, (DaliLoader, _BareDali)) and loader.train:
+        shard = loader.shard.size_of(loader.shard.rank, loader.num_samples)
+        return -(-shard // loader.batch_size) * loader.batch_size - len(loader) * loader.batch_size
+    return 0
+
+
 def _ready(batch, device: torch.device) -> int:
     """Make a batch usable by a training step on `device`; returns its number of samples."""
     images, labels = batch[0], batch[1]
@@ -94,20 +144,10 @@ def measure(case: Case, timing: Timing, device: torch.device) -> Measurement:
         with PeakSampler() as peaks:
             start = time.perf_counter()
             loader = case.factory()
-            batches = forever(loader)
-            _ready(next(batches), device)
-            m.first_batch_s = time.perf_counter() - start
-            for _ in range(timing.warmup_batches):
-                _ready(next(batches), device)
-            cpu0, wall0 = cpu_seconds(), time.perf_counter()
-            for _ in range(timing.passes):
-                t0, samples = time.perf_counter(), 0
-                for _ in range(timing.batches_per_pass):
-                    samples += _ready(next(batches), device)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                m.images_per_s.append(samples / (time.perf_counter() - t0))
-            m.cpu_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+            if isinstance(loader, LoaderOverhead):
+                _measure_alternating(loader, m, timing, device, start)
+            else:
+                _measure_one(loader, m, timing, device, start)
         m.host_peak_mb, m.gpu_peak_mb = round(peaks.host_peak_mb, 1), peaks.gpu_peak_mb
     except Exception as e:  # one broken case must not lose the others' numbers
         m.error = f"{type(e).__name__}: {e}"[:500]
@@ -117,39 +157,113 @@ def measure(case: Case, timing: Timing, device: torch.device) -> Measurement:
     return m
 
 
+def _timed_pass(batches: Iterator, count: int, device: torch.device) -> tuple[float, int]:
+    """(images/s, dropped samples counted) over `count` batches."""
+    t0, samples, dropped = time.perf_counter(), 0, 0
+    for _ in range(count):
+        batch, extra = next(batches)
+        samples += _ready(batch, device) + extra
+        dropped += extra
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return samples / (time.perf_counter() - t0), dropped
+
+
+def _measure_one(loader: Iterable, m: Measurement, timing: Timing, device: torch.device, start: float) -> None:
+    batches = forever_counted(loader)
+    _ready(next(batches)[0], device)
+    m.first_batch_s = time.perf_counter() - start
+    for _ in range(timing.warmup_batches):
+        _ready(next(batches)[0], device)
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    for _ in range(timing.passes):
+        rate, dropped = _timed_pass(batches, timing.batches_per_pass, device)
+        m.images_per_s.append(rate)
+        m.dropped_counted += dropped
+    m.cpu_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+
+
+def _measure_alternating(pair: "LoaderOverhead", m: Measurement, timing: Timing, device: torch.device,
+                         start: float) -> None:
+    """Passes of the loader and of the bare pipeline, alternating (and alternating which goes
+    first), so that both meet the same machine state; the idle one waits with a full queue."""
+    arms = {"loader": forever_counted(pair.loader), "bare": forever_counted(pair.bare)}
+    _ready(next(arms["loader"])[0], device)
+    m.first_batch_s = time.perf_counter() - start
+    for batches in arms.values():
+        for _ in range(timing.warmup_batches):
+            _ready(next(batches)[0], device)
+    cpu0, wall0 = cpu_seconds(), time.perf_counter()
+    for i in range(timing.passes):
+        for arm in (("loader", "bare") if i % 2 == 0 else ("bare", "loader")):
+            rate, dropped = _timed_pass(arms[arm], timing.batches_per_pass, device)
+            (m.images_per_s if arm == "loader" else m.reference_images_per_s).append(rate)
+            m.dropped_counted += dropped if arm == "loader" else 0
+    m.cpu_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+    m.extra["pass_ratios"] = [a / b for a, b in zip(m.images_per_s, m.reference_images_per_s)]
+    m.extra["checkpoint_us"] = pair.checkpoint_cost_us()
+
+
 # ---------------------------------------------------------------------------------------------
 # Loaders that exist only for comparison
 # ---------------------------------------------------------------------------------------------
+
+class EpochOrder:
+    """Sample order of each epoch for an external_source callback: a seeded permutation per epoch
+    in train mode (made once per epoch, not once per sample), storage order otherwise."""
+
+    def __init__(self, count: int, train: bool, seed: int) -> None:
+        self.count, self.train, self.seed = count, train, seed
+        self._epoch, self._order = -1, None
+
+    def __call__(self, epoch: int, index: int) -> int:
+        if not self.train:
+            return index
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(self.count)
+        return int(self._order[index])
+
+
+def preloaded_pipeline(data: list[np.ndarray], labels: list[np.int64], *, batch_size: int, train: bool, device: str,
+                       augment: AugmentConfig = AugmentConfig(), num_threads: int | None = None, seed: int = 0,
+                       device_id: int = 0, decode_device: str | None = None):
+    """An unbuilt pipeline: the library's graph fed from encoded bytes in memory (external_source)
+    instead of a reader. Each epoch yields the whole batches only; labels on the GPU with device="gpu"."""
+    from nvidia.dali import fn, pipeline_def, types
+    usable = len(data) // batch_size * batch_size
+    order = EpochOrder(len(data), train, seed)
+
+    def sample(info):
+        if info.idx_in_epoch >= usable:
+            raise StopIteration
+        i = order(info.epoch_idx, info.idx_in_epoch)
+        return data[i], labels[i]
+
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads or usable_cpus(),
+                  device_id=device_id if device == "gpu" else None, seed=seed,
+                  enable_conditionals=train and augment.auto_augment is not None)
+    def graph():
+        jpegs, label = fn.external_source(source=sample, num_outputs=2, batch=False, dtype=[types.UINT8, types.INT64])
+        images = (train_augment if train else eval_augment)(jpegs, augment, device, decode_device)
+        return images, label.gpu() if device == "gpu" else label
+
+    return graph()
+
 
 class PreloadedDaliLoader:
     """The same DALI graph fed from encoded bytes held in memory (external_source) instead of a
     reader: does preloading pay? Shuffles per epoch in train mode; drops the last partial batch."""
 
     def __init__(self, source: Source, *, batch_size: int, train: bool, device: str, image_size: int = 224,
-                 num_threads: int | None = None, seed: int = 0) -> None:
-        from nvidia.dali import fn, pipeline_def, types
+                 num_threads: int | None = None, seed: int = 0, augment: AugmentConfig | None = None) -> None:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
         samples = [read_sample(ref) for ref in source.refs()]
         data = [np.frombuffer(s.data, np.uint8) for s in samples]
         labels = [np.int64(s.label) for s in samples]
-        usable = len(data) // batch_size * batch_size
-        cfg = AugmentConfig(image_size=image_size)
-
-        def sample(info):
-            if info.idx_in_epoch >= usable:
-                raise StopIteration
-            order = np.random.default_rng([seed, info.epoch_idx]).permutation(len(data)) if train else None
-            i = int(order[info.idx_in_epoch]) if train else info.idx_in_epoch
-            return data[i], labels[i]
-
-        @pipeline_def(batch_size=batch_size, num_threads=num_threads or os.cpu_count(),
-                      device_id=0 if device == "gpu" else None, seed=seed)
-        def graph():
-            jpegs, label = fn.external_source(source=sample, num_outputs=2, batch=False,
-                                              dtype=[types.UINT8, types.INT64])
-            return (train_augment if train else eval_augment)(jpegs, cfg, device), label
-
-        self._iterator = DALIGenericIterator(graph(), ["images", "labels"], auto_reset=True)
+        pipe = preloaded_pipeline(data, labels, batch_size=batch_size, train=train, device=device,
+                                  augment=augment or AugmentConfig(image_size=image_size), num_threads=num_threads,
+                                  seed=seed, device_id=torch.cuda.current_device() if device == "gpu" else 0)
+        self._iterator = DALIGenericIterator(pipe, ["images", "labels"], auto_reset=True)
         self.preloaded_mb = sum(len(d) for d in data) / 2**20
 
     def __iter__(self):
@@ -157,8 +271,58 @@ class PreloadedDaliLoader:
             yield batch["images"], batch["labels"]
 
     def close(self) -> None:
-        for pipe in self._iterator._pipes:
-            pipe._shutdown()
+        for pipe in iterator_pipelines(self._iterator):
+            shutdown_pipeline(pipe)
+
+
+class _BareDali:
+    """The pipeline DaliLoader builds, driven the way DALI's own PyTorch examples drive one:
+    DALIGenericIterator, and nothing else."""
+
+    def __init__(self, source: Source, *, batch_size: int, train: bool, pipeline_args: dict) -> None:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+        self.train, self.batch_size, self.shard, self.num_samples = train, batch_size, Shard(), source.num_samples
+        pipe = build_pipeline(source, train=train, batch_size=batch_size, shard=self.shard, **pipeline_args)
+        self.iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME, auto_reset=True,
+                                            last_batch_policy=LastBatchPolicy.DROP if train else LastBatchPolicy.FILL)
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+    def __iter__(self):
+        for (batch,) in self.iterator:
+            yield batch["images"], batch["labels"]
+
+    def close(self) -> None:
+        for pipe in iterator_pipelines(self.iterator):
+            shutdown_pipeline(pipe)
+
+
+class LoaderOverhead:
+    """A DaliLoader and the bare DALI pipeline it wraps, built alike (same graph, same seed and
+    settings), for `measure`'s alternating passes: what does the loader cost over DALI itself?"""
+
+    def __init__(self, source: Source, *, batch_size: int, train: bool, device: str, num_threads: int,
+                 augment: AugmentConfig, seed: int = 0, loader_args: dict | None = None) -> None:
+        loader_args = {k: v for k, v in (loader_args or {}).items() if k not in ("device", "num_threads")}
+        self.loader = DaliLoader(source, batch_size=batch_size, train=train, device=device, num_threads=num_threads,
+                                 augment=augment, seed=seed, **loader_args)
+        pipeline_args = {k: loader_args[k] for k in ("shuffle_buffer", "prefetch_queue_depth", "decode_device")
+                         if k in loader_args}
+        self.bare = _BareDali(source, batch_size=batch_size, train=train,
+                              pipeline_args=dict(device=device, num_threads=num_threads, augment=augment, seed=seed,
+                                                 **pipeline_args))
+
+    def checkpoint_cost_us(self, calls: int = 50) -> float:
+        """Microseconds per DALI checkpoint of the bare pipeline (what a checkpoint per batch costs)."""
+        start = time.perf_counter()
+        for _ in range(calls):
+            self.bare.iterator.checkpoints()
+        return (time.perf_counter() - start) / calls * 1e6
+
+    def close(self) -> None:
+        self.loader.close()
+        self.bare.close()
 
 
 class TorchvisionGpuLoader:
@@ -237,6 +401,7 @@ class Plan:
     shard_counts: list[int]
     timing: Timing
     modes: tuple[str, ...] = ("train", "val")
+    overhead_modes: tuple[str, ...] = ("train", "val")  # loader_overhead cases
 
 
 def make_plan(quick: bool, gpu: bool, cores: int) -> Plan:
@@ -244,7 +409,7 @@ def make_plan(quick: bool, gpu: bool, cores: int) -> Plan:
     if quick:
         return Plan(batch_size=32, image_size=224, threads=sorted({1, cores}), workers=sorted({0, cores}),
                     batch_sizes=[16, 32], hw_loads=[0.0, 0.65, 1.0] if gpu else [], shard_counts=[4],
-                    timing=Timing(passes=5, batches_per_pass=3, warmup_batches=4))
+                    timing=Timing(passes=5, batches_per_pass=3, warmup_batches=4), overhead_modes=("train",))
     return Plan(batch_size=256 if gpu else 64, image_size=224, threads=powers, workers=[0, *powers],
                 batch_sizes=[64, 128, 256, 512] if gpu else [32, 64, 128],
                 hw_loads=[0.0, 0.25, 0.5, 0.65, 0.75, 0.9, 1.0] if gpu else [], shard_counts=[4, 16, 64],
@@ -266,21 +431,31 @@ def format_copies(source: Source, out: str, shard_counts: list[int], progress: b
     return copies
 
 
-def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict[str, str]) -> list[Case]:
+def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict[str, str],
+                augment: AugmentConfig | None = None, loader: object | None = None) -> list[Case]:
+    """The comparison matrix. `augment` (default: AugmentConfig at the plan's image size) reaches
+    every loader; `loader` (a LoaderConfig) every DALI loader, except the device and thread count,
+    which the cases set."""
     dali_device = "gpu" if gpu else "cpu"
     b, size = plan.batch_size, plan.image_size
-    dali = lambda src=source, device=dali_device, train=True, batch=b, threads=cores, **aug: (
-        lambda: DaliLoader(src, batch_size=batch, train=train, device=device, num_threads=threads, image_size=size,
-                           **aug))
+    augment = replace(augment, image_size=size) if augment else AugmentConfig(image_size=size)
+    loader_args = {k: v for k, v in (asdict(loader) if loader is not None else {}).items()
+                   if k not in ("device", "num_threads")}
+    dali = lambda src=source, device=dali_device, train=True, batch=b, threads=cores, extra=None, **aug: (
+        lambda: DaliLoader(src, batch_size=batch, train=train, device=device, num_threads=threads,
+                           augment=replace(augment, **aug), **{**loader_args, **(extra or {})}))
     torch_loader = lambda train=True, workers=cores, pin=True, persistent=True: (
         lambda: TorchLoader(source, batch_size=b, train=train, num_workers=workers, pin_memory=pin,
-                            persistent_workers=persistent, image_size=size))
+                            persistent_workers=persistent, augment=augment))
     cases = []
     for mode in plan.modes:
         train = mode == "train"
         if gpu:
             cases.append(Case("DALI gpu", "loaders", mode, {"device": "gpu"}, dali(train=train)))
-        cases.append(Case("DALI cpu", "loaders", mode, {"device": "cpu"}, dali(train=train, device="cpu")))
+            cases.append(Case("DALI gpu, CPU decode (hybrid)", "loaders", mode, {"decode_device": "cpu"},
+                              dali(train=train, extra={"decode_device": "cpu"})))
+        cases.append(Case("DALI cpu", "loaders", mode, {"device": "cpu"},
+                          dali(train=train, device="cpu", extra={"decode_device": None})))
         cases.append(Case(f"DataLoader+PIL {cores} workers", "loaders", mode, {"workers": cores},
                           torch_loader(train=train)))
         if gpu and available("torchvision"):
@@ -292,6 +467,12 @@ def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict
             shards = open_source(tfrecords[-1]).files
             cases.append(Case("tf.data", "loaders", mode, {"shards": len(shards)},
                               lambda train=train: TfDataLoader(shards, batch_size=b, train=train, image_size=size)))
+    for mode in plan.overhead_modes:
+        cases.append(Case(f"DaliLoader / bare DALI {dali_device}", "loader_overhead", mode,
+                          {"device": dali_device, "threads": cores},
+                          lambda train=mode == "train": LoaderOverhead(source, batch_size=b, train=train,
+                                                                       device=dali_device, num_threads=cores,
+                                                                       augment=augment, loader_args=loader_args)))
     for load in plan.hw_loads:
         cases.append(Case(f"hw_decoder_load={load}", "hw_decoder_load", "train", {"hw_decoder_load": load},
                           dali(hw_decoder_load=load)))
@@ -314,7 +495,7 @@ def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict
                           dali(src=open_source(location))))
     cases.append(Case("preloaded in memory", "formats", "train", {"external_source": True},
                       lambda: PreloadedDaliLoader(source, batch_size=b, train=True, device=dali_device,
-                                                  image_size=size, num_threads=cores)))
+                                                  num_threads=cores, augment=augment)))
     return cases
 
 
@@ -325,7 +506,7 @@ def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict
 def machine_info() -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+    info = {"cpu": cpu, "cpu_count": os.cpu_count(), "cpus_usable": usable_cpus(), "python": platform.python_version(),
             "torch": torch.__version__, "numpy": np.__version__, "pillow": Image.__version__,
             "date": datetime.date.today().isoformat()}
     import nvidia.dali
@@ -375,9 +556,13 @@ def markdown_table(rows: list[dict], baseline: str) -> str:
                 lines.append(f"| {r['name']} | {r['mode']} | failed: {r['error'][:80]} | | | | | |")
                 continue
             ratio = r["median"] / base[r["mode"]] if base.get(r["mode"]) else float("nan")
+            versus = f"{ratio:.2f}x"
+            if r.get("ratio") is not None:  # loader_overhead: to the bare pipeline, in the same run
+                bare = r["reference_images_per_s"]
+                versus = f"{r['ratio']:.3f}x of bare DALI ({float(np.median(bare)):.0f} images/s)"
             gpu = f"{r['gpu_peak_mb']:.0f}" if r["gpu_peak_mb"] else "-"
             lines.append(f"| {r['name']} | {r['mode']} | {r['median']:.0f} [{r['min']:.0f}, {r['max']:.0f}] | "
-                         f"{ratio:.2f}x | {r['first_batch_s']:.2f} | {r['cpu_cores']:.2f} | "
+                         f"{versus} | {r['first_batch_s']:.2f} | {r['cpu_cores']:.2f} | "
                          f"{r['host_peak_mb']:.0f} | {gpu} |")
     return "\n".join(lines) + "\n"
 

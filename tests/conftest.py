@@ -80,11 +80,23 @@ def dali_read_epoch(source: Source, batch_size: int = 4, **reader_args) -> colle
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip @pytest.mark.gpu tests, with the reason, where torch sees no CUDA device."""
+    """Skip @pytest.mark.gpu tests, with the reason, where torch sees no CUDA device. With
+    DALI_PIPES_REQUIRE_GPU=1 (a GPU machine's run, the doctor's) they fail instead: a CPU-only
+    torch on a GPU machine must not turn every GPU test into a silent skip."""
     import torch
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    reason = (f"needs a CUDA GPU (torch.cuda.is_available() is False; torch {torch.__version__}, "
+              f"built for CUDA {torch.version.cuda})")
+    if os.environ.get("DALI_PIPES_REQUIRE_GPU") == "1":
+        message = (f"DALI_PIPES_REQUIRE_GPU=1 but this test {reason}. Install a CUDA build of torch "
+                   f"(torch.version.cuda is None on a CPU-only build) or unset DALI_PIPES_REQUIRE_GPU")
+        fail = lambda *args, **kwargs: pytest.fail(message, pytrace=False)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.runtest = fail  # reported as a failure of each test, with the message
+        return
+    skip = pytest.mark.skip(reason=reason)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

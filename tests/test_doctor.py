@@ -1,0 +1,76 @@
+"""`python -m dali_pipes.doctor` on this (CPU) machine: it runs what applies, says plainly what it
+could not check, writes its report, and exits 0; its pieces fail loudly when something is wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dali_pipes import doctor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the doctor's CPU-machine report")
+def test_doctor_on_a_cpu_machine(tmp_path):
+    out = tmp_path / "report"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.doctor", "--quick", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "no GPU: torch" in run.stdout and f"dali: {doctor.environment()['dali']}" in run.stdout
+    report = json.load(open(out / "doctor.json"))
+    status = {c["name"]: c["status"] for c in report["checks"]}
+    assert status["static GPU graph checks"] == "PASSED" and status["CPU epoch (train and val)"] == "PASSED"
+    for gpu_only in ("gpu tests", "GPU vs CPU outputs", doctor.THROUGHPUT):
+        assert status[gpu_only] == "NOT CHECKED"
+        assert f"NOT CHECKED: {gpu_only}: no GPU" in run.stdout
+    graphs = next(c for c in report["checks"] if c["name"] == "static GPU graph checks")["data"]["graphs"]
+    assert len(graphs) >= 19 and all(g["ok"] for g in graphs)
+    markdown = (out / "doctor.md").read_text()
+    assert "## Not checked on this machine" in markdown and "NOT CHECKED: GPU vs CPU outputs: no GPU" in markdown
+    assert "0 failed" in run.stdout and not (out / "throughput.png").exists()  # nothing to plot without a GPU
+
+
+def test_a_failed_check_is_reported_and_sets_the_exit_code(tmp_path, capsys):
+    def broken():
+        raise AssertionError("val images differ")
+
+    checks = [doctor.run_check("passes", lambda: ("fine", {})), doctor.run_check("breaks", broken),
+              doctor.run_check("skipped", lambda: (_ for _ in ()).throw(doctor.NotChecked("no GPU: none here")))]
+    assert [c.status for c in checks] == [doctor.PASSED, doctor.FAILED, doctor.NOT_CHECKED]
+    paths = doctor.write_results(str(tmp_path), {"torch": "x"}, checks, ["--quick"])
+    assert doctor.report(checks, paths) == 1
+    printed = capsys.readouterr().out
+    assert "FAILED breaks" in printed and "NOT CHECKED: skipped: no GPU: none here" in printed
+    assert "| FAILED | breaks | AssertionError: val images differ |" in (tmp_path / "doctor.md").read_text()
+
+
+def test_a_gpu_torch_cannot_use_is_a_failure_not_a_skip():
+    env = {"cuda_available": False, "gpus_seen_by_nvidia_smi": "NVIDIA H100 80GB HBM3", "torch": "2.13.0+cpu",
+           "torch_cuda": None}
+    with pytest.raises(AssertionError, match="nvidia-smi sees NVIDIA H100.*install a CUDA build of torch"):
+        doctor.check_torch_sees_gpu(env)
+
+
+@pytest.mark.parametrize("name, expected", [("NVIDIA H100 80GB HBM3", "probably yes"),
+                                            ("NVIDIA A100-SXM4-80GB", "probably yes"),
+                                            ("NVIDIA L4", "probably yes"),
+                                            ("NVIDIA GeForce RTX 4090", "probably no"),
+                                            ("Tesla V100-SXM2-16GB", "probably no")])
+def test_hardware_jpeg_decoder_guess_by_model(monkeypatch, name, expected):
+    monkeypatch.setattr(doctor.Nvml, "open", classmethod(lambda cls: None))  # as without pynvml
+    assert doctor.hardware_jpeg_decoder(name).startswith(expected)
+
+
+def test_throughput_results_are_tabled_and_plotted(tmp_path):
+    rows = [{"case": "DALI gpu hw_decoder_load=0.65", "images_per_s": 9000.0, "jpeg_util_mean": 41.0,
+             "gpu_util_mean": 55.0}, {"case": "DataLoader + PIL, 16 workers", "images_per_s": 1500.0}]
+    checks = [doctor.Check(doctor.THROUGHPUT, doctor.PASSED, "best ...", {"rows": rows})]
+    paths = doctor.write_results(str(tmp_path), {"gpu": "NVIDIA H100 80GB HBM3"}, checks, [])
+    assert "| DALI gpu hw_decoder_load=0.65 | 9000.0 | 41.0 | 55.0 |" in (tmp_path / "doctor.md").read_text()
+    assert str(tmp_path / "throughput.png") in paths and (tmp_path / "throughput.png").stat().st_size > 0

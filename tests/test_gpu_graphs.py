@@ -1,0 +1,291 @@
+"""Every graph the library builds with device="gpu", proven on a CPU machine (graph_check.py): DALI
+assembles and serializes each without CUDA, and the checks DALI makes only on a GPU (an
+implementation per device, no GPU-to-CPU edge, outputs on the GPU) are made by hand. Planted
+mistakes are caught; the argument values DALI never checks are checked by the library. On a GPU
+(`-m gpu`), the hybrid, full-GPU and CPU graphs run and agree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dali_pipes import open_source
+from dali_pipes import _dali
+from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.dist import Shard
+from dali_pipes.graph import (AugmentConfig, DEVICE_PADDING_BUDGET, HOST_PADDING_BUDGET, check_decoder_args,
+                              decoder_args, decoder_paddings, resolve_decode_device)
+from dali_pipes.graph_check import (GraphError, PrivateApiChanged, check_defined, check_gpu_graph, check_variant,
+                                    project_graphs)
+from dali_pipes.pipeline import build_pipeline, cuda_device_id
+
+from conftest import write_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE_KINDS = ("folder", "tfrecord", "webdataset")
+VARIANTS = [v.name for v in project_graphs(dict.fromkeys(SOURCE_KINDS))]  # names only: nothing is defined yet
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """The same 12 JPEGs as an image folder, 2 TFRecord shards and 2 WebDataset shards."""
+    root = tmp_path_factory.mktemp("graphs")
+    write_folder(str(root / "folder"))
+    folder = open_source(str(root / "folder"))
+    write_tfrecords(folder, str(root / "tfrecord"), shards=2, workers=1, progress=False)
+    write_webdataset(folder, str(root / "webdataset"), shards=2, workers=1, progress=False)
+    return {"folder": folder, "tfrecord": open_source(str(root / "tfrecord"), progress=False),
+            "webdataset": open_source(str(root / "webdataset"), progress=False)}
+
+
+def checked(check, *args, **kwargs):
+    """Run a static check; skip, naming the DALI version, if DALI's private API has changed."""
+    try:
+        return check(*args, **kwargs)
+    except PrivateApiChanged as e:
+        pytest.skip(str(e))
+
+
+def external_jpegs():
+    from nvidia.dali import fn, types
+    from dali_pipes.recovery import placeholder_jpeg
+    data = [np.frombuffer(placeholder_jpeg(), np.uint8)] * 2
+    return fn.external_source(source=lambda: data, batch=True, dtype=types.UINT8)
+
+
+def gpu_pipeline(body):
+    """A pipeline for GPU 0 whose graph is body(encoded jpegs)."""
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=0)
+    def pipe():
+        return body(external_jpegs())
+
+    return pipe
+
+
+# -- every project graph passes --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_project_gpu_graph_passes(sources, name):
+    variant = next(v for v in project_graphs(sources) if v.name == name)
+    report = checked(check_variant, variant)
+    assert report.ok and report.ops
+    assert report.outputs and all(e.device == "gpu" for e in report.outputs)  # labels too
+    if variant.decoder == "cpu":  # hybrid: decode on the CPU threads, everything after it on the GPU
+        assert report.devices_of("Resize") == ["gpu"] and report.devices_of("CropMirrorNormalize") == ["gpu"]
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_benchmark_preloaded_graph_passes(sources, train):
+    from dali_pipes.formats import read_sample
+    from dali_pipes_bench.harness import preloaded_pipeline
+    samples = [read_sample(ref) for ref in sources["folder"].refs()]
+    data, labels = [np.frombuffer(s.data, np.uint8) for s in samples], [np.int64(s.label) for s in samples]
+    report = checked(check_defined, "preloaded", lambda: preloaded_pipeline(
+        data, labels, batch_size=4, train=train, device="gpu", num_threads=1, device_id=0))
+    assert report.devices_of("decoders__Image") == ["mixed"] and {e.device for e in report.outputs} == {"gpu"}
+
+
+def test_report_lists_operators_and_devices(sources):
+    pipe = build_pipeline(sources["folder"], train=False, batch_size=2, device="gpu", num_threads=1)
+    report = checked(check_gpu_graph, pipe, "val")
+    assert report.devices_of("readers__File") == ["cpu"] and report.devices_of("decoders__Image") == ["mixed"]
+    assert report.summary()["outputs"] == ["gpu", "gpu"] and report.summary()["ok"]
+    with pytest.raises(ValueError, match="already built or serialized"):
+        check_gpu_graph(pipe)  # a spent pipeline is refused, not checked twice
+
+
+# -- planted mistakes are caught ---------------------------------------------------------------------
+
+def test_cpu_only_operator_fed_gpu_data_is_caught():
+    # DALI 2.4 silently places peek_image_shape (CPU-only) on "gpu" and serializes the graph.
+    from nvidia.dali import fn
+    pipe = gpu_pipeline(lambda jpegs: (fn.decoders.image(jpegs, device="mixed"), fn.peek_image_shape(jpegs.gpu())))
+    with pytest.raises(GraphError, match="PeekImageShape.*no gpu implementation .*it has: cpu"):
+        checked(check_defined, "planted", pipe)
+
+
+def test_gpu_to_cpu_edge_is_caught():
+    from nvidia.dali import fn
+    pipe = gpu_pipeline(lambda jpegs: fn.resize(fn.decoders.image(jpegs, device="mixed").cpu(), resize_x=8).gpu())
+    with pytest.raises(GraphError, match="GPU-to-CPU edge: .*Resize.*reads .*Image"):
+        checked(check_defined, "planted", pipe)
+
+
+def test_cpu_output_of_a_gpu_pipeline_is_caught():
+    from nvidia.dali import fn, types
+    labels = lambda: fn.cast(fn.random.coin_flip(), dtype=types.INT64)
+    pipe = gpu_pipeline(lambda jpegs: (fn.decoders.image(jpegs, device="mixed"), labels()))
+    with pytest.raises(GraphError, match=r"pipeline output 1 .*on the CPU.*\.gpu\(\)"):
+        checked(check_defined, "planted", pipe)
+
+
+@pytest.mark.parametrize("mistake, match", [
+    ("unknown argument", "refused the definition: KeyError.*bogus"),
+    ("wrong type", "refused the definition: ValueError"),
+    ("gpu data into a cpu operator", "refused the definition.*incompatible device"),
+    ("gpu named argument", "refused the definition.*Named arguments must be on CPU"),
+    ("missing required argument", "cannot assemble the graph.*dtype"),
+])
+def test_mistakes_dali_finds_without_a_gpu_become_graph_errors(mistake, match):
+    from nvidia.dali import fn
+    decode = lambda jpegs: fn.decoders.image(jpegs, device="mixed")
+    body = {
+        "unknown argument": lambda j: fn.resize(decode(j), resize_x=8, bogus=1),
+        "wrong type": lambda j: fn.resize(decode(j), resize_x="eight"),
+        "gpu data into a cpu operator": lambda j: fn.resize(decode(j), resize_x=8, device="cpu"),
+        "gpu named argument": lambda j: fn.crop_mirror_normalize(decode(j), mirror=fn.random.coin_flip().gpu()),
+        "missing required argument": lambda j: fn.cast(decode(j)),
+    }[mistake]
+    with pytest.raises(GraphError, match=match):
+        checked(check_defined, mistake, gpu_pipeline(body))
+
+
+def test_a_regression_in_the_library_graph_is_caught(sources, monkeypatch):
+    import dali_pipes.graph as graph
+    real = graph._normalize
+    monkeypatch.setattr(graph, "_normalize", lambda images, cfg, **crop: real(images.cpu(), cfg, **crop))
+    variant = next(v for v in project_graphs(sources) if v.name == "folder (val)")
+    with pytest.raises(GraphError, match="GPU-to-CPU edge") as info:
+        checked(check_variant, variant)
+    assert any("output 0" in p for p in info.value.problems)
+
+
+def test_changed_private_api_is_named_with_the_dali_version():
+    with pytest.raises(PrivateApiChanged, match="checked on DALI 2.4.0.*pin nvidia-dali-cuda120==2.4.0"):
+        check_gpu_graph(object())
+    with pytest.raises(PrivateApiChanged, match="dali_proto.PipelineDef"):
+        _dali.parse_serialized_graph(b"\x0f\xff")
+
+
+# -- values DALI never checks -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value, match", [
+    ("image_size", 0, "image_size must be a positive integer"),
+    ("image_size", 22.4, "image_size must be a positive integer"),
+    ("random_area", (0.5, 0.1), "random_area must be"),
+    ("random_area", (0.0, 1.0), "random_area must be"),
+    ("random_area", (0.08,), "random_area must be"),
+    ("random_aspect_ratio", (4 / 3, 3 / 4), "random_aspect_ratio must be"),
+    ("random_aspect_ratio", (0.0, 1.0), "random_aspect_ratio must be"),
+    ("flip_probability", 1.5, r"flip_probability must be in \[0, 1\]"),
+    ("flip_probability", -0.1, r"flip_probability must be in \[0, 1\]"),
+    ("color_jitter", 1.0, r"color_jitter must be in \[0, 1\)"),
+    ("color_jitter", -0.2, r"color_jitter must be in \[0, 1\)"),
+    ("crop_ratio", 0.0, r"crop_ratio must be in \(0, 1\]"),
+    ("crop_ratio", 1.14, r"crop_ratio must be in \(0, 1\]"),
+    ("mean", (0.5, 0.5), "mean must be 3 finite numbers"),
+    ("mean", (123.675, 116.28, 103.53), "divide 0-255 values by 255"),
+    ("mean", (0.5, float("nan"), 0.5), "mean must be 3 finite numbers"),
+    ("std", (0.2, 0.0, 0.2), "std values must be > 0"),
+    ("std", (58.395, 57.12, 57.375), "divide 0-255 values by 255"),
+    ("hw_decoder_load", 1.5, r"hw_decoder_load must be in \[0, 1\]"),
+    ("hw_decoder_load", -0.1, r"hw_decoder_load must be in \[0, 1\]"),
+    ("hw_decoder_load", float("nan"), r"hw_decoder_load must be in \[0, 1\]"),
+    ("auto_augment", "cutmix", "auto_augment must be one of"),
+])
+def test_augment_values_are_checked(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        AugmentConfig(**{field: value})
+
+
+def test_every_bad_value_is_listed_at_once():
+    with pytest.raises(ValueError, match="flip_probability.*crop_ratio"):
+        AugmentConfig(flip_probability=2.0, crop_ratio=2.0)
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"device_memory_padding": -1}, "device_memory_padding must be a byte count"),
+    ({"host_memory_padding": 2**40}, "host_memory_padding must be a byte count"),
+    ({"host_memory_padding": 1.5e8}, "host_memory_padding must be a byte count"),
+    ({"preallocate_width_hint": -5}, "preallocate_width_hint must be a side"),
+    ({"preallocate_height_hint": 70_000}, "preallocate_height_hint must be a side"),
+    ({"hw_decoder_load": 1.5}, r"hw_decoder_load must be in \[0, 1\]"),
+])
+def test_decoder_values_are_checked(args, match):
+    with pytest.raises(ValueError, match=match):
+        check_decoder_args(args)
+
+
+@pytest.mark.parametrize("device, decode_device, match", [
+    ("cpu", "gpu", "decode_device='gpu' needs device='gpu'"),
+    ("tpu", None, "device must be one of"),
+    ("gpu", "npu", "decode_device must be one of"),
+])
+def test_device_combinations_are_checked(device, decode_device, match):
+    with pytest.raises(ValueError, match=match):
+        resolve_decode_device(device, decode_device)
+
+
+def test_decoder_paddings_are_a_budget_per_process_not_per_thread():
+    assert decoder_paddings(1) == (DEVICE_PADDING_BUDGET, HOST_PADDING_BUDGET)  # DALI's example, one thread
+    device, host = decoder_paddings(16)
+    assert device * 16 < 300e6 and 2 * host * 16 < 300e6  # was 3.4 GB of GPU and 4.5 GB of pinned memory
+    assert device >= 16 * 2**20 and host >= 8 * 2**20  # never below DALI's own defaults
+
+
+def test_decoders_upsample_chroma_alike_on_both_devices():
+    for device in ("gpu", "cpu"):
+        assert decoder_args(device, AugmentConfig(), num_threads=4)["jpeg_fancy_upsampling"] is True
+    assert decoder_args("gpu", AugmentConfig(), num_threads=4)["device_memory_padding"] == decoder_paddings(4)[0]
+
+
+# -- DALI_PIPES_REQUIRE_GPU ----------------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens without CUDA")
+def test_require_gpu_turns_gpu_skips_into_failures():
+    run = lambda env: subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
+         "tests/test_gpu_graphs.py::test_gpu_and_cpu_val_outputs_agree"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    required = run({"DALI_PIPES_REQUIRE_GPU": "1"})
+    assert required.returncode == 1 and "1 failed" in required.stdout
+    assert "DALI_PIPES_REQUIRE_GPU=1 but this test needs a CUDA GPU" in required.stdout
+    relaxed = run({"DALI_PIPES_REQUIRE_GPU": "0"})
+    assert relaxed.returncode == 0 and "1 skipped" in relaxed.stdout
+
+
+# -- on a GPU: the graphs run, and the devices agree ------------------------------------------------------
+
+def _run_once(pipe) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(images, labels, labels were on the GPU) of one batch of a built pipeline."""
+    pipe.build()
+    images, labels = pipe.run()
+    on_gpu = hasattr(labels, "as_cpu")
+    host = lambda out: np.stack([np.array(t) for t in (out.as_cpu() if hasattr(out, "as_cpu") else out)])
+    return host(images).astype(np.float32), host(labels), on_gpu
+
+
+@pytest.mark.gpu
+def test_gpu_and_cpu_val_outputs_agree(sources):
+    """Val is deterministic: the full-GPU and hybrid graphs give the CPU graph's images, up to the
+    decoders' rounding (fancy upsampling on both), and the same labels, which stay on the GPU."""
+    outputs = {}
+    for name, device, decode in (("cpu", "cpu", None), ("gpu", "gpu", None), ("hybrid", "gpu", "cpu")):
+        pipe = build_pipeline(sources["folder"], train=False, batch_size=12, device=device, decode_device=decode,
+                              num_threads=2, augment=AugmentConfig(image_size=16), device_id=cuda_device_id(Shard()))
+        outputs[name] = _run_once(pipe)
+    images, labels, on_gpu = outputs["cpu"]
+    assert not on_gpu and images.shape == (12, 3, 16, 16)
+    for name in ("gpu", "hybrid"):
+        other, other_labels, other_on_gpu = outputs[name]
+        assert other_on_gpu, f"{name}: labels must come out on the GPU"
+        np.testing.assert_array_equal(other_labels, labels)
+        difference = np.abs(other - images)  # normalised units: one 8-bit level is about 0.017
+        assert difference.mean() < 0.03 and np.percentile(difference, 99) < 0.3, (name, difference.mean())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in VARIANTS if "rank 1" not in n])
+def test_project_gpu_graph_runs(sources, name):
+    variant = next(v for v in project_graphs(sources) if v.name == name)
+    pipe = variant.define()
+    pipe.build()
+    outputs = pipe.run()
+    assert all(hasattr(out, "as_cpu") for out in outputs)  # every output on the GPU
