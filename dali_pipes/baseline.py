@@ -141,6 +141,7 @@ class TorchLoader:
                                  persistent_workers=persistent_workers and num_workers > 0,
                                  prefetch_factor=prefetch_factor if num_workers > 0 else None)
         self.epoch, self._position = 0, 0
+        self.bad_samples: list = []  # PIL raises on a bad image; nothing is excluded here
 
     def __len__(self) -> int:
         n = self.sampler.per_epoch

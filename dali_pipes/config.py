@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: 
             kind["type"] = _none_or(base) if f.default is None else base
         if meta["choices"]:
             kind["choices"] = list(meta["choices"])
+        shown = "" if "default:" in meta["help"] else f" (default: {_show(default)})"  # some explain theirs
         group.add_argument(flag_name(f.name), *meta["aliases"], dest=f.name, default=default,
-                           help=f"{meta['help']} (default: {_show(default)})", **kind)
+                           help=meta["help"] + shown, **kind)
 
 
 def _show(value: Any) -> str:

@@ -6,12 +6,12 @@ import os
 from dataclasses import dataclass
 
 
-def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (taskset, cgroups, Slurm), not the machine's
-    count, which os.cpu_count() returns."""
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (taskset, cgroups cpusets, SLURM), which
+    os.cpu_count() ignores."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
 
 

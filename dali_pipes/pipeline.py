@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dali_pipes.dist import Shard
+from dali_pipes.dist import Shard, usable_cpus
 from dali_pipes.graph import AugmentConfig, eval_augment, resolve_decode_device, train_augment
 from dali_pipes.reader import READER_NAME
 from dali_pipes.source import Source
@@ -85,15 +85,6 @@ def cuda_device_id(shard: Shard) -> int:
         return 0
     raise ValueError(f"local rank {shard.local_rank} but this process sees {visible} GPUs (devices 0-{visible - 1}); "
                      f"call torch.cuda.set_device(...) for this rank before building the loader")
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask (taskset, cgroups cpusets, SLURM), which
-    os.cpu_count() ignores."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_threads(shard: Shard) -> int:

@@ -28,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from dali_pipes._dali import shutdown_pipeline
+from dali_pipes.dist import usable_cpus
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, default_cache_dir
@@ -197,7 +198,7 @@ def decode_pipeline(datas: list[bytes], device: str = "cpu", device_id: int | No
     from nvidia.dali import fn, pipeline_def, types
     batch = [np.frombuffer(d, np.uint8) if d else np.zeros(0, np.uint8) for d in datas]
 
-    @pipeline_def(batch_size=len(batch), num_threads=min(4, os.cpu_count() or 1),
+    @pipeline_def(batch_size=len(batch), num_threads=min(4, usable_cpus()),
                   device_id=device_id if device == "gpu" else None, exec_pipelined=False, exec_async=False)
     def decode():
         return fn.decoders.image(fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8),

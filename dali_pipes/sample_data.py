@@ -22,6 +22,8 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
+from dali_pipes.config import option
+
 # (package, file inside the package) of colour photographs, then greyscale ones.
 PHOTOS = (
     ("skimage", "data/astronaut.png"), ("skimage", "data/chelsea.png"), ("skimage", "data/coffee.png"),
@@ -35,13 +37,25 @@ SPLITS = {"train": 0, "val": 1}
 
 @dataclass(frozen=True)
 class SampleDatasetConfig:
-    classes: int = 10
-    train_per_class: int = 100
-    val_per_class: int = 20
-    seed: int = 0
-    min_side: int = 250
-    max_side: int = 600
-    noise_sigma: tuple[float, float] = (12.0, 18.0)  # sensor grain: with sharpening, ImageNet-like file sizes
+    """The built-in dataset's size and look; every field is also a flag of `dali-pipes sample`."""
+    classes: int = option(10, "classes (one source photograph each; beyond 15, photographs repeat with a colour cast)")
+    train_per_class: int = option(100, "train images per class")
+    val_per_class: int = option(20, "val images per class")
+    seed: int = option(0, "the same seed gives the same bytes")
+    min_side: int = option(250, "shortest image side in pixels")
+    max_side: int = option(600, "longest image side in pixels")
+    noise_sigma: tuple[float, float] = option((12.0, 18.0), "sensor grain, low high: with sharpening, gives "
+                                              "ImageNet-like file sizes")
+
+    def __post_init__(self) -> None:
+        if self.classes < 1 or self.train_per_class < 0 or self.val_per_class < 0:
+            raise ValueError(f"need classes >= 1 and images per class >= 0, got classes={self.classes}, "
+                             f"train_per_class={self.train_per_class}, val_per_class={self.val_per_class}")
+        if not 0 < self.min_side <= self.max_side:
+            raise ValueError(f"need 0 < min_side <= max_side, got {self.min_side} and {self.max_side}")
+
+
+EXTRA = "pip install 'dali_pipes[sample]'"  # installs the packages that ship the photographs
 
 
 def photo_path(package: str, relative: str) -> str:
@@ -49,8 +63,18 @@ def photo_path(package: str, relative: str) -> str:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(f"{package} is not installed; it ships the photographs of the built-in "
-                                  f"dataset: pip install -r requirements.txt")
+                                  f"dataset. Install it with: {EXTRA}", name=package)
     return os.path.join(list(spec.submodule_search_locations)[0], relative)
+
+
+def check_photos(classes: int) -> None:
+    """Raise ModuleNotFoundError (naming the extra to install) unless the photographs of the
+    first `classes` classes are installed; checked before any worker starts."""
+    for package, relative in dict.fromkeys(PHOTOS[:classes]):
+        path = photo_path(package, relative)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: photograph missing from the installed {package}. "
+                                    f"Reinstall it with: {EXTRA}")
 
 
 @lru_cache(maxsize=None)
@@ -118,7 +142,11 @@ def _write_one(args: tuple[SampleDatasetConfig, str, str, int, int]) -> int:
 
 def make_sample_dataset(root: str, cfg: SampleDatasetConfig = SampleDatasetConfig(), *,
                         workers: int | None = None, progress: bool = True) -> dict:
-    """Write ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg; returns counts and mean bytes."""
+    """Write ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg; returns counts and mean bytes.
+
+    Needs scikit-image and matplotlib (`pip install 'dali_pipes[sample]'`), which ship the photographs;
+    neither is imported."""
+    check_photos(cfg.classes)
     jobs = []
     for split, per_class in (("train", cfg.train_per_class), ("val", cfg.val_per_class)):
         for label in range(cfg.classes):

@@ -1,14 +1,26 @@
 """Long-run check: host memory (process tree) and GPU memory after every epoch of a loader.
-Growth after the second epoch (the first two allocate caches and pools) should stay under 5%."""
+Growth after the second epoch (the first two allocate caches and pools) should stay under 5%.
+
+The command runs many epochs of one DaliLoader, prints one JSON line per epoch and then the verdict
+(with the resolved configs), and exits 1 if memory grew by --max-growth or more. Not part of the
+default test run (tests/test_soak.py runs a CI-sized one). Run: dali-pipes bench soak [flags]
+(or python -m dali_pipes_bench.soak)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
-from typing import Callable, Iterable, Iterator
+from dataclasses import asdict
+from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
+from dali_pipes.config import add_arguments, from_args
 from dali_pipes.procfs import host_memory_mb
+from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 
 
 def gpu_used_mb() -> float | None:
@@ -34,3 +46,47 @@ def growth_after(records: list[dict], key: str, baseline_epoch: int = 1) -> floa
     if len(values) <= baseline_epoch + 1:
         return None
     return (values[-1] - values[baseline_epoch]) / values[baseline_epoch]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dali-pipes bench soak", description=__doc__)
+    parser.add_argument("--data", default="", help=f"dataset; default: the built-in train split, {DEFAULT_DATA}, "
+                        f"made if missing")
+    parser.add_argument("--epochs", type=int, default=20, help="epochs to run")
+    parser.add_argument("--batch-size", type=int, default=64, help="per step")
+    parser.add_argument("--val", action="store_true", help="val mode instead of train")
+    parser.add_argument("--max-growth", type=float, default=0.05, help="fail (exit 1) when host or GPU memory "
+                        "grows by this fraction or more after the second epoch")
+    parser.add_argument("--out", default="", help="also write the printed JSON lines (epochs, then the verdict) here")
+    add_arguments(parser, SourceConfig, "reading --data")
+    add_arguments(parser, AugmentConfig, "augmentation")
+    add_arguments(parser, LoaderConfig, "DALI loader")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    source_cfg, augment, loader_cfg = (from_args(cls, args) for cls in (SourceConfig, AugmentConfig, LoaderConfig))
+    source = open_source(data_or_builtin(args.data), **source_cfg.open_kwargs())
+    loader = DaliLoader(source, batch_size=args.batch_size, train=not args.val, augment=augment, **asdict(loader_cfg))
+    lines = []
+    for record in soak(loader, args.epochs):
+        lines.append(json.dumps(record))
+        print(lines[-1], flush=True)
+    loader.close()
+    records = [json.loads(line) for line in lines]
+    growth = {key: growth_after(records, key) for key in ("host_mb", "gpu_used_mb")}
+    failed = [k for k, g in growth.items() if g is not None and g >= args.max_growth]
+    lines.append(json.dumps({"growth_after_epoch_2": growth, "limit": args.max_growth, "ok": not failed,
+                             "command": command("soak", argv),
+                             "configs": configs(source=source_cfg, augment=augment, loader=loader_cfg)}))
+    print(lines[-1])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(line + "\n" for line in lines)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,9 +1,11 @@
 """The built-in dataset: real photographs, ImageNet-like sizes, deterministic bytes."""
 
+import importlib.util
 import io
 import os
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from dali_pipes import open_source
@@ -38,3 +40,22 @@ def test_images_look_like_imagenet():
     assert 245 <= min(sides) and max(sides) <= 610
     assert 70_000 < np.mean(sizes) < 160_000  # ImageNet's mean is ~110 KB
     assert all(os.path.exists(photo_path(*p)) for p in PHOTOS)
+
+
+def test_missing_photographs_name_the_extra(tmp_path, monkeypatch):
+    """scikit-image and matplotlib are the optional extra [sample]; without them, an ImportError
+    says what to install, before any folder is made or worker started."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    make_sample_dataset(str(tmp_path / "few"), SampleDatasetConfig(classes=2, train_per_class=1, val_per_class=0),
+                        workers=1, progress=False)  # the first classes' photographs come from scikit-image
+    with pytest.raises(ImportError, match=r"matplotlib is not installed.*pip install 'dali_pipes\[sample\]'"):
+        make_sample_dataset(str(tmp_path / "all"), SampleDatasetConfig(classes=10), progress=False)
+    assert not (tmp_path / "all").exists()
+
+
+@pytest.mark.parametrize("bad", [dict(classes=0), dict(val_per_class=-1), dict(min_side=700)])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="need"):
+        SampleDatasetConfig(**bad)

@@ -1,0 +1,54 @@
+"""What every benchmark's command line shares: the built-in dataset as default data, the resolved
+configs saved with the results, the command that reproduces a run, and one-line errors.
+
+Each benchmark module (loaders, training, soak, formats) has `main(argv=None) -> int` and runs as
+`python -m dali_pipes_bench.<name>`, which is what `dali-pipes bench <name>` starts."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import sys
+from dataclasses import asdict
+from typing import Callable, Sequence
+
+DEFAULT_DATA = "data/sample/images/train"  # the built-in train split, relative to the working directory
+BENCH_EXTRA = "pip install 'dali_pipes[bench]'"
+
+
+def data_or_builtin(data: str) -> str:
+    """`data`, or the built-in train split, made (once) when missing."""
+    if data:
+        return data
+    if not os.path.isdir(DEFAULT_DATA):
+        from dali_pipes.sample_data import make_sample_dataset
+        print(f"making the built-in dataset in {os.path.dirname(DEFAULT_DATA)} (pass --data to use yours)",
+              file=sys.stderr, flush=True)
+        make_sample_dataset(os.path.dirname(DEFAULT_DATA))
+    return DEFAULT_DATA
+
+
+def configs(**cfgs) -> dict:
+    """{name: asdict(config)} of the dataclasses a run used: saved with its results."""
+    return {name: asdict(cfg) for name, cfg in cfgs.items()}
+
+
+def command(benchmark: str, argv: Sequence[str]) -> str:
+    """The command line that reproduces this run."""
+    return shlex.join(["dali-pipes", "bench", benchmark, *argv])
+
+
+def require(module: str, why: str, alternative: str = "") -> None:
+    """Raise ImportError naming the extra that installs `module` unless it is installed."""
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"{module} is not installed; {why}. Install it with: {BENCH_EXTRA}"
+                          + (f" (or {alternative})" if alternative else ""))
+
+
+def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
+    """Run a benchmark's main; bad data, bad settings and missing extras end it with one line."""
+    try:
+        return main(argv) or 0
+    except (ValueError, FileNotFoundError, ImportError) as e:  # DatasetError is a ValueError
+        sys.exit(f"error: {e}")

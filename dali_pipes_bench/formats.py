@@ -1,0 +1,78 @@
+"""Make the built-in dataset, convert its train split, and read one epoch of each format (image
+folder, TFRecord, WebDataset) through DaliLoader in val mode (decode + resize + centre crop +
+normalise), printing images/s; the last line is JSON with every row and the resolved configs.
+Run: dali-pipes bench formats [flags] (or python -m dali_pipes_bench.formats)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from typing import Sequence
+
+from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
+from dali_pipes.config import add_arguments, from_args
+from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.sample_data import make_sample_dataset
+from dali_pipes_bench.cli import command, configs, run_main
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dali-pipes bench formats", description=__doc__)
+    parser.add_argument("--data", default="data/sample", help="where the built-in dataset (DATA/images) and its "
+                        "conversions (DATA/tfrecord, DATA/webdataset) go; each is made once")
+    parser.add_argument("--shards", type=int, default=8, help="shards of each conversion")
+    parser.add_argument("--batch-size", type=int, default=64, help="per step")
+    parser.add_argument("--out", default="", help="also write the final JSON line (rows and configs) here")
+    add_arguments(parser, AugmentConfig, "augmentation")
+    add_arguments(parser, LoaderConfig, "DALI loader", defaults={"device": "cpu"})
+    return parser.parse_args(argv)
+
+
+def format_copies(root: str, shards: int) -> dict[str, str]:
+    """Name -> location of the built-in train split as image folder, TFRecord and WebDataset shards."""
+    images = os.path.join(root, "images")
+    if not os.path.isdir(os.path.join(images, "val")):
+        print(make_sample_dataset(images))
+    train = open_source(os.path.join(images, "train"))
+    copies = {"image folder": train.location, "TFRecord": os.path.join(root, "tfrecord"),
+              "WebDataset": os.path.join(root, "webdataset")}
+    for name, write in (("TFRecord", write_tfrecords), ("WebDataset", write_webdataset)):
+        if not os.path.exists(os.path.join(copies[name], "classes.json")):
+            print(f"{name}: {write(train, copies[name], shards=shards)}")
+    return copies
+
+
+def read_epoch(location: str, batch_size: int, augment: AugmentConfig, loader_cfg: LoaderConfig) -> dict:
+    """One val epoch of `location`: samples (padding excluded) and seconds after the loader is built."""
+    loader = DaliLoader(location, batch_size=batch_size, train=False, augment=augment, **asdict(loader_cfg))
+    start = time.perf_counter()
+    samples = sum(int((labels >= 0).sum()) for _, labels in loader)  # label -1: padding of the last batch
+    seconds = time.perf_counter() - start
+    loader.close()
+    return {"samples": samples, "seconds": round(seconds, 3), "images_per_s": round(samples / seconds, 1)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    augment, loader_cfg = from_args(AugmentConfig, args), from_args(LoaderConfig, args)
+    rows = []
+    for name, location in format_copies(args.data, args.shards).items():
+        rows.append({"format": name, **read_epoch(location, args.batch_size, augment, loader_cfg)})
+        print(f"{name:>12}: one epoch of {rows[-1]['samples']} images on DALI {loader_cfg.device} in "
+              f"{rows[-1]['seconds']:.2f} s = {rows[-1]['images_per_s']:.0f} images/s", flush=True)
+    result = json.dumps({"command": command("formats", argv), "results": rows,
+                         "configs": configs(augment=augment, loader=loader_cfg)})
+    print(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(result + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
