@@ -127,31 +127,5 @@ def _io(body: bytes) -> dict:
 
 def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
     """(field number, value) of one protobuf message: varints as int, length-delimited as bytes."""
-    out, i = [], 0
-    while i < len(data):
-        key, i = _varint(data, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(data, i)
-        elif wire == 2:
-            size, i = _varint(data, i)
-            value, i = data[i:i + size], i + size
-            if i > len(data):
-                raise ValueError("length past the end of the message")
-        elif wire in (1, 5):
-            value, i = data[i:i + (8 if wire == 1 else 4)], i + (8 if wire == 1 else 4)
-        else:
-            raise ValueError(f"unknown protobuf wire type {wire}")
-        out.append((number, value))
-    return out
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return value, i
+    from dali_pipes.protobuf import fields
+    return [(number, value) for number, _, value in fields(data)]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterator
 import google_crc32c
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.protobuf import fields, read_varint
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
 
 if TYPE_CHECKING:
@@ -89,54 +90,14 @@ def encode_example(features: dict[str, bytes | str | int | float | list]) -> byt
     return _field(1, entries)  # Example.features = 1; Features.feature (map) = 1
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-
-
-def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
-    """(field number, wire type, payload) for each field of one protobuf message."""
-    pos = 0
-    while pos < len(buf):
-        tag, pos = _read_varint(buf, pos)
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-            yield number, wire, value
-        elif wire == 2:
-            size, pos = _read_varint(buf, pos)
-            if pos + size > len(buf):
-                raise ValueError("field runs past the end of its message")
-            yield number, wire, buf[pos:pos + size]
-            pos += size
-        elif wire == 5:
-            yield number, wire, buf[pos:pos + 4]
-            pos += 4
-        elif wire == 1:
-            yield number, wire, buf[pos:pos + 8]
-            pos += 8
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-
-
 def _signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def _decode_feature(buf: bytes) -> list:
     values: list = []
-    for kind, _, payload in _fields(buf):
-        for number, wire, item in _fields(payload):
+    for kind, _, payload in fields(buf):
+        for number, wire, item in fields(payload):
             if number != 1:
                 continue
             if kind == 1:
@@ -148,7 +109,7 @@ def _decode_feature(buf: bytes) -> list:
             elif kind == 3:  # packed varints
                 pos = 0
                 while pos < len(item):
-                    value, pos = _read_varint(item, pos)
+                    value, pos = read_varint(item, pos)
                     values.append(_signed64(value))
     return values
 
@@ -156,12 +117,12 @@ def _decode_feature(buf: bytes) -> list:
 def decode_example(data: bytes) -> dict[str, list]:
     """Parse a serialized tf.train.Example into {key: [values]}. Raises ValueError if malformed."""
     features: dict[str, list] = {}
-    for number, _, feats in _fields(data):
+    for number, _, feats in fields(data):
         if number != 1:
             continue
-        for _, _, entry in _fields(feats):
+        for _, _, entry in fields(feats):
             key, value = "", b""
-            for n, _, item in _fields(entry):
+            for n, _, item in fields(entry):
                 if n == 1:
                     key = item.decode()
                 elif n == 2:

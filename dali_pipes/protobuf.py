@@ -1,0 +1,46 @@
+"""Reading the protobuf wire format: enough for tf.train.Example records and DALI's serialized
+pipelines, without a protobuf dependency. Written from the protobuf encoding specification."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
+    """(field number, wire type, payload) for each field of one protobuf message."""
+    pos = 0
+    while pos < len(buf):
+        tag, pos = read_varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value, pos = read_varint(buf, pos)
+            yield number, wire, value
+        elif wire == 2:
+            size, pos = read_varint(buf, pos)
+            if pos + size > len(buf):
+                raise ValueError("field runs past the end of its message")
+            yield number, wire, buf[pos:pos + size]
+            pos += size
+        elif wire == 5:
+            yield number, wire, buf[pos:pos + 4]
+            pos += 4
+        elif wire == 1:
+            yield number, wire, buf[pos:pos + 8]
+            pos += 8
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
