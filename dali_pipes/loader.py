@@ -18,16 +18,18 @@ Epoch contract, the same on every rank so that DDP never waits on a rank with fe
 from __future__ import annotations
 
 import os
+import sys
 import warnings
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
+from dali_pipes import elastic
 from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
-from dali_pipes.graph import AugmentConfig
-from dali_pipes.pipeline import build_pipeline
+from dali_pipes.graph import AugmentConfig, resolve_decode_device
+from dali_pipes.pipeline import build_pipeline, cuda_device_id
 from dali_pipes.procfs import release_free_memory
 from dali_pipes.reader import READER_NAME
 from dali_pipes.recovery import READER_AHEAD_BATCHES, BadSample, BadSamplePolicy, reader_reach
@@ -35,6 +37,23 @@ from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source
 
 DEVICES = ("auto", "gpu", "cpu")
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What the training loop needs of a loader; DaliLoader and the DataLoader baseline both are one."""
+    source: Source
+    bad_samples: list
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def __len__(self) -> int: ...
+    @property
+    def next_batch(self) -> tuple[int, int]: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state) -> None: ...
+    def close(self) -> None: ...
+
 REQUIRE_GPU_ENV = "DALI_PIPES_REQUIRE_GPU"
 _STATE_VERSION = 2
 
@@ -58,38 +77,40 @@ def resolve_device(device: str) -> str:
 class DaliLoader:
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
+    _record: elastic.DeliveryRecord | None = None  # samples delivered this epoch (elastic resume)
+
     def __init__(self, source: Source | str | os.PathLike | list, *, batch_size: int, train: bool,
                  device: str = "auto", rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, image_size: int = 224, seed: int = 0, num_threads: int | None = None,
                  shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2, augment: AugmentConfig | None = None,
                  keys: TFRecordKeys | None = None, skip_bad: bool = False, max_bad: int | float | None = None,
                  decode_device: str | None = None, label_ext: str = "cls", index_cache_dir: str | None = None,
+                 max_pixels: int | None = 100_000_000,
                  **augment_args) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         self.device = resolve_device(device)
-        if self.device == "cpu" and decode_device == "gpu":
-            raise ValueError("decode_device='gpu' needs device='gpu': a GPU decode cannot feed a CPU pipeline "
-                             "(use device='gpu', decode_device='cpu' for CPU decoding with GPU augmentation)")
+        resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self.shard = Shard.from_env(rank, world_size, local_rank)
         self.source = source if isinstance(source, Source) else open_source(
-            source, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir)
+            source, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir, skip_bad=skip_bad)
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.augment = augment or AugmentConfig(image_size=image_size, **augment_args)
         self._pipeline_args = dict(train=train, batch_size=batch_size, device=self.device, shard=self.shard,
                                    augment=self.augment, num_threads=num_threads, seed=seed,
-                                   shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth)
-        if decode_device is not None:  # hybrid: decode on CPU, augment on GPU
-            self._pipeline_args["decode_device"] = decode_device
+                                   shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
+                                   max_pixels=max_pixels, decode_device=decode_device)
         if train and self.source.num_samples // self.shard.world_size < batch_size:
             raise ValueError(
                 f"{self.source.location}: {self.source.num_samples} samples over {self.shard.world_size} ranks "
                 f"give less than one batch of {batch_size} per rank in train mode (the tail is dropped); "
                 f"lower batch_size")
         self.bad_policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device,
-                                          device_id=self.shard.local_rank if self.device == "gpu" else None)
+                                          device_id=cuda_device_id(self.shard) if self.device == "gpu" else None,
+                                          max_pixels=max_pixels)
+        self.source = self.bad_policy.take_damaged(self.source)  # found while opening (skip_bad)
         # DALI checkpoint after the last delivered batch: where a pipeline error recovers to. Taken
         # after every batch only when skip_bad may need it; else read when state_dict() asks.
         self._last_good: str | None = None
@@ -111,16 +132,32 @@ class DaliLoader:
         policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.FILL
         while True:
             self.close()
-            pipe = build_pipeline(self.source, checkpoint=checkpoint, **self._pipeline_args)
+            source, pipeline_args = self._pipeline_inputs()
+            pipe = build_pipeline(source, checkpoint=checkpoint, sample_ids=True, **pipeline_args)
             try:
-                self._iterator = DALIGenericIterator(pipe, ["images", "labels"],
+                self._iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"],
                                                      reader_name=READER_NAME, last_batch_policy=policy,
                                                      auto_reset=True)
             except RuntimeError as error:
                 self._exclude_culprits(error)  # raises, or excludes them: then build again
                 continue
+            finally:
+                elastic.remove_subset_indexes(source, self.source)  # read by DALI's build: none left behind
             self._last_good = checkpoint or self._iterator.checkpoints()[0]  # where to recover to
             return
+
+    def _pipeline_inputs(self) -> tuple[Source, dict]:
+        """What to build: the source over this world's shards or, in the remainder epoch of an
+        elastic resume, this rank's slice of the rest read as one shard (elastic.py)."""
+        if self._record is None:
+            self._record = elastic.DeliveryRecord(self.num_samples)
+        self._record.bind(self.source)
+        plan = self._record.remainder
+        if plan is None:
+            return self.source, self._pipeline_args
+        shard = Shard(0, 1, self.shard.local_rank)  # seed per rank: ranks must not draw the same crops
+        return elastic.subset_source(self.source, plan.indices), {**self._pipeline_args, "shard": shard,
+                                                                   "seed": plan.seed + self.shard.rank}
 
     def close(self) -> None:
         """Free the pipeline (its threads and memory) now rather than at garbage collection."""
@@ -160,6 +197,8 @@ class DaliLoader:
     @property
     def samples_per_epoch(self) -> int:
         """Real (not padding) samples this rank yields per epoch."""
+        if self._record is not None and self._record.remainder is not None:
+            return self._record.remainder.real  # the remainder epoch of an elastic resume
         if self.train:
             return len(self) * self.batch_size
         return self.shard.size_of(self.shard.rank, self.num_samples)
@@ -204,10 +243,16 @@ class DaliLoader:
                 if start + len(labels) > real:  # reader padding: repeated samples past the shard's end
                     labels = labels.clone()
                     labels[max(0, real - start):] = PADDING_LABEL
+            self._record.add(batch["ids"], max(0, min(len(labels), real - self._position * self.batch_size)))
             self._position += 1
             yield images, labels
         self.epoch += 1
         self._position = 0
+        if self._record.end_epoch():  # a resumed epoch's rest is done: this world's own pipeline now
+            self._build()
+        if self.skip_bad:  # the count is always shown, so a dataset that rots is noticed
+            print(f"dali_pipes: rank {self.shard.rank}: {len(self.bad_samples)} bad samples excluded after epoch "
+                  f"{self.epoch - 1}", file=sys.stderr, flush=True)
         release_free_memory()  # once an epoch: else fragmented heap pages pile up (procfs.py)
 
     def _finish_epoch(self) -> None:
@@ -238,21 +283,58 @@ class DaliLoader:
         plus the epoch and batch counters, and the bad samples excluded so far. Take it between batches."""
         epoch, position = self.next_batch
         dali = self._last_good or self._iterator.checkpoints()[0]  # DALI's state after the last delivered batch
+        if epoch != self.epoch and self._record.remainder is not None:
+            dali = None  # a resumed epoch's rest is done: the next epoch starts this world's own pipeline afresh
         return {"version": _STATE_VERSION, "epoch": epoch, "position": position, **self._identity(),
-                "dali": dali, **self.bad_policy.state()}
+                "dali": dali, **self.bad_policy.state(), **self._record.state(epoch_done=epoch != self.epoch)}
 
     def _identity(self) -> dict:
         return {"rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
                 "train": self.train, "num_samples": self.num_samples, "seed": self.seed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict | list[dict]) -> None:
         """Continue exactly where `state` was taken: the next batches are those the original
-        loader would have yielded, also across epoch boundaries."""
+        loader would have yielded, also across epoch boundaries.
+
+        `state` may be the list of every old rank's state_dict(), in rank order. On the same world
+        size each rank takes its own entry. On another (elastic resume), the new ranks together yield,
+        for the rest of the interrupted epoch, exactly the samples the old ranks had not yielded
+        (train: less a tail of fewer than world_size * batch_size), then run as built for this world."""
+        if isinstance(state, (list, tuple)):
+            world = self.shard.world_size
+            if len(state) != world or any(s.get("world_size") != world for s in state):
+                return self._load_elastic(list(state))
+            state = state[self.shard.rank]
         differ = {k: (state.get(k), v) for k, v in self._identity().items() if state.get(k) != v}
         if state.get("version") != _STATE_VERSION or differ:
             raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
                              f"the same data, rank, world size, batch size and seed")
         self.source = self.bad_policy.restore(state, self.source)
+        self._record.restore(state, self.num_samples)
+        base = state.get("elastic_base")  # taken in an elastic resume's remainder epoch: the same slice again
+        self._record.remainder = self._plan_remainder(elastic.unpack(base, self.num_samples), state["epoch"]) \
+            if base else None
         self._build(checkpoint=state["dali"])
         self.epoch, self._position = state["epoch"], state["position"]
         self._resumed = self._position > 0
+
+    def _load_elastic(self, states: list[dict]) -> None:
+        """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's
+        share of what they had not delivered, then this world's own pipeline from the next epoch."""
+        epoch = elastic.check_states(states, {"version": _STATE_VERSION, **self._identity()})
+        bad = {str(b): b for s in states for b in s.get("bad_samples", [])}  # every old rank's, once
+        excluded = {str(refs): refs for s in states for refs in s.get("excluded", [])}
+        self.source = self.bad_policy.restore({"bad_samples": list(bad.values()), "excluded": list(excluded.values())},
+                                              self.source)
+        base = elastic.delivered_union(states, self.num_samples)
+        self._record.end_epoch()
+        plan = self._plan_remainder(base, epoch) if base.any() else None
+        if plan is not None:
+            self._record.delivered, self._record.remainder = base.copy(), plan
+        self._build()
+        self.epoch = epoch + 1 if base.any() and plan is None else epoch  # no batch left: that epoch is done
+        self._position, self._resumed = 0, False
+
+    def _plan_remainder(self, base, epoch: int) -> elastic.Remainder | None:
+        return elastic.plan_remainder(base, epoch=epoch, rank=self.shard.rank, world_size=self.shard.world_size,
+                                      batch_size=self.batch_size, train=self.train, seed=self.seed)

@@ -155,3 +155,60 @@ def test_killing_one_rank_ends_the_job_and_resume_sees_each_sample_once(tmp_path
         steps = {s: (after if s > 8 else before[rank])[s] for s in range(7, 13)}
         epoch1 += [l for s in sorted(steps) for l in steps[s]]
     assert sorted(epoch1) == list(range(48))
+
+
+def test_lr_schedule_runs_by_samples_seen_across_a_new_global_batch():
+    """Same global batch: the factor of the old per-step schedule. After `rebase` to another global
+    batch, the factor is that of the samples seen, not of the step count."""
+    import math
+    from train.train import WarmupCosine
+    per_step = lambda step, total, warmup: (step + 1) / warmup if step < warmup else \
+        0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    schedule = WarmupCosine(total_samples=100 * 16, warmup_samples=10 * 16, global_batch=16)
+    assert all(abs(schedule(s) - per_step(s, 100, 10)) < 1e-12 for s in range(120))
+    schedule.rebase(step=40, global_batch=48)  # 2 ranks of 8 -> 6 ranks of 8: a step is 3 old steps
+    assert schedule.samples(50) == 40 * 16 + 10 * 48
+    assert all(abs(schedule(40 + k) - per_step(40 + 3 * k, 100, 10)) < 1e-12 for k in range(25))
+
+
+ELASTIC_ARGS = ("--record-labels", "--checkpoint-every", "2", "--width", "8", "--image-size", "16", "--batch-size", "4")
+
+
+@pytest.fixture(scope="module")
+def killed_two_rank_run(tmp_path_factory):
+    """torchrun, 2 CPU ranks, 48 numbered samples, batch 4 (6 steps an epoch): rank 1 killed after
+    step 9, mid epoch 1; the last checkpoint is step 8's. Returns (data, workdir)."""
+    root = tmp_path_factory.mktemp("killed")
+    data = _numbered(root / "numbered", 48)
+    killed = torchrun(root / "run", data, *ELASTIC_ARGS, "--kill-at-step", 9, "--kill-rank", 1, epochs=2, check=False)
+    assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr, killed.stderr[-3000:]
+    return data, root / "run"
+
+
+@pytest.mark.parametrize("new_world", [1, 3])
+def test_killed_run_resumes_on_another_world_size_each_sample_at_most_once(killed_two_rank_run, tmp_path,
+                                                                           new_world):
+    """The killed 2-rank run resumes on `new_world` ranks. Over both runs each sample of epoch 1 is
+    trained on at most once, the rest of the epoch loses less than one batch per new rank, and
+    epoch 1 ends at the lr of the samples seen (the schedule runs by samples, not steps)."""
+    import math
+    import shutil
+    data, killed = killed_two_rank_run
+    work = tmp_path / "run"
+    shutil.copytree(killed, work)
+    before = {r: labels_by_step(work, r) for r in (0, 1)}
+    lines = {r: sum(1 for _ in open(work / f"labels-rank{r}.jsonl")) for r in (0, 1)}
+    resumed = torchrun(work, data, *ELASTIC_ARGS, "--resume", epochs=2, nproc=new_world)
+    assert "at step 8" in resumed.stdout
+    epoch1 = [l for r in (0, 1) for s in (7, 8) for l in before[r][s]]  # steps 7-8: epoch 1 up to the checkpoint
+    for rank in range(new_world):
+        with open(work / f"labels-rank{rank}.jsonl") as f:
+            entries = [json.loads(line) for line in f][lines.get(rank, 0):]  # written by the resumed run
+        assert entries and all(e["step"] > 8 and e["epoch"] == 1 for e in entries)
+        epoch1 += [l for e in entries for l in e["labels"]]
+    assert len(epoch1) == len(set(epoch1)) and set(epoch1) <= set(range(48))
+    assert len(epoch1) == 16 + (48 - 16) // new_world // 4 * 4 * new_world and 48 - len(epoch1) < new_world * 4
+    (last,) = [m for m in metrics(work) if m["world_size"] == new_world]
+    samples, total, warmup = 6 * 8 + len(epoch1), 2 * 6 * 8, 3 * 8  # epoch 0: 6 steps of 8; warm-up: 3 steps
+    expected = 0.2 * 0.5 * (1 + math.cos(math.pi * (samples - warmup) / (total - warmup)))  # --lr 0.2
+    assert abs(last["lr"] - expected) < 1e-9, (last, expected)

@@ -29,8 +29,8 @@ from tqdm import tqdm
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
-from dali_pipes.dist import available_cpus
-from dali_pipes.loader import resolve_device
+from dali_pipes.loader import Loader, resolve_device
+from dali_pipes.pipeline import cuda_device_id, default_threads
 from train.metrics import MemoryMeter, atomic_save
 from train.models import ARCHS, create_model
 
@@ -88,8 +88,8 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    train_loader: object
-    val_loader: object | None
+    train_loader: Loader
+    val_loader: Loader | None
     step: int = 0
     memory: MemoryMeter = field(default_factory=MemoryMeter)
     step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
@@ -112,10 +112,11 @@ def setup_distributed(args) -> tuple[Shard, torch.device]:
     except RuntimeError as e:
         raise SystemExit(str(e))
     if args.device == "gpu":
-        # With CUDA_VISIBLE_DEVICES set per rank, each rank sees its GPU as device 0: take the
-        # local rank modulo what this process sees, and read the device back from torch.
-        torch.cuda.set_device(shard.local_rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
+        # cuda_device_id: the local rank's GPU, or the one GPU a rank sees under a scheduler that
+        # sets CUDA_VISIBLE_DEVICES per rank (where local_rank would name a device it cannot see).
+        index = cuda_device_id(shard)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     if shard.world_size > 1 and not dist.is_initialized():
@@ -149,7 +150,7 @@ def build_loader(args, data: str, train: bool, shard: Shard):
     cfg = loader_configs(args)
     common = dict(batch_size=args.batch_size, train=train, rank=shard.rank, world_size=shard.world_size,
                   seed=args.seed, augment=cfg["augment"], keys=cfg["source"].open_kwargs()["keys"])
-    per_rank_cores = max(1, available_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    per_rank_cores = default_threads(shard)
     if args.loader == "dali":
         loader_args = {**dataclasses.asdict(cfg["loader"]), "device": args.device}
         return DaliLoader(data, local_rank=_device_index(args), label_ext=args.label_ext,
@@ -171,13 +172,34 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def warmup_cosine(total_steps: int, warmup_steps: int):
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+class WarmupCosine:
+    """LambdaLR's factor by samples seen (all ranks), not by steps: linear warm-up over
+    `warmup_samples`, then cosine decay to 0 at `total_samples`. LambdaLR calls it with its step
+    count; samples seen = base_samples + (step - base_step) * global_batch. An object, not a function,
+    so that LambdaLR's state_dict saves it: a run resumed on another world size (another global
+    batch) calls `rebase` and goes on along the same schedule by samples."""
+
+    def __init__(self, total_samples: int, warmup_samples: int, global_batch: int) -> None:
+        self.total_samples, self.warmup_samples, self.global_batch = total_samples, warmup_samples, global_batch
+        self.base_step = self.base_samples = 0
+
+    def samples(self, step: int) -> int:
+        return self.base_samples + (step - self.base_step) * self.global_batch
+
+    def rebase(self, step: int, global_batch: int) -> None:
+        """From `step` on, each step trains on `global_batch` samples."""
+        self.base_samples, self.base_step, self.global_batch = self.samples(step), step, global_batch
+
+    def __call__(self, step: int) -> float:
+        samples = self.samples(step)
+        if samples < self.warmup_samples:
+            return (samples + self.global_batch) / self.warmup_samples  # steps: (step + 1) / warmup steps
+        progress = (samples - self.warmup_samples) / max(1, self.total_samples - self.warmup_samples)
         return 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
-    return factor
+
+
+def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) -> WarmupCosine:
+    return WarmupCosine(total_samples, warmup_samples, global_batch)
 
 
 def create_run(args) -> Run:
@@ -197,9 +219,10 @@ def create_run(args) -> Run:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if args.device == "gpu" else None)
     lr = args.lr or 0.1 * args.batch_size * shard.world_size / 256
     optimizer = torch.optim.SGD(param_groups(model, args.weight_decay), lr=lr, momentum=args.momentum, nesterov=True)
+    global_batch = args.batch_size * shard.world_size  # the schedule runs by samples: see WarmupCosine
     steps = len(train_loader) * args.epochs
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(steps, round(args.warmup_epochs * len(train_loader))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(
+        steps * global_batch, round(args.warmup_epochs * len(train_loader)) * global_batch, global_batch))
     scaler = torch.amp.GradScaler(enabled=False)  # bf16 needs no loss scaling; kept for fp16 and checkpoints
     return Run(args, shard, device, model, optimizer, scheduler, scaler, train_loader, val_loader,
                loaders_built_at=built_at)
@@ -237,18 +260,30 @@ def save_checkpoint(run: Run) -> None:
 
 
 def load_checkpoint(run: Run, path: str) -> None:
+    """Everything as saved. On another world size (elastic resume, DALI loader only) the loaders
+    split the rest of the interrupted epoch over the new ranks, the lr schedule goes on by samples
+    seen, and the peak lr follows the new global batch (0.1 x global batch / 256) unless --lr is given."""
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if len(state["ranks"]) != run.shard.world_size:
-        raise SystemExit(f"{path} was written by {len(state['ranks'])} ranks; resume with the same world size "
-                         f"({run.shard.world_size} now)")
+    old_world, world = len(state["ranks"]), run.shard.world_size
+    if old_world != world and not isinstance(run.train_loader, DaliLoader):
+        raise SystemExit(f"{path} was written by {old_world} ranks; --loader {run.args.loader} resumes only on "
+                         f"the same world size ({world} now); --loader dali resumes on any")
     model = run.model.module if hasattr(run.model, "module") else run.model
     model.load_state_dict(state["model"])
+    base_lrs = list(run.scheduler.base_lrs)  # this world's peak lr (the scaling rule), before the saved one
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.step = state["step"]
-    mine = state["ranks"][run.shard.rank]
-    run.train_loader.load_state_dict(mine["loader"])
+    schedule = run.scheduler.lr_lambdas[0]
+    schedule.rebase(run.step, run.args.batch_size * world)  # by samples: the global batch may have changed
+    if old_world != world:
+        run.scheduler.base_lrs = base_lrs
+        for group, base in zip(run.optimizer.param_groups, base_lrs):
+            group["initial_lr"], group["lr"] = base, base * schedule(run.step)
+    loader_states = [r["loader"] for r in state["ranks"]]  # every old rank's, in rank order
+    run.train_loader.load_state_dict(loader_states[run.shard.rank] if old_world == world else loader_states)
+    mine = state["ranks"][run.shard.rank if run.shard.rank < old_world else 0]  # RNG: this rank's, else rank 0's
     rng = mine["rng"]
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
@@ -391,7 +426,7 @@ def main(args) -> list[dict]:
             stats.update(evaluate(run))
         save_checkpoint(run)  # at epoch end, after the loader moved to the next epoch
         run.memory.sample()
-        bad = getattr(run.train_loader, "bad_samples", [])
+        bad = run.train_loader.bad_samples
         if bad:
             with open(os.path.join(args.workdir, f"bad_samples-rank{run.shard.rank}.txt"), "w") as f:
                 f.writelines(f"{b}\n" for b in bad)
