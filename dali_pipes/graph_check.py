@@ -100,7 +100,8 @@ class GraphError(ValueError):
         return type(self), (self.where, self.problems, self.fix)
 
 
-def check_gpu_graph(pipe: Pipeline, name: str = "pipeline", *, outputs_on_gpu: bool = True) -> GraphReport:
+def check_gpu_graph(pipe: Pipeline, name: str = "pipeline", *, outputs_on_gpu: bool = True,
+                    host_outputs: tuple[int, ...] = ()) -> GraphReport:
     """Check an unbuilt pipeline defined for a GPU (any device id; no CUDA needed). Returns the
     report, or raises GraphError listing every problem. The pipeline is spent (serialized without
     a device): check a fresh one, never the one to run. Raises PrivateApiChanged when the DALI
@@ -115,7 +116,8 @@ def check_gpu_graph(pipe: Pipeline, name: str = "pipeline", *, outputs_on_gpu: b
     ops, outputs = _dali.parse_serialized_graph(serialized)
     report = GraphReport(name, tuple(_op_node(op) for op in ops), tuple(Edge(**o) for o in outputs),
                          dali_version=_dali.dali_version())
-    problems = graph_problems(report.ops, report.outputs, registered, outputs_on_gpu=outputs_on_gpu)
+    problems = graph_problems(report.ops, report.outputs, registered, outputs_on_gpu=outputs_on_gpu,
+                              host_outputs=host_outputs)
     report = replace(report, problems=tuple(problems))
     if problems:
         raise GraphError(name, problems, "Each problem names the operator; a GPU would fail on it or run it "
@@ -134,9 +136,10 @@ def check_defined(name: str, define: Callable[[], Pipeline], **check_args) -> Gr
 
 
 def graph_problems(ops: tuple[OpNode, ...], outputs: tuple[Edge, ...], registered: Mapping[str, frozenset],
-                   *, outputs_on_gpu: bool = True) -> list[str]:
+                   *, outputs_on_gpu: bool = True, host_outputs: tuple[int, ...] = ()) -> list[str]:
     """What DALI checks only on a GPU, or never: implementations per device, GPU-to-CPU edges, and
-    (with `outputs_on_gpu`) outputs left on the CPU."""
+    (with `outputs_on_gpu`) outputs left on the CPU, except `host_outputs`: outputs made on the CPU
+    for Python to read (the loader's sample ids), which must never come from the GPU either."""
     problems = []
     produced = {edge.name: (op, edge.device) for op in ops for edge in op.outputs}
     for op in ops:
@@ -156,7 +159,7 @@ def graph_problems(ops: tuple[OpNode, ...], outputs: tuple[Edge, ...], registere
         source = produced.get(edge.name)
         if source and source[1] == "gpu" and edge.device == "cpu":
             problems.append(f"GPU-to-CPU edge: pipeline output {i} ({edge.name}) is copied back to the CPU")
-        elif outputs_on_gpu and edge.device != "gpu":
+        elif outputs_on_gpu and edge.device != "gpu" and i not in host_outputs:
             problems.append(f"pipeline output {i} ({edge.name}, from {source[0].schema if source else '?'}) is on the "
                             f"CPU: it reaches torch in pageable host memory and its copy to the GPU syncs; "
                             f"return it with .gpu()")
@@ -182,6 +185,7 @@ class GraphVariant:
     name: str
     define: Callable[[], Pipeline] = field(repr=False)
     decoder: str = "mixed"
+    host_outputs: tuple[int, ...] = ()  # CPU outputs read in Python (see graph_problems)
 
 
 def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> list[GraphVariant]:
@@ -200,6 +204,15 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
     first = next(iter(sources.values()))
     out = [variant(kind, source, train) for kind, source in sources.items() for train in (True, False)]
+    # As DaliLoader builds them: the pixel guard before the decoder, and sample ids (elastic.py) that
+    # stay on the CPU for the loader to read.
+    for kind, source in sources.items():
+        for train in (True, False):
+            loader_graph = variant(f"{kind} as DaliLoader builds it", source, train, sample_ids=True,
+                                   max_pixels=100_000_000)
+            out.append(replace(loader_graph, host_outputs=(2,)))
+        out.append(replace(variant(f"{kind} as DaliLoader builds it, hybrid", source, True, "cpu",
+                                   decode_device="cpu", sample_ids=True, max_pixels=100_000_000), host_outputs=(2,)))
     out += [variant(f"auto_augment={p}", first, True, augment=AugmentConfig(auto_augment=p)) for p in AUTO_AUGMENTS]
     out.append(variant("color_jitter=0.4", first, True, augment=AugmentConfig(color_jitter=0.4)))
     for train in (True, False):
@@ -217,7 +230,7 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 def check_variant(variant: GraphVariant) -> GraphReport:
     """Check one project graph, and that its decoder runs where the variant says."""
-    report = check_defined(variant.name, variant.define)
+    report = check_defined(variant.name, variant.define, host_outputs=variant.host_outputs)
     decoders = report.devices_of(DECODER_PREFIX)
     if decoders != [variant.decoder]:
         raise GraphError(variant.name, [f"decoder devices {decoders}, expected [{variant.decoder!r}]"], report=report)

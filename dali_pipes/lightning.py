@@ -138,9 +138,7 @@ class DaliDataModule(pl.LightningDataModule):
     def _apply_pending(self) -> None:
         if self._pending is None or self.train_loader is None:
             return
-        shard = self.train_loader.shard
-        if len(self._pending) != shard.world_size:
-            raise ValueError(f"the checkpoint holds train-loader states of {len(self._pending)} ranks but this run "
-                             f"has {shard.world_size}; resume with the same number of ranks (devices x nodes)")
-        self.train_loader.load_state_dict(self._pending[shard.rank])
+        # Every old rank's state: this rank's own on the same world size, the rest of the interrupted
+        # epoch split over the new ranks on another (elastic resume, loader.py).
+        self.train_loader.load_state_dict(self._pending)
         self._pending = None

@@ -216,12 +216,19 @@ class DaliLoader:
         self.requested_epoch = epoch
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # Lazy: nothing happens until the first next(). Frameworks probe a loader with a throwaway
+        # iter() (Lightning does); acting at iter() would finish a resumed epoch it never reads.
         if self._failure is not None:
             raise self._failure  # never continue silently after a pipeline error
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._failure is not None:
+            raise self._failure
         if self._position and not self._resumed:
             self._finish_epoch()  # an epoch abandoned midway: DALI can only start at a boundary
         self._resumed = False
-        return self._batches()
+        yield from self._batches()
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         real = self.samples_per_epoch

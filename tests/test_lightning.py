@@ -127,7 +127,8 @@ def test_one_device_without_val(numbered, tmp_path):
 
 
 def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered):
-    """A state loaded before setup() is applied when the loader is built; one rank's loader refuses 2 ranks'."""
+    """A state loaded before setup() is applied when the loader is built; states that are not every old
+    rank's, in order, are refused."""
     data = DaliDataModule(numbered, batch_size=BATCH_SIZE, **LOADER_ARGS)
     batches = iter(data.train_dataloader())
     for _ in range(2):
@@ -139,8 +140,8 @@ def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered):
     assert resumed.state_dict() == state
     resumed.setup("fit")
     assert [labels.tolist() for _, labels in resumed.train_dataloader()] == rest
-    with pytest.raises(ValueError, match="train-loader states of 2 ranks but this run has 1"):
-        resumed.load_state_dict({"train": state["train"] * 2})
+    with pytest.raises(ValueError, match="pass the state of every old rank, in rank order"):
+        resumed.load_state_dict({"train": state["train"] * 2})  # two copies of rank 0 of 1 are no 2-rank state
     for module in (data, resumed):
         module.teardown("fit")
 

@@ -244,3 +244,17 @@ def test_labels_match_the_source_for_every_format(jpeg_folder, tmp_path, fmt):
     ranks = loaders(open_source(location), 2, train=False, batch_size=4)
     labels = sorted(l for loader in ranks for b in epoch_labels(loader) for l in b if l >= 0)
     assert labels == [0] * 4 + [1] * 3 + [2] * 5  # jpeg_folder: 4 cats, 3 dogs, 5 fish
+
+
+def test_a_throwaway_iter_changes_nothing(numbered):
+    """Frameworks probe loaders with iter() and drop it (Lightning does): a resumed loader must still
+    yield exactly the rest of its epoch, and an unread iterator must not finish the epoch."""
+    (loader,) = loaders(numbered, 1, train=True)
+    first = iter(loader)
+    next(first)
+    state = loader.state_dict()
+    rest = [labels.tolist() for _, labels in first]
+    (resumed,) = loaders(numbered, 1, train=True)
+    resumed.load_state_dict(state)
+    iter(resumed)  # the probe
+    assert [labels.tolist() for _, labels in resumed] == rest
