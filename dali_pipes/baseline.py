@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dali_pipes.graph import AugmentConfig
 from dali_pipes.dist import Shard
 from dali_pipes.formats import read_sample
+from dali_pipes.samples import TFRecordKeys
 from dali_pipes.source import Source, open_source
 
 
@@ -127,10 +128,10 @@ class TorchLoader:
     def __init__(self, source: Source | str, *, batch_size: int, train: bool, rank: int | None = None,
                  world_size: int | None = None, image_size: int = 224, seed: int = 0, num_workers: int = 4,
                  pin_memory: bool = True, persistent_workers: bool = True, augment: AugmentConfig | None = None,
-                 prefetch_factor: int = 2) -> None:
+                 prefetch_factor: int = 2, keys: TFRecordKeys | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.source = source if isinstance(source, Source) else open_source(source)
+        self.source = source if isinstance(source, Source) else open_source(source, keys=keys)
         self.shard = Shard.from_env(rank, world_size)
         self.train, self.batch_size = train, batch_size
         self.augment = augment or AugmentConfig(image_size=image_size)
