@@ -114,10 +114,30 @@ def _run(source: Source, out: str, shards: int, seed: int, workers: int | None, 
         bar.close()
 
 
+def _remote_out(write):
+    """Let a writer take an s3:// `out`: it writes into a temporary folder, then every file it
+    wrote (shards, indexes, classes.json) is uploaded below the prefix, checked by size."""
+    import functools
+
+    @functools.wraps(write)
+    def wrapper(source: Source, out: str, **kwargs) -> ConvertStats:
+        from dali_pipes import object_store
+        if not object_store.is_remote(out):
+            return write(source, out, **kwargs)
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder:
+            stats = write(source, folder, **kwargs)
+            for name in sorted(os.listdir(folder)):
+                object_store.upload(os.path.join(folder, name), object_store.join(out.rstrip("/") + "/", name))
+        return stats
+    return wrapper
+
+
+@_remote_out
 def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = "train", seed: int = 0,
                     workers: int | None = None, progress: bool = True) -> ConvertStats:
     """Write `prefix-0000i-of-0000K.tfrecord` shards of tf.train.Example records, their DALI
-    indexes (`.idx` beside each) and `classes.json`."""
+    indexes (`.idx` beside each) and `classes.json`. An s3:// `out` gets them uploaded."""
     start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, shard_name(prefix, i, shards, ".tfrecord")) for i in range(shards)]
@@ -139,6 +159,7 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
     return ConvertStats(sum(len(e) for e in entries), shards, total, time.perf_counter() - start)
 
 
+@_remote_out
 def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str = "train", seed: int = 0,
                      workers: int | None = None, progress: bool = True) -> ConvertStats:
     """Write `prefix-0000i-of-0000K.tar` shards of <key>.jpg + <key>.cls samples, their DALI

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dali_pipes.formats import format_of, format_of_ref
 from dali_pipes.source import Source
 
 IDENTITY_CHECKED_DALI = "2.4.0"  # the source_info formats below were read off this DALI version
@@ -41,23 +42,16 @@ def sample_ids(jpegs):
 
 
 def identity(ref) -> str:
-    """The source_info DALI reports for the sample `ref` names."""
-    if ref.kind == "tfrecord":
-        return f"{ref.path} at index {ref.offset}"
-    if ref.kind == "webdataset":
-        return f"{ref.path}:{ref.offset}:{ref.extra[0].name}"
-    return ref.path
+    """The source_info DALI reports for the sample `ref` names (the format module knows its form)."""
+    return format_of_ref(ref).source_info(ref)
 
 
 def split_identity(kind: str, key: str) -> tuple[str, int]:
-    """(shard path, byte offset) of a sharded format's source_info; ("", -1) if it has another form."""
+    """(shard path, byte offset) of a sharded format's source_info; ("", -1) if it has another form
+    (not as on DALI 2.4.0: counted as unidentified, never a crash mid-training)."""
     try:
-        if kind == "tfrecord":
-            path, _, offset = key.rpartition(" at index ")
-        else:
-            path, offset, _ = key.rsplit(":", 2)
-        return path, int(offset)
-    except ValueError:  # not as on DALI 2.4.0: counted as unidentified, never a crash mid-training
+        return format_of(kind).split_source_info(key)
+    except ValueError:
         return "", -1
 
 
@@ -265,17 +259,6 @@ def plan_remainder(base: np.ndarray, *, epoch: int, rank: int, world_size: int, 
 # A source restricted to a list of samples.
 # ---------------------------------------------------------------------------------------------
 
-def _index_io(kind: str):
-    """(read, write) of a sharded format's index entries, one entry per sample."""
-    if kind == "tfrecord":
-        from dali_pipes.formats.tfrecord import read_tfrecord_index, write_tfrecord_index
-        return read_tfrecord_index, write_tfrecord_index
-    if kind == "webdataset":
-        from dali_pipes.formats.webdataset import read_tar_index, write_tar_index
-        return read_tar_index, write_tar_index
-    raise ValueError(f"no subset index for dataset kind {kind!r}")
-
-
 def subset_folder() -> str:
     """Where subset index files go: beside the index cache, never beside the data."""
     from dali_pipes.indexes import default_cache_dir
@@ -289,7 +272,7 @@ def subset_source(source: Source, indices: list[int], folder: str | None = None)
     if not source.format.SHARDED:
         return dataclasses.replace(source, files=[source.files[i] for i in indices],
                                    labels=[source.labels[i] for i in indices])
-    read, write = _index_io(source.kind)
+    read, write = source.format.read_index, source.format.write_index
     starts = np.cumsum([0] + list(source.counts))
     runs: list[tuple[int, list[int]]] = []  # (shard number, positions in it), consecutive per shard
     for i in indices:

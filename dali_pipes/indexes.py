@@ -5,7 +5,10 @@ drops records), and reads tar shards faster with one. Policy:
   * the index of `shard` is `shard + ".idx"` beside it, or the same name under a cache
     directory (keyed by the shard directory's path) when the shard directory is read-only;
   * an existing index is used only while it still matches its shard (see the *_matches checks);
-  * a missing or stale index is rebuilt, many shards in parallel, with a progress bar.
+  * a missing or stale index is rebuilt, many shards in parallel, with a progress bar;
+  * an s3:// shard's index lives only in the cache, at <cache>/remote/<ObjectInfo.version>.idx:
+    the name changes with the object's size, ETag or last-modified, so a replaced object is
+    never read with a stale index. It is built by streaming the shard once (no local copy).
 """
 
 from __future__ import annotations
@@ -113,3 +116,44 @@ def _parallel(fn, items: Sequence[str], workers: int | None, desc: str | None) -
             results = tqdm(results, total=len(items), desc=desc, unit="shard", file=sys.stderr,
                            disable=None)
         return list(results)
+
+
+# ---------------------------------------------------------------------------------------------
+# s3:// shards
+# ---------------------------------------------------------------------------------------------
+
+def remote_index_path(info, cache_dir: str | None = None) -> str:
+    """Where the index of the remote shard `info` (an ObjectInfo) is cached: keyed by its version."""
+    return os.path.join(cache_dir or default_cache_dir(), "remote", f"{info.version}{INDEX_SUFFIX}")
+
+
+def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext: str = "cls") -> str:
+    """Stream the shard once and write its index into the cache; returns the index path."""
+    from dali_pipes import object_store
+    target = remote_index_path(info, cache_dir)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with object_store.open_object(info) as f:
+            format_of(kind).build_index_stream(f, info.url, tmp, label_ext)
+            f.read()  # to the end: the download's size and ETag checks run there
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return target
+
+
+def ensure_remote_indexes(infos: Sequence, kind: str, *, cache_dir: str | None = None, build: bool = True,
+                          workers: int | None = None, progress: bool = True, label_ext: str = "cls") -> list[str]:
+    """The cached index path of each remote shard, building the missing ones in parallel."""
+    found = [remote_index_path(info, cache_dir) for info in infos]
+    missing = [info for info, path in zip(infos, found) if not os.path.exists(path)]
+    if missing and not build:
+        raise DatasetError(missing[0].url, f"no cached index for this version of the shard ({len(missing)} of "
+                           f"{len(infos)} shards lack one)", "Open the source with build_indexes=True")
+    if missing:
+        desc = f"indexing {len(missing)} remote {kind} shard{'s' if len(missing) > 1 else ''}"
+        _parallel(lambda info: build_remote_index(info, kind, cache_dir, label_ext), missing,
+                  workers or min(16, len(missing)), desc if progress else None)
+    return found

@@ -32,6 +32,7 @@ from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import build_pipeline, cuda_device_id
 from dali_pipes.procfs import release_free_memory
 from dali_pipes.reader import READER_NAME
+from dali_pipes.remote_feed import RemoteFeed
 from dali_pipes.recovery import READER_AHEAD_BATCHES, BadSample, BadSamplePolicy, reader_reach
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source
@@ -85,7 +86,8 @@ class DaliLoader:
                  shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2, augment: AugmentConfig | None = None,
                  keys: TFRecordKeys | None = None, skip_bad: bool = False, max_bad: int | float | None = None,
                  decode_device: str | None = None, label_ext: str = "cls", index_cache_dir: str | None = None,
-                 max_pixels: int | None = 100_000_000,
+                 max_pixels: int | None = 100_000_000, remote_feed: str = "cache", cache_dir: str | None = None,
+                 cache_bytes: int = 8 << 30, cache_prefetch: int = 4,
                  **augment_args) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -119,7 +121,16 @@ class DaliLoader:
         self._resumed = False   # the current epoch was restored by load_state_dict: continue it
         self._failure: DatasetError | None = None  # once set, the loader refuses to go on
         self._iterator = None
-        self._build()
+        # s3:// sources: through a bounded local shard cache kept ahead of the reader, or DALI's s3:// (remote_feed.py)
+        self._feed = RemoteFeed(remote_feed, train=train, batch_size=batch_size, shard=self.shard,
+                                shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
+                                cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
+        self._feed_at: tuple[int, int] | None = None  # (epoch, batch) a load_state_dict build resumes at
+        try:
+            self._build()
+        except BaseException:
+            self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
+            raise
 
     # -- construction -------------------------------------------------------------------------
 
@@ -133,7 +144,12 @@ class DaliLoader:
         while True:
             self.close()
             source, pipeline_args = self._pipeline_inputs()
-            pipe = build_pipeline(source, checkpoint=checkpoint, sample_ids=True, **pipeline_args)
+            epoch, position = self._feed_at or (self.epoch, self._position)
+            fed = self._feed.dali_source(source, epoch=epoch, position=position, fresh=checkpoint is None,
+                                         subset=source is not self.source)
+            if fed is not source:
+                self._record.bind(fed)  # DALI names samples by the cache's paths: same storage order
+            pipe = build_pipeline(fed, checkpoint=checkpoint, sample_ids=True, **pipeline_args)
             try:
                 self._iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"],
                                                      reader_name=READER_NAME, last_batch_policy=policy,
@@ -144,6 +160,8 @@ class DaliLoader:
             finally:
                 elastic.remove_subset_indexes(source, self.source)  # read by DALI's build: none left behind
             self._last_good = checkpoint or self._iterator.checkpoints()[0]  # where to recover to
+            self._feed.built()
+            self._feed_at = None
             return
 
     def _pipeline_inputs(self) -> tuple[Source, dict]:
@@ -167,6 +185,8 @@ class DaliLoader:
             for pipe in pipes:
                 shutdown_pipeline(pipe)
             del pipes
+        if getattr(self, "_feed", None) is not None:
+            self._feed.close()
 
     @property
     def skip_bad(self) -> bool:
@@ -233,6 +253,7 @@ class DaliLoader:
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         real = self.samples_per_epoch
         while True:
+            self._feed.advance(self.epoch, self._position)  # s3:// cache: the reader's reach is local
             try:
                 (batch,) = next(self._iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
@@ -321,6 +342,7 @@ class DaliLoader:
         base = state.get("elastic_base")  # taken in an elastic resume's remainder epoch: the same slice again
         self._record.remainder = self._plan_remainder(elastic.unpack(base, self.num_samples), state["epoch"]) \
             if base else None
+        self._feed_at = (state["epoch"], state["position"])  # the s3:// cache fetches from there
         self._build(checkpoint=state["dali"])
         self.epoch, self._position = state["epoch"], state["position"]
         self._resumed = self._position > 0

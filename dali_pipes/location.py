@@ -3,6 +3,11 @@
 `classify(location)` tells an image folder, a file list, TFRecord shards and WebDataset tar shards
 apart, given as a folder, a glob ("train-*-of-*"), a Python list of paths, or a text file of paths.
 It returns the kind and the shard paths (folders and file lists are listed by their format module).
+
+s3:// locations (object_store.is_remote) are classified the same way from a listing: a prefix or a
+glob is listed (ListObjectsV2), a list of URLs is checked with HEADs, and a shard's kind is told by
+its extension or by its first 12 bytes (one ranged GET). `classify_remote` also returns the
+ObjectInfo of every shard, which the source keeps (indexes and the shard cache are keyed by it).
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import glob
 import os
 from typing import Sequence
 
+from dali_pipes import object_store
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import tfrecord
+from dali_pipes.object_store import ObjectInfo
 from dali_pipes.formats.image_files import looks_like_file_list_line
 
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards
@@ -22,6 +29,17 @@ Location = str | os.PathLike | Sequence[str]
 
 def describe(location: Location) -> str:
     return str(location) if isinstance(location, (str, os.PathLike)) else f"{len(location)} paths"
+
+
+def is_remote(location: Location) -> bool:
+    """True for an s3:// URL, or a list whose entries are s3:// URLs."""
+    if isinstance(location, (str, os.PathLike)):
+        return object_store.is_remote(str(location))
+    items = [str(p) for p in location]
+    remote = [object_store.is_remote(p) for p in items]
+    if any(remote) and not all(remote):
+        raise DatasetError(describe(location), "mixes s3:// URLs and local paths", "Give one or the other")
+    return bool(items) and all(remote)
 
 
 def classify(location: Location) -> tuple[str, list[str]]:
@@ -97,3 +115,80 @@ def _classify_text_list(path: str) -> tuple[str, list[str]]:
         if not os.path.isfile(shard):
             raise FileNotFoundError(f"{shard}: listed in {path} but no such file")
     return shard_kind(shards, path), shards
+
+
+# ---------------------------------------------------------------------------------------------
+# s3:// locations
+# ---------------------------------------------------------------------------------------------
+
+def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
+    """(kind, shard infos) of an s3:// location; folders and file lists get [] (their format lists
+    them). Errors from object_store name the bucket, key and endpoint (missing, denied, unreachable)."""
+    if not isinstance(location, (str, os.PathLike)):
+        urls = [str(p) for p in location]
+        infos = _heads(urls)
+        return remote_shard_kind(infos, describe(location)), infos
+    url = str(location)
+    if object_store.has_wildcard(object_store.S3Url.parse(url).key):
+        infos = [o for o in object_store.list_objects(url) if not _not_shard(o.url)]
+        if not infos:
+            raise FileNotFoundError(f"{url}: no shards match this pattern (only index or metadata files)")
+        return remote_shard_kind(infos, url), infos
+    found = object_store.list_objects(url)
+    if len(found) == 1 and found[0].url == url:  # one object: a shard or a text list
+        info = found[0]
+        if info.url.endswith(".tar") or looks_like_remote_tfrecord(info):
+            return remote_shard_kind([info], url), [info]
+        return "file_list", []
+    return _classify_remote_folder(url.rstrip("/") + "/", found)
+
+
+def _not_shard(url: str) -> bool:
+    return url.endswith(NOT_SHARDS) or os.path.basename(url).startswith(".")
+
+
+def _heads(urls: list[str]) -> list[ObjectInfo]:
+    if not urls:
+        raise DatasetError("an empty list of shards was given")
+    from concurrent.futures import ThreadPoolExecutor
+    client = object_store.s3_client()
+    with ThreadPoolExecutor(min(16, len(urls))) as pool:
+        return list(pool.map(lambda u: object_store.head(u, client), urls))
+
+
+def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, list[ObjectInfo]]:
+    """Objects directly below the prefix that are shards -> shards; objects only in "subfolders"
+    -> an image folder (class = first key segment below the prefix)."""
+    top = [o for o in found if "/" not in object_store.relative_to(o.url, prefix)]
+    shards = [o for o in top if not _not_shard(o.url)]
+    if any(o.url.endswith(".tar") for o in shards) or (shards and looks_like_remote_tfrecord(shards[0])):
+        return remote_shard_kind(shards, prefix), shards
+    if len(top) < len(found):
+        return "folder", []
+    if shards:
+        return remote_shard_kind(shards, prefix), shards  # raises: names an object that is no shard
+    raise DatasetError(prefix, "no shards below this prefix (only index or metadata objects)",
+                       "Point at the prefix of the shards, e.g. s3://bucket/imagenet/train/")
+
+
+def looks_like_remote_tfrecord(info: ObjectInfo) -> bool:
+    """The first 12 bytes of the object (one ranged GET) are a TFRecord header, or compressed."""
+    if info.size < tfrecord.HEADER_BYTES:
+        return False
+    return tfrecord.header_looks_like_tfrecord(object_store.read_range(info, 0, tfrecord.HEADER_BYTES))
+
+
+def remote_shard_kind(infos: list[ObjectInfo], where: str) -> str:
+    """"tfrecord" or "webdataset" for listed objects, or a DatasetError naming the odd one."""
+    if all(o.url.endswith(".tar") for o in infos):
+        return "webdataset"
+    if any(o.url.endswith(".tar") for o in infos):
+        raise DatasetError(where, "holds both TFRecord and .tar shards", "Point at one kind (e.g. a glob)")
+    odd = []  # an empty (0-byte) shard is named by its index build, as locally
+    for info in [infos[0], infos[-1]]:  # one ranged read each: listing every header would cost a GET per shard
+        if info.size and not looks_like_remote_tfrecord(info):
+            odd.append(info)
+    if odd:
+        raise DatasetError(odd[0].url, f"neither a TFRecord shard nor a .tar shard (in {where})",
+                           "Point at a prefix that holds only shards, or at a glob such as 'train-*-of-*'")
+    return "tfrecord"

@@ -336,6 +336,13 @@ def read_range(info: ObjectInfo, start: int, length: int, client=None) -> bytes:
     return data
 
 
+def read_url_range(url: str, start: int, length: int, client=None) -> bytes:
+    """read_range of the object's current version (a HEAD, then a ranged GET): for reading one
+    sample of a shard by URL (the bad-sample search, verification)."""
+    client = client or s3_client()
+    return read_range(head(url, client), start, length, client)
+
+
 def read_bytes(url: str, client=None) -> bytes:
     """A whole small object (a file list, classes.json), checked against its listed size."""
     client = client or s3_client()
@@ -442,6 +449,23 @@ def _download_once(info: ObjectInfo, path: str, client, stop, on_bytes) -> str:
         with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
     return path
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """`path` itself when local; for an s3:// URL, a checked download of its current version in a
+    temporary file, removed on exit (rewriting a remote shard without its bad records)."""
+    if not is_remote(path):
+        yield path
+        return
+    import tempfile
+    handle, temporary = tempfile.mkstemp(prefix="dali_pipes-", suffix="-" + posixpath.basename(path))
+    os.close(handle)
+    try:
+        yield download(head(path), temporary)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
 
 
 def upload(path: str, url: str, client=None) -> ObjectInfo:

@@ -251,14 +251,24 @@ class ReadAheadGate:
         self._fetched = 0  # positions [0, _fetched) were waited for
         self._released = 0  # positions [0, _released) were released
 
+    def extend(self, counts: Sequence[int]) -> None:
+        """Counts of positions appended to the cache's stream since (the next epoch's slice)."""
+        if len(self._ends) + len(counts) > len(self.cache):
+            raise ValueError(f"{len(self._ends) + len(counts)} sample counts for a cache stream of {len(self.cache)} shards")
+        self._ends += list(itertools.accumulate(counts, initial=self._ends[-1] if self._ends else 0))[1:]
+
     def advance(self, consumed: int) -> None:
-        need = consumed + self.read_ahead
-        while self._fetched < len(self._ends) and self._start(self._fetched) < need:
-            self.cache.path(self._fetched)
-            self._fetched += 1
+        self.fetch(consumed + self.read_ahead)
         while self._released < self._fetched and self._ends[self._released] <= consumed:
             self.cache.release(self._released)
             self._released += 1
+
+    def fetch(self, need: int) -> None:
+        """Block until every position holding samples [0, need) is local; release nothing (a DALI
+        checkpoint restore replays its epoch from the start: those files must all be there)."""
+        while self._fetched < len(self._ends) and self._start(self._fetched) < need:
+            self.cache.path(self._fetched)
+            self._fetched += 1
 
     def _start(self, position: int) -> int:
         return self._ends[position - 1] if position else 0

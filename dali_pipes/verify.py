@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import format_of, read_sample
-from dali_pipes.location import classify
+from dali_pipes.location import classify, classify_remote, is_remote
 from dali_pipes.samples import SampleRef, TFRecordKeys
 from dali_pipes.source import file_list_source, folder_source
 
@@ -128,6 +128,8 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
            max_pixels: int = DEFAULT_MAX_PIXELS, workers: int | None = None, progress: bool = True) -> Report:
     """Check every sample of `location` (any kind open_source takes); never raises on bad data."""
     keys = keys or TFRecordKeys()
+    if is_remote(location):
+        return _verify_remote(location, keys, label_ext, max_pixels, workers, progress)
     kind, shards = classify(location)
     report = Report(str(location), kind)
     if kind == "folder":
@@ -140,7 +142,38 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
         refs = file_list_source(str(location), missing_ok=True).refs()
     else:
         refs = _shard_refs(kind, shards, keys, label_ext, report)
-    results = _parallel_checks(refs, max_pixels, workers, progress)
+    return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress))
+
+
+def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int, workers: int | None,
+                   progress: bool) -> Report:
+    """verify() of an s3:// location: images are read by URL; shards are downloaded one at a time
+    into a temporary folder (checked against their listed size and ETag), checked there, deleted."""
+    import tempfile
+    from dali_pipes import object_store
+    from dali_pipes.source import remote_folder_source, remote_list_source
+    kind, infos = classify_remote(location)
+    report = Report(str(location), kind)
+    if kind in ("folder", "file_list"):
+        source = remote_folder_source(str(location)) if kind == "folder" else remote_list_source(
+            str(location), keys, label_ext, None, True, progress)
+        refs = source.refs()
+        return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress))
+    with tempfile.TemporaryDirectory(prefix="dali_pipes-verify-") as folder:
+        for i, info in enumerate(infos):
+            local = os.path.join(folder, f"{i:06d}-{os.path.basename(object_store.S3Url.parse(info.url).key)}")
+            object_store.download(info, local)
+            shard_report = Report(info.url, kind)
+            refs = _shard_refs(kind, [local], keys, label_ext, shard_report)
+            _record(shard_report, refs, _parallel_checks(refs, max_pixels, workers, False))
+            report.checked += shard_report.checked
+            report.problems += [Problem(p.where.replace(local, info.url), p.message.replace(local, info.url))
+                                for p in shard_report.problems]
+            os.remove(local)
+    return report
+
+
+def _record(report: Report, refs: list[SampleRef], results: list) -> Report:
     for ref, (where, label, problem) in zip(refs, results):
         report.checked += 1
         if problem:

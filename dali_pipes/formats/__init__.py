@@ -5,8 +5,9 @@ A format module provides
     sample_refs(source)             a SampleRef per sample, in storage order
     read_sample(ref)                the Sample a ref names (raises DatasetError if it is unreadable)
     dali_reader(source, args)       DALI reader nodes: (encoded images, labels)
-    verify_shard(shard, keys, ext)  (readable refs, problems) of one shard, without decoding
-and, when SHARDED: check_shard, build_index, index_matches, count_samples, rewrite_without.
+    source_info(ref)                what DALI reports as the sample's source_info (elastic resume)
+and, when SHARDED: check_shard, build_index, index_matches, count_samples, read_index, write_index,
+split_source_info, verify_shard (readable refs and problems of one shard, without decoding), rewrite_without.
 A new format costs one module and one entry below, not edits across the package.
 """
 
@@ -34,6 +35,10 @@ def format_of(kind: str) -> ModuleType:
         raise ValueError(f"unknown dataset kind {kind!r}; known: {', '.join(FORMATS)}") from None
 
 
+def format_of_ref(ref: SampleRef) -> ModuleType:
+    return _BY_REF_KIND[ref.kind]
+
+
 def read_sample(ref: SampleRef) -> Sample:
     """Read one sample from its ref, in any process (converters and verification fan refs out)."""
-    return _BY_REF_KIND[ref.kind].read_sample(ref)
+    return format_of_ref(ref).read_sample(ref)

@@ -80,7 +80,15 @@ def sample_refs(source: "Source") -> list[SampleRef]:
     return [SampleRef("file", path, label=label) for path, label in zip(source.files, source.labels)]
 
 
+def source_info(ref: SampleRef) -> str:
+    """What DALI's file reader reports as a sample's source_info: the file's path."""
+    return ref.path
+
+
 def read_sample(ref: SampleRef) -> Sample:
+    from dali_pipes import object_store
+    if object_store.is_remote(ref.path):
+        return Sample(ref.path, object_store.read_bytes(ref.path), ref.label)
     with open(ref.path, "rb") as f:
         return Sample(ref.path, f.read(), ref.label)
 

@@ -138,14 +138,7 @@ def decode_example(data: bytes) -> dict[str, list]:
 def sniff_compression(path: str) -> str | None:
     """'GZIP' or 'ZLIB' if the file is a compressed TFRecord (DALI cannot read those), else None."""
     with open(path, "rb") as f:
-        head = f.read(HEADER_BYTES)
-    if head[:2] == GZIP_MAGIC:
-        return "GZIP"
-    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
-        # A zlib header; a plain record could only look like this if its length CRC also failed.
-        if len(head) < HEADER_BYTES or struct.unpack("<I", head[8:12])[0] != masked_crc32c(head[:8]):
-            return "ZLIB"
-    return None
+        return compression_of_header(f.read(HEADER_BYTES))  # zlib: only if the length CRC also fails
 
 
 def looks_like_tfrecord(path: str) -> bool:
@@ -155,9 +148,24 @@ def looks_like_tfrecord(path: str) -> bool:
             head = f.read(HEADER_BYTES)
     except OSError:
         return False
+    return header_looks_like_tfrecord(head)
+
+
+def header_looks_like_tfrecord(head: bytes) -> bool:
+    """looks_like_tfrecord on a file's first HEADER_BYTES bytes (a remote shard's ranged read)."""
     if len(head) == HEADER_BYTES and struct.unpack("<I", head[8:])[0] == masked_crc32c(head[:8]):
         return True
-    return sniff_compression(path) is not None
+    return compression_of_header(head) is not None
+
+
+def compression_of_header(head: bytes) -> str | None:
+    """sniff_compression on a file's first HEADER_BYTES bytes."""
+    if head[:2] == GZIP_MAGIC:
+        return "GZIP"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        if len(head) < HEADER_BYTES or struct.unpack("<I", head[8:12])[0] != masked_crc32c(head[:8]):
+            return "ZLIB"
+    return None
 
 
 def open_decompressed(path: str, compression: str | None) -> BinaryIO:
@@ -285,6 +293,40 @@ def build_tfrecord_index(path: str, damaged: list[DatasetError] | None = None) -
     return entries
 
 
+def scan_tfrecord_stream(f: BinaryIO, where: str) -> list[tuple[int, int]]:
+    """build_tfrecord_index over a sequential stream (a remote shard read once, object_store.open_object):
+    every header's length CRC is checked, the data is read past, not kept. Raises DatasetError."""
+    head = f.read(HEADER_BYTES)
+    compression = compression_of_header(head)
+    if compression:
+        raise compressed_error(where, compression)
+    entries, offset = [], 0
+    while head:
+        problem = _check_header(where, len(entries), offset, head, None)
+        if problem:
+            raise DatasetError(where, f"record {problem.index} (byte {offset}): {problem.message}",
+                               "Re-create the shard")
+        length = struct.unpack("<Q", head[:8])[0]
+        rest = length + FOOTER_BYTES
+        while rest:
+            got = len(f.read(min(rest, 1 << 20)))
+            if not got:
+                raise DatasetError(where, f"record {len(entries)} (byte {offset}): truncated: record of {length} "
+                                   f"bytes runs past the end of the object", "Re-create the shard")
+            rest -= got
+        entries.append((offset, HEADER_BYTES + length + FOOTER_BYTES))
+        offset += HEADER_BYTES + length + FOOTER_BYTES
+        head = f.read(HEADER_BYTES)
+    if not entries:
+        raise DatasetError(where, "empty TFRecord file (0 records)")
+    return entries
+
+
+def build_index_stream(f: BinaryIO, where: str, index_path: str, label_ext: str = "cls") -> None:
+    """The index of a remote shard, from one sequential read of it."""
+    write_tfrecord_index(scan_tfrecord_stream(f, where), index_path)
+
+
 def compressed_error(path: str, compression: str) -> DatasetError:
     return DatasetError(path, f"{compression}-compressed TFRecord; DALI reads only uncompressed TFRecords",
                         f"Write uncompressed copies with: python scripts/to_tfrecord.py {os.path.dirname(path) or '.'} OUT "
@@ -354,6 +396,20 @@ def count_samples(index_path: str) -> int:
     return len(read_tfrecord_index(index_path))
 
 
+read_index, write_index = read_tfrecord_index, write_tfrecord_index  # one (offset, size) entry per record
+
+
+def source_info(ref: SampleRef) -> str:
+    """What DALI 2.4's TFRecord reader reports as a sample's source_info."""
+    return f"{ref.path} at index {ref.offset}"
+
+
+def split_source_info(info: str) -> tuple[str, int]:
+    """(shard path, byte offset) from source_info; ValueError if it has another form."""
+    path, _, offset = info.rpartition(" at index ")
+    return path, int(offset)
+
+
 def check_shard(shard: str) -> None:
     """Refuse what DALI cannot read before an index is built: compressed shards."""
     compression = sniff_compression(shard)
@@ -371,9 +427,7 @@ def read_sample(ref: SampleRef) -> Sample:
     """One record, its CRCs and keys checked. Raises DatasetError naming shard#record."""
     (keys,) = ref.extra
     where = f"{ref.path}#{ref.index}"
-    with open(ref.path, "rb") as f:
-        f.seek(ref.offset)
-        frame = f.read(ref.size)
+    frame = read_range(ref.path, ref.offset, ref.size)
     if len(frame) != ref.size:
         raise DatasetError(where, f"truncated record (byte {ref.offset})")
     data = frame[HEADER_BYTES:-FOOTER_BYTES]
@@ -407,10 +461,26 @@ def dali_reader(source: "Source", reader_args: dict):
     return out[keys.image], (labels - keys.label_offset if keys.label_offset else labels)
 
 
-def check_keys(shard: str, keys: TFRecordKeys) -> None:
+def read_range(path: str, offset: int, size: int) -> bytes:
+    """Bytes [offset, offset + size) of a local file or an s3:// object (a ranged GET)."""
+    from dali_pipes import object_store
+    if object_store.is_remote(path):
+        return object_store.read_url_range(path, offset, size)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(size)
+
+
+def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> None:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
-    the first record before DALI ever sees the shard."""
-    for _, _, data, problem in walk_records(shard):
+    the first record before DALI ever sees the shard. `first_frame` (offset, size) from the index
+    reads just that record (an s3:// shard: one ranged GET)."""
+    if first_frame is not None:
+        frame = read_range(shard, *first_frame)
+        records = [(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)]
+    else:
+        records = walk_records(shard)
+    for _, _, data, problem in records:
         if problem:
             raise DatasetError(shard, f"record {problem.index} (byte {problem.offset}): {problem.message}")
         try:
@@ -448,7 +518,8 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     keys = source.keys
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: PADDING_LABEL + keys.label_offset}))
     entries, offset = [], 0
-    with open(shard, "rb") as f, open(target + ".tmp", "wb") as out:
+    from dali_pipes.object_store import local_copy
+    with local_copy(shard) as local, open(local, "rb") as f, open(target + ".tmp", "wb") as out:
         for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
             f.seek(start)
             frame = stand_in if str(i) in bad else f.read(size)

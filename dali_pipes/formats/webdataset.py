@@ -123,6 +123,30 @@ def build_tar_index(path: str, label_ext: str = "cls", damaged: list[DatasetErro
     return complete
 
 
+def build_index_stream(f, where: str, index_path: str, label_ext: str = "cls") -> None:
+    """The index of a remote tar shard, from one sequential read of it (tarfile's stream mode)."""
+    members: list[Member] = []
+    try:
+        with tarfile.open(fileobj=f, mode="r|") as tar:
+            for info in tar:
+                if info.isreg():
+                    members.append(Member(info.name, info.offset_data, info.size))
+    except tarfile.TarError as e:
+        raise DatasetError(where, f"not a readable tar file ({e})", "Re-create the shard") from e
+    for _ in iter(lambda: f.read(1 << 20), b""):  # to the end: the size check of the download runs there
+        pass
+    samples = []
+    for sample in group_samples(members):
+        exts = {m.key_ext[1] for m in sample}
+        if not exts & set(IMAGE_EXTS) or label_ext not in exts:
+            raise DatasetError(f"{where}#{sample[0].key_ext[0]}", f"incomplete sample: members {sorted(exts)} "
+                               f"(expected an image and .{label_ext})")
+        samples.append(sample)
+    if not samples:
+        raise DatasetError(where, f"no samples in this tar (expected <key>.jpg + <key>.{label_ext} members)")
+    write_tar_index(samples, index_path)
+
+
 def write_tar_index(samples: list[list[Member]], index_path: str) -> None:
     lines = [f"{INDEX_VERSION} {len(samples)}\n"]
     lines += [" ".join(f"{m.key_ext[1]} {m.offset} {m.size} {m.name}" for m in s) + "\n" for s in samples]
@@ -211,6 +235,20 @@ def count_samples(index_path: str) -> int:
         return int(f.readline().split()[1])
 
 
+read_index, write_index = read_tar_index, write_tar_index  # one list of members per sample
+
+
+def source_info(ref: SampleRef) -> str:
+    """What DALI 2.4's webdataset reader reports as a sample's source_info: tar:offset:member."""
+    return f"{ref.path}:{ref.offset}:{ref.extra[0].name}"
+
+
+def split_source_info(info: str) -> tuple[str, int]:
+    """(shard path, byte offset of the image member) from source_info; ValueError if another form."""
+    path, offset, _ = info.rsplit(":", 2)
+    return path, int(offset)
+
+
 def check_shard(shard: str) -> None:
     """Nothing to refuse before indexing: scanning the tar checks it."""
 
@@ -233,6 +271,10 @@ def sample_refs(source: "Source") -> list[SampleRef]:
 def read_sample(ref: SampleRef) -> Sample:
     image, label = ref.extra
     where = f"{ref.path}#{ref.key}"
+    from dali_pipes import object_store
+    if object_store.is_remote(ref.path):
+        data, text = (object_store.read_url_range(ref.path, m.offset, m.size) for m in (image, label))
+        return Sample(where, data, parse_label(text, where))
     with open(ref.path, "rb") as f:
         return Sample(where, read_member(f, image), parse_label(read_member(f, label), where))
 
@@ -287,7 +329,9 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
 def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: "Source") -> None:
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
     placeholder image, label PADDING_LABEL), and write the copy's index."""
-    with open(shard, "rb") as f, tarfile.open(target + ".tmp", "w", format=tarfile.GNU_FORMAT) as out:
+    from dali_pipes.object_store import local_copy
+    with local_copy(shard) as local, open(local, "rb") as f, \
+            tarfile.open(target + ".tmp", "w", format=tarfile.GNU_FORMAT) as out:
         for members in read_tar_index(index_path):
             key = members[0].key_ext[0]
             for m in members:
