@@ -1,7 +1,10 @@
 """The latency proxy passes S3 traffic through unchanged (ranges, large bodies, uploads), delays
 and counts it; and DALI's native s3:// reader, measured through it, sends one GET per record."""
 
+import json
 import os
+import subprocess
+import sys
 import socket
 import time
 
@@ -71,31 +74,44 @@ def write_tfrecord(path: str, count: int) -> bytes:
     return data
 
 
-def test_dali_reads_s3_natively_with_one_get_per_record(s3, monkeypatch, tmp_path):
-    from nvidia.dali import fn, pipeline_def, tfrecord as tfrec
+# DALI's AWS client reads AWS_ENDPOINT_URL once per process and keeps it: a reader pointed at this
+# test's proxy would keep talking to it after the proxy is gone. So DALI runs in a child process here.
+_READ_NATIVELY = """
+import json, sys
+import numpy as np
+from nvidia.dali import fn, pipeline_def, tfrecord as tfrec
+url, index, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+@pipeline_def(batch_size=8, num_threads=1, device_id=None)
+def pipe():
+    out = fn.readers.tfrecord(path=[url], index_path=[index], name="Reader",
+                              features={"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+                                        "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1)})
+    return out["image/encoded"], out["image/class/label"]
+
+p = pipe()
+p.build()
+got = {}
+for _ in range(count // 8):
+    images, labels = p.run()
+    for i in range(len(labels)):
+        got[int(np.array(labels[i])[0])] = np.array(images[i]).tobytes().hex()
+print(json.dumps(got))
+"""
+
+
+def test_dali_reads_s3_natively_with_one_get_per_record(s3, tmp_path):
     count = 24
     local = str(tmp_path / "x.tfrecord")
     s3.put("d/x.tfrecord", write_tfrecord(local, count))
     tfrecord.write_tfrecord_index(tfrecord.build_tfrecord_index(local), local + ".idx")
     # A proxy process, not a thread: DALI holds the GIL while it waits on its HEAD at build.
     with ProxyProcess(s3.endpoint, delay_ms=0) as counter:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", counter.url)
-
-        @pipeline_def(batch_size=8, num_threads=1, device_id=None)
-        def pipe():
-            out = fn.readers.tfrecord(path=[s3.url("d/x.tfrecord")], index_path=[local + ".idx"], name="Reader",
-                                      features={"image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
-                                                "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1)})
-            return out["image/encoded"], out["image/class/label"]
-
-        p = pipe()
-        p.build()
-        got = {}
-        for _ in range(count // 8):
-            images, labels = p.run()
-            for i in range(len(labels)):
-                got[int(np.array(labels[i])[0])] = np.array(images[i]).tobytes()
-        del p
+        run = subprocess.run([sys.executable, "-c", _READ_NATIVELY, s3.url("d/x.tfrecord"), local + ".idx",
+                              str(count)], env={**os.environ, "AWS_ENDPOINT_URL": counter.url},
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got = {int(k): bytes.fromhex(v) for k, v in json.loads(run.stdout.splitlines()[-1]).items()}
         assert got == {i: bytes([i]) * (100 + i) for i in range(count)}
         stats = counter.stats()
     # One HEAD at build; then one ranged GET per record (plus one: the reader runs a batch ahead).
