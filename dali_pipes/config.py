@@ -90,7 +90,7 @@ class SourceConfig:
     label_offset: int = option(0, "subtracted from stored labels: 1 for TensorFlow's 1-based ImageNet records")
     label_ext: str = option("cls", "WebDataset member extension holding the label as ASCII digits")
     index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
-                                         "(default: $DALI_PIPES_CACHE or ~/.cache/dali_pipes/indexes)", type=str)
+                                         "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)", type=str)
 
     def open_kwargs(self) -> dict:
         """Keywords for open_source."""

@@ -261,8 +261,8 @@ def plan_remainder(base: np.ndarray, *, epoch: int, rank: int, world_size: int, 
 
 def subset_folder() -> str:
     """Where subset index files go: beside the index cache, never beside the data."""
-    from dali_pipes.indexes import default_cache_dir
-    return os.path.join(os.path.dirname(default_cache_dir()), "elastic")
+    from dali_pipes.indexes import cache_root
+    return os.path.join(cache_root(), "elastic")
 
 
 def subset_source(source: Source, indices: list[int], folder: str | None = None) -> Source:

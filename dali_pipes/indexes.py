@@ -17,7 +17,6 @@ import hashlib
 import os
 import shutil
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
@@ -25,13 +24,22 @@ from tqdm import tqdm
 
 from dali_pipes.formats import format_of
 from dali_pipes.errors import DatasetError
+from dali_pipes.files import private_tmp
 
 INDEX_SUFFIX = ".idx"
 
 
-def default_cache_dir() -> str:
+def cache_root() -> str:
+    """Where dali_pipes keeps what it makes: $DALI_PIPES_CACHE, else $XDG_CACHE_HOME/dali_pipes or
+    ~/.cache/dali_pipes. Below it: indexes/, shards/ (s3:// shard cache), excluded/ (shards rewritten
+    without bad samples), elastic/ (subset indexes of a resumed epoch)."""
     return os.environ.get("DALI_PIPES_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali_pipes", "indexes")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali_pipes")
+
+
+def default_cache_dir() -> str:
+    """The index cache: indexes of read-only shard folders and of remote shards."""
+    return os.path.join(cache_root(), "indexes")
 
 
 def index_candidates(shard: str, cache_dir: str | None = None) -> tuple[str, str]:
@@ -76,8 +84,13 @@ def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: 
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         target = cached
     found: list = []
-    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"  # .tmp: never listed as a shard
-    format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
+    tmp = private_tmp(target)
+    try:
+        format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     if found:
         damaged.extend(found)
         target = cached.removesuffix(INDEX_SUFFIX) + ".partial" + INDEX_SUFFIX
@@ -132,7 +145,7 @@ def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext:
     from dali_pipes import object_store
     target = remote_index_path(info, cache_dir)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = f"{target}.{os.getpid()}.{threading.get_ident()}.tmp"
+    tmp = private_tmp(target)
     try:
         with object_store.open_object(info) as f:
             format_of(kind).build_index_stream(f, info.url, tmp, label_ext)

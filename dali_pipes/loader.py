@@ -59,6 +59,13 @@ REQUIRE_GPU_ENV = "DALI_PIPES_REQUIRE_GPU"
 _STATE_VERSION = 2
 
 
+def _shutdown_quietly(pipe) -> None:
+    try:
+        shutdown_pipeline(pipe)
+    except Exception:  # a pipeline that failed to build may hold nothing to free
+        pass
+
+
 def resolve_device(device: str) -> str:
     """"gpu" or "cpu". With DALI_PIPES_REQUIRE_GPU=1, "auto" never falls back to the CPU: a CPU-only
     torch on a GPU machine is then an error, not a silent slow run."""
@@ -79,6 +86,7 @@ class DaliLoader:
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     _record: elastic.DeliveryRecord | None = None  # samples delivered this epoch (elastic resume)
+    _dali_epoch0 = 0  # the loader epoch that is the current pipeline's first (DALI rotates shards from it)
 
     def __init__(self, source: Source | str | os.PathLike | list, *, batch_size: int, train: bool,
                  device: str = "auto", rank: int | None = None, world_size: int | None = None,
@@ -145,6 +153,8 @@ class DaliLoader:
             self.close()
             source, pipeline_args = self._pipeline_inputs()
             epoch, position = self._feed_at or (self.epoch, self._position)
+            if checkpoint is None:  # a fresh pipeline: DALI counts its epochs (shard rotation) from here
+                self._dali_epoch0 = epoch
             fed = self._feed.dali_source(source, epoch=epoch, position=position, fresh=checkpoint is None,
                                          subset=source is not self.source)
             if fed is not source:
@@ -155,6 +165,7 @@ class DaliLoader:
                                                      reader_name=READER_NAME, last_batch_policy=policy,
                                                      auto_reset=True)
             except RuntimeError as error:
+                _shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
                 self._exclude_culprits(error)  # raises, or excludes them: then build again
                 continue
             finally:
@@ -295,7 +306,7 @@ class DaliLoader:
         args = self._pipeline_args
         reach = reader_reach(position=self._position, batch_size=self.batch_size,
                              prefetch_queue_depth=args["prefetch_queue_depth"], shuffle_buffer=args["shuffle_buffer"],
-                             train=self.train, rank=self.shard.rank, epoch=self.epoch,
+                             train=self.train, rank=self.shard.rank, epoch=self.epoch - self._dali_epoch0,
                              world_size=self.shard.world_size)
         window = (args["prefetch_queue_depth"] + READER_AHEAD_BATCHES) * self.batch_size  # one failed batch's reach
         try:
@@ -314,7 +325,8 @@ class DaliLoader:
         if epoch != self.epoch and self._record.remainder is not None:
             dali = None  # a resumed epoch's rest is done: the next epoch starts this world's own pipeline afresh
         return {"version": _STATE_VERSION, "epoch": epoch, "position": position, **self._identity(),
-                "dali": dali, **self.bad_policy.state(), **self._record.state(epoch_done=epoch != self.epoch)}
+                "dali": dali, "dali_epoch0": self._dali_epoch0, **self.bad_policy.state(),
+                **self._record.state(epoch_done=epoch != self.epoch)}
 
     def _identity(self) -> dict:
         return {"rank": self.shard.rank, "world_size": self.shard.world_size, "batch_size": self.batch_size,
@@ -334,7 +346,11 @@ class DaliLoader:
                 return self._load_elastic(list(state))
             state = state[self.shard.rank]
         differ = {k: (state.get(k), v) for k, v in self._identity().items() if state.get(k) != v}
-        if state.get("version") != _STATE_VERSION or differ:
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"loader state of version {state.get('version')} was written by another dali_pipes "
+                             f"(this one reads version {_STATE_VERSION}); resume with the version that wrote it, "
+                             f"or start the epoch afresh")
+        if differ:
             raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
                              f"the same data, rank, world size, batch size and seed")
         self.source = self.bad_policy.restore(state, self.source)
@@ -343,9 +359,12 @@ class DaliLoader:
         self._record.remainder = self._plan_remainder(elastic.unpack(base, self.num_samples), state["epoch"]) \
             if base else None
         self._feed_at = (state["epoch"], state["position"])  # the s3:// cache fetches from there
-        self._build(checkpoint=state["dali"])
+        # The position first: the iterator runs a batch while it is built, and a bad sample there is
+        # searched for from this position (and this epoch's shard), not from the start.
         self.epoch, self._position = state["epoch"], state["position"]
         self._resumed = self._position > 0
+        self._dali_epoch0 = state.get("dali_epoch0", 0)
+        self._build(checkpoint=state["dali"])
 
     def _load_elastic(self, states: list[dict]) -> None:
         """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's
@@ -360,9 +379,9 @@ class DaliLoader:
         plan = self._plan_remainder(base, epoch) if base.any() else None
         if plan is not None:
             self._record.delivered, self._record.remainder = base.copy(), plan
-        self._build()
         self.epoch = epoch + 1 if base.any() and plan is None else epoch  # no batch left: that epoch is done
         self._position, self._resumed = 0, False
+        self._build()
 
     def _plan_remainder(self, base, epoch: int) -> elastic.Remainder | None:
         return elastic.plan_remainder(base, epoch=epoch, rank=self.shard.rank, world_size=self.shard.world_size,

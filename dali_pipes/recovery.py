@@ -30,8 +30,9 @@ from PIL import Image
 from dali_pipes._dali import shutdown_pipeline
 from dali_pipes.dist import usable_cpus
 from dali_pipes.errors import DatasetError
+from dali_pipes.files import private_tmp
 from dali_pipes.formats import image_files, read_sample
-from dali_pipes.indexes import INDEX_SUFFIX, default_cache_dir
+from dali_pipes.indexes import INDEX_SUFFIX, cache_root
 from dali_pipes.samples import SampleRef
 from dali_pipes.source import Source
 from dali_pipes.verify import check_image, oversized
@@ -158,11 +159,17 @@ class BadSamplePolicy:
         return {"bad_samples": [dataclasses.asdict(b) for b in self.bad_samples], "excluded": self.excluded}
 
     def restore(self, state: dict, source: Source) -> Source:
-        """Take a saved state: the same samples excluded, in the same order. Returns the source."""
-        self.bad_samples = [BadSample(**b) for b in state.get("bad_samples", [])]
-        self.excluded = [list(refs) for refs in state.get("excluded", [])]
-        for refs in self.excluded:
+        """Take a saved state: the same samples excluded, in the same order, then anything found bad
+        since (while this loader opened its data), counted against the budget. Returns the source."""
+        saved_bad = [BadSample(**b) for b in state.get("bad_samples", [])]
+        saved_excluded = [list(refs) for refs in state.get("excluded", [])]
+        known = {b.origin for b in saved_bad}
+        self.bad_samples = saved_bad + [b for b in self.bad_samples if b.origin not in known]
+        known_refs = {str(refs) for refs in saved_excluded}
+        self.excluded = saved_excluded + [refs for refs in self.excluded if str(refs) not in known_refs]
+        for refs in saved_excluded:  # exclude() is idempotent: refs already excluded at open stay so
             source = exclude(source, refs)
+        self.check_budget(source)
         return source
 
 
@@ -252,14 +259,14 @@ def exclude(source: Source, bad_refs: list[SampleRef], cache_dir: str | None = N
     """A copy of `source` in which each bad sample is a placeholder image with label -1, at the
     same position. Files are swapped for the placeholder file; shards that hold bad records are
     rewritten (once, under the cache folder) with the records replaced, and get their own index."""
-    folder = os.path.join(cache_dir or os.path.dirname(default_cache_dir()), "excluded")
+    folder = os.path.join(cache_dir or cache_root(), "excluded")
     os.makedirs(folder, exist_ok=True)
     jpeg = placeholder_jpeg()
     placeholder = os.path.join(folder, "placeholder.jpg")
     if not os.path.exists(placeholder):
-        with open(placeholder + ".tmp", "wb") as f:
+        with open(tmp := private_tmp(placeholder), "wb") as f:
             f.write(jpeg)
-        os.replace(placeholder + ".tmp", placeholder)
+        os.replace(tmp, placeholder)
     if not source.format.SHARDED:
         files, labels = image_files.excluded_files(source, bad_refs, placeholder)
         return dataclasses.replace(source, files=files, labels=labels)

@@ -52,10 +52,9 @@ MAX_WORKERS = 16  # parallel downloads at most, whatever the prefetch depth
 
 
 def default_cache_folder() -> str:
-    """$DALI_PIPES_CACHE/shards, else $XDG_CACHE_HOME or ~/.cache, /dali_pipes/shards."""
-    root = os.environ.get("DALI_PIPES_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dali_pipes")
-    return os.path.join(root, "shards")
+    """shards/ under the cache root ($DALI_PIPES_CACHE, else $XDG_CACHE_HOME or ~/.cache, /dali_pipes)."""
+    from dali_pipes.indexes import cache_root
+    return os.path.join(cache_root(), "shards")
 
 
 def _gib(n: int) -> str:

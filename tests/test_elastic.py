@@ -119,7 +119,7 @@ def test_the_rest_is_read_without_the_delivered_samples(sources, tmp_path, monke
     indexes go under the cache folder and are gone once DALI has read them."""
     import dali_pipes.elastic as elastic
     from dali_pipes.formats import read_sample
-    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "indexes"))
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path))  # subset indexes go to its elastic/ folder
     source, refs = sources["tfrecord"], sources["tfrecord"].refs()
     written = []
     monkeypatch.setattr(elastic, "subset_source", lambda *a, **k: written.append(subset_source(*a, **k)) or written[-1])

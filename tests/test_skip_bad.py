@@ -178,3 +178,19 @@ def test_pixel_guard_limit_is_an_option(tmp_path):
     with pytest.raises(DatasetError, match="oversized"):
         epoch_labels(DaliLoader(location, max_pixels=500, **KW))
     assert sorted(l for l in epoch_labels(DaliLoader(location, max_pixels=None, **KW)) if l >= 0) == list(range(N))
+
+
+def test_bad_sample_right_after_a_resume_is_found_from_the_resumed_position(tmp_path):
+    """The iterator runs a batch while it is built: after load_state_dict that batch is searched from
+    the restored position, so a bad sample there is excluded, not reported as unfindable."""
+    location = numbered_folder(tmp_path / "d", {21: BAD["garbage"]})
+    loader = DaliLoader(location, skip_bad=True, **KW)
+    batches = iter(loader)
+    seen = [l for _ in range(4) for l in next(batches)[1].tolist()]  # 16 samples, before the bad one
+    state = loader.state_dict()
+    loader.close()
+    with pytest.warns(UserWarning, match="021.jpg"):
+        resumed = DaliLoader(location, skip_bad=True, **KW)
+        resumed.load_state_dict(state)
+        rest = [l for _, labels in resumed for l in labels.tolist()]
+    assert sorted(l for l in seen + rest if l >= 0) == [i for i in range(N) if i != 21]

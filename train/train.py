@@ -67,14 +67,16 @@ def get_args_parser() -> argparse.ArgumentParser:
     add_arguments(p, LoaderConfig, "the DALI loader (bad samples excluded with --skip-bad are recorded in "
                   "WORKDIR/bad_samples-rank<R>.txt)")
     add_arguments(p, AugmentConfig, "decoding and augmentation (the DALI graph; --loader torch applies the same)",
-                  defaults={"channels_last": torch.cuda.is_available()})
+                  defaults={"channels_last": None})  # None: on when the run is on the GPU (loader_configs)
     add_arguments(p, SourceConfig, "reading TFRecord / WebDataset shards")
     return p
 
 
 def loader_configs(args) -> dict:
     """The dataclasses the flags resolve to, as saved with the run."""
-    return {"loader": from_args(LoaderConfig, args), "augment": from_args(AugmentConfig, args),
+    channels_last = args.device == "gpu" if args.channels_last is None else args.channels_last
+    return {"loader": from_args(LoaderConfig, args),
+            "augment": from_args(AugmentConfig, args, channels_last=channels_last),
             "source": from_args(SourceConfig, args)}
 
 
@@ -149,19 +151,13 @@ def build_loader(args, data: str, train: bool, shard: Shard):
     """The one place where the two loaders differ: the constructor."""
     cfg = loader_configs(args)
     common = dict(batch_size=args.batch_size, train=train, rank=shard.rank, world_size=shard.world_size,
-                  seed=args.seed, augment=cfg["augment"], keys=cfg["source"].open_kwargs()["keys"])
-    per_rank_cores = default_threads(shard)
-    if args.loader == "dali":
+                  seed=args.seed, augment=cfg["augment"])
+    source_args = cfg["source"].open_kwargs()
+    if args.loader == "dali":  # its CUDA device: torch's current one (pipeline.cuda_device_id)
         loader_args = {**dataclasses.asdict(cfg["loader"]), "device": args.device}
-        return DaliLoader(data, local_rank=_device_index(args), label_ext=args.label_ext,
-                          index_cache_dir=args.index_cache_dir, **loader_args, **common)
-    return TorchLoader(data, num_workers=args.workers or per_rank_cores, pin_memory=True, persistent_workers=True,
-                       **common)
-
-
-def _device_index(args) -> int | None:
-    """The CUDA device this rank uses (set by setup_distributed), else None."""
-    return torch.cuda.current_device() if args.device == "gpu" else None
+        return DaliLoader(data, **source_args, **loader_args, **common)
+    return TorchLoader(data, num_workers=args.workers or default_threads(shard), pin_memory=True,
+                       persistent_workers=True, keys=source_args["keys"], **common)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -193,7 +189,9 @@ class WarmupCosine:
     def __call__(self, step: int) -> float:
         samples = self.samples(step)
         if samples < self.warmup_samples:
-            return (samples + self.global_batch) / self.warmup_samples  # steps: (step + 1) / warmup steps
+            # steps: (step + 1) / warmup steps; capped, since after a rebase to another global batch
+            # the samples need not land on the warm-up's end
+            return min(1.0, (samples + self.global_batch) / self.warmup_samples)
         progress = (samples - self.warmup_samples) / max(1, self.total_samples - self.warmup_samples)
         return 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
 
@@ -283,8 +281,13 @@ def load_checkpoint(run: Run, path: str) -> None:
             group["initial_lr"], group["lr"] = base, base * schedule(run.step)
     loader_states = [r["loader"] for r in state["ranks"]]  # every old rank's, in rank order
     run.train_loader.load_state_dict(loader_states[run.shard.rank] if old_world == world else loader_states)
-    mine = state["ranks"][run.shard.rank if run.shard.rank < old_world else 0]  # RNG: this rank's, else rank 0's
-    rng = mine["rng"]
+    if run.shard.rank >= old_world:  # a rank that did not exist: its own streams, not a copy of rank 0's
+        seed = run.args.seed + run.shard.rank + 1_000_003 * run.step
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        return
+    rng = state["ranks"][run.shard.rank]["rng"]
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])

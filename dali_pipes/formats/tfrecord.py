@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, BinaryIO, Iterator
 import google_crc32c
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.files import private_tmp
 from dali_pipes.protobuf import fields, read_varint
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
 
@@ -519,12 +520,12 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: PADDING_LABEL + keys.label_offset}))
     entries, offset = [], 0
     from dali_pipes.object_store import local_copy
-    with local_copy(shard) as local, open(local, "rb") as f, open(target + ".tmp", "wb") as out:
+    with local_copy(shard) as local, open(local, "rb") as f, open(tmp := private_tmp(target), "wb") as out:
         for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
             f.seek(start)
             frame = stand_in if str(i) in bad else f.read(size)
             out.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)
-    os.replace(target + ".tmp", target)
+    os.replace(tmp, target)
     write_tfrecord_index(entries, target + ".idx")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.files import private_tmp
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
 
 if TYPE_CHECKING:
@@ -331,7 +332,7 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     placeholder image, label PADDING_LABEL), and write the copy's index."""
     from dali_pipes.object_store import local_copy
     with local_copy(shard) as local, open(local, "rb") as f, \
-            tarfile.open(target + ".tmp", "w", format=tarfile.GNU_FORMAT) as out:
+            tarfile.open(tmp := private_tmp(target), "w", format=tarfile.GNU_FORMAT) as out:
         for members in read_tar_index(index_path):
             key = members[0].key_ext[0]
             for m in members:
@@ -342,5 +343,5 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
                 else:
                     data = jpeg
                 add_member(out, m.name, data)
-    os.replace(target + ".tmp", target)
+    os.replace(tmp, target)
     write_tar_index(build_tar_index(target, source.label_ext), target + ".idx")
