@@ -21,6 +21,7 @@ import functools
 import itertools
 import json
 import os
+import socket
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -36,6 +37,13 @@ CLEARED_VARIABLES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", 
                      "AWS_ENDPOINT_URL_S3", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
                      "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
                      "AWS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+
+
+def closed_endpoint() -> str:
+    """http://127.0.0.1:PORT where nothing listens: a port that was free a moment ago."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
 def point_aws_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, empty_file: str) -> None:

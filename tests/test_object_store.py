@@ -4,7 +4,6 @@ Faults a healthy server does not make (a body cut short, an injected 403) come f
 proxy in front of it; every other error is the server's own reply."""
 
 import os
-import socket
 import time
 
 import pytest
@@ -17,6 +16,7 @@ pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
 from dali_pipes_bench.latency_proxy import Fault
+from s3_server import closed_endpoint
 
 
 def keys(infos: list[ObjectInfo]) -> list[str]:
@@ -112,9 +112,7 @@ def test_injected_403_is_access_denied(proxy, s3, tmp_path):
 
 
 def test_unreachable_endpoint_fails_fast_and_names_it(s3, monkeypatch):
-    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    closed = closed_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=f"cannot reach the S3 endpoint {closed}.*AWS_ENDPOINT_URL"):

@@ -10,7 +10,6 @@ import collections
 import io
 import json
 import os
-import socket
 import tarfile
 import time
 
@@ -23,6 +22,7 @@ from dali_pipes.shard_cache import CacheTooSmallError, ShardTooLargeError
 from dali_pipes_bench.latency_proxy import Fault
 
 from conftest import jpeg_bytes
+from s3_server import closed_endpoint
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy, restricted_s3
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
@@ -288,9 +288,7 @@ def test_access_denied_on_read(proxy, s3, cache_dirs):
 
 
 def test_unreachable_endpoint_fails_fast_and_names_it(s3, cache_dirs, monkeypatch):
-    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
-        probe.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    closed = closed_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=f"cannot reach the S3 endpoint {closed}"):
