@@ -250,7 +250,20 @@ def preloaded_pipeline(data: list[np.ndarray], labels: list[np.int64], *, batch_
     return graph()
 
 
-class PreloadedDaliLoader:
+class _IteratorBatches:
+    """(images, labels) batches of a DALIGenericIterator held as `self.iterator`, and its shutdown."""
+    iterator = None
+
+    def __iter__(self):
+        for (batch,) in self.iterator:
+            yield batch["images"], batch["labels"]
+
+    def close(self) -> None:
+        for pipe in iterator_pipelines(self.iterator):
+            shutdown_pipeline(pipe)
+
+
+class PreloadedDaliLoader(_IteratorBatches):
     """The same DALI graph fed from encoded bytes held in memory (external_source) instead of a
     reader: does preloading pay? Shuffles per epoch in train mode; drops the last partial batch."""
 
@@ -263,19 +276,11 @@ class PreloadedDaliLoader:
         pipe = preloaded_pipeline(data, labels, batch_size=batch_size, train=train, device=device,
                                   augment=augment or AugmentConfig(image_size=image_size), num_threads=num_threads,
                                   seed=seed, device_id=torch.cuda.current_device() if device == "gpu" else 0)
-        self._iterator = DALIGenericIterator(pipe, ["images", "labels"], auto_reset=True)
+        self.iterator = DALIGenericIterator(pipe, ["images", "labels"], auto_reset=True)
         self.preloaded_mb = sum(len(d) for d in data) / 2**20
 
-    def __iter__(self):
-        for (batch,) in self._iterator:
-            yield batch["images"], batch["labels"]
 
-    def close(self) -> None:
-        for pipe in iterator_pipelines(self._iterator):
-            shutdown_pipeline(pipe)
-
-
-class _BareDali:
+class _BareDali(_IteratorBatches):
     """The pipeline DaliLoader builds, driven the way DALI's own PyTorch examples drive one:
     DALIGenericIterator, and nothing else."""
 
@@ -283,19 +288,12 @@ class _BareDali:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
         self.train, self.batch_size, self.shard, self.num_samples = train, batch_size, Shard(), source.num_samples
         pipe = build_pipeline(source, train=train, batch_size=batch_size, shard=self.shard, **pipeline_args)
-        self.iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME, auto_reset=True,
+        outputs = ["images", "labels", "ids"] if pipeline_args.get("sample_ids") else ["images", "labels"]
+        self.iterator = DALIGenericIterator(pipe, outputs, reader_name=READER_NAME, auto_reset=True,
                                             last_batch_policy=LastBatchPolicy.DROP if train else LastBatchPolicy.FILL)
 
     def __len__(self) -> int:
         return len(self.iterator)
-
-    def __iter__(self):
-        for (batch,) in self.iterator:
-            yield batch["images"], batch["labels"]
-
-    def close(self) -> None:
-        for pipe in iterator_pipelines(self.iterator):
-            shutdown_pipeline(pipe)
 
 
 class LoaderOverhead:
@@ -309,6 +307,8 @@ class LoaderOverhead:
                                  augment=augment, seed=seed, **loader_args)
         pipeline_args = {k: loader_args[k] for k in ("shuffle_buffer", "prefetch_queue_depth", "decode_device")
                          if k in loader_args}
+        # The same graph as the loader's (its pixel guard and sample ids): what is measured is the loader.
+        pipeline_args.update(sample_ids=True, max_pixels=loader_args.get("max_pixels", 100_000_000))
         self.bare = _BareDali(source, batch_size=batch_size, train=train,
                               pipeline_args=dict(device=device, num_threads=num_threads, augment=augment, seed=seed,
                                                  **pipeline_args))
