@@ -15,8 +15,8 @@ from dali_pipes.source import Source
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline
 
-__all__ = ["READER_NAME", "build_pipeline", "cuda_device_id", "default_threads", "eval_pipeline", "rank_seed",
-           "run_epoch", "usable_cpus"]
+__all__ = ["READER_NAME", "build_pipeline", "cuda_device_id", "default_threads", "rank_seed",
+           "usable_cpus"]
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -91,22 +91,3 @@ def default_threads(shard: Shard) -> int:
     """CPU threads per pipeline: the CPUs this process may use, shared by the ranks on this node."""
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return max(1, usable_cpus() // local_ranks)
-
-
-def eval_pipeline(source: Source, *, batch_size: int, device: str = "cpu", num_threads: int | None = None,
-                  image_size: int = 224) -> Pipeline:
-    """A built single-rank val pipeline (the quickstart's epoch timer)."""
-    pipe = build_pipeline(source, train=False, batch_size=batch_size, device=device, num_threads=num_threads,
-                          augment=AugmentConfig(image_size=image_size), enable_checkpointing=False)
-    pipe.build()
-    return pipe
-
-
-def run_epoch(pipe: Pipeline) -> tuple[int, int]:
-    """Run one epoch of a built single-shard pipeline; returns (samples, batches run). The last
-    batch is padded by the reader, so every sample is decoded once or (padding) more."""
-    samples = pipe.reader_meta(READER_NAME)["epoch_size"]
-    batches = -(-samples // pipe.max_batch_size)
-    for _ in range(batches):
-        pipe.run()
-    return samples, batches
