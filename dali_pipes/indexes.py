@@ -51,10 +51,13 @@ def index_candidates(shard: str, cache_dir: str | None = None) -> tuple[str, str
 
 
 def find_index(shard: str, kind: str, cache_dir: str | None = None) -> str | None:
-    """The path of a matching index for `shard`, or None."""
-    for candidate in index_candidates(shard, cache_dir):
+    """The path of a matching index for `shard`, or None. An explicit `cache_dir` is looked in first,
+    and an index beside the shard is then only read, never touched (the dataset is left alone)."""
+    beside, cached = index_candidates(shard, cache_dir)
+    for candidate in (cached, beside) if cache_dir else (beside, cached):
         if os.path.exists(candidate) and format_of(kind).index_matches(shard, candidate):
-            _mark_checked(shard, candidate)
+            if not cache_dir or candidate == cached:
+                _mark_checked(shard, candidate)
             return candidate
     return None
 
@@ -71,14 +74,16 @@ def _mark_checked(shard: str, index: str) -> None:
 
 def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: str = "cls",
                 damaged: list | None = None) -> str:
-    """Build the index beside the shard, or in the cache when the shard's folder is read-only.
+    """Build the index beside the shard, or in the cache when the shard's folder is read-only or
+    `cache_dir` is given: an explicit cache wins, so a dataset the user asked to leave alone stays so.
 
     With a `damaged` list, per-sample damage is recorded there (format modules say what they
     tolerate) and an index of the readable samples is written under the cache folder with a
     `.partial.idx` name, where find_index never looks: a later run without skip_bad rebuilds and
     raises, rather than silently reading a shard with samples left out."""
     beside, cached = index_candidates(shard, cache_dir)
-    if os.access(os.path.dirname(beside), os.W_OK) and (not os.path.exists(beside) or os.access(beside, os.W_OK)):
+    if cache_dir is None and os.access(os.path.dirname(beside), os.W_OK) \
+            and (not os.path.exists(beside) or os.access(beside, os.W_OK)):
         target = beside
     else:
         os.makedirs(os.path.dirname(cached), exist_ok=True)
