@@ -215,6 +215,13 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
                                    decode_device="cpu", sample_ids=True, max_pixels=100_000_000), host_outputs=(2,)))
     out += [variant(f"auto_augment={p}", first, True, augment=AugmentConfig(auto_augment=p)) for p in AUTO_AUGMENTS]
     out.append(variant("color_jitter=0.4", first, True, augment=AugmentConfig(color_jitter=0.4)))
+    # DaliLoader(dataset) reads a torchvision transform into these fields (transforms.py): ToTensor without
+    # Normalize gives mean 0 / std 1, and the steps' own crop, flip and jitter arguments
+    from_transform = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_ratio=0.8, random_area=(0.5, 1.0),
+                          flip_probability=0.3)
+    out.append(variant("from a torchvision transform", first, True,
+                       augment=AugmentConfig(**from_transform, color_jitter=0.2)))
+    out.append(variant("from a torchvision transform", first, False, augment=AugmentConfig(**from_transform)))
     for train in (True, False):
         out.append(variant("float16", first, train, augment=AugmentConfig(float16=True)))
         out.append(variant("channels_last", first, train, augment=AugmentConfig(channels_last=True)))

@@ -80,7 +80,9 @@ class DaliDataModule(pl.LightningDataModule):
         trainer = self.trainer
         shard = {} if trainer is None else dict(rank=trainer.global_rank, world_size=trainer.world_size,
                                                 local_rank=trainer.local_rank)
-        return DaliLoader(location, batch_size=self.batch_size, train=train, **shard, **self.loader_kwargs)
+        # val_padding="label" (override it in loader_kwargs): every sample once, padding labelled -1
+        return DaliLoader(location, batch_size=self.batch_size, train=train, **shard,
+                          **{"val_padding": "label", **self.loader_kwargs})
 
     def setup(self, stage: str) -> None:
         """Build this rank's loaders for `stage`, once; a pending checkpoint state is applied here."""

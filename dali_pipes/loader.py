@@ -1,31 +1,43 @@
 """DaliLoader: one rank's DALI pipeline, shaped like torch.utils.data.DataLoader.
 
-    loader = DaliLoader("/data/train", batch_size=256, train=True)   # was: DataLoader(dataset, ...)
+Called as DataLoader is (the class name is the only change in a script):
+
+    loader = DaliLoader(ImageFolder(root, transform), batch_size=256, shuffle=True, num_workers=8,
+                        pin_memory=True)                      # or sampler=DistributedSampler(dataset)
+
+or the dali_pipes way, from any dataset location (folder, file list, TFRecord / WebDataset shards, s3://):
+
+    loader = DaliLoader("/data/train", batch_size=256, train=True)
     for epoch in range(epochs):
-        loader.set_epoch(epoch)                                       # accepted, like DistributedSampler
+        loader.set_epoch(epoch)                                       # as DistributedSampler's
         for images, labels in loader:                                 # (N,3,H,W) float, (N,) int64
             ...
 
-Epoch contract, the same on every rank so that DDP never waits on a rank with fewer batches:
-  * train: each rank yields len(loader) = (N // world_size) // batch_size full batches from its
-    shard; one epoch across all ranks reads each sample at most once (the tail that does not
-    fill a batch on every rank is dropped, as DataLoader(drop_last=True) + DistributedSampler).
-  * val: every sample is yielded exactly once across all ranks. Ranks get equal batch counts by
-    padding; padded entries carry label -1, so CrossEntropyLoss(ignore_index=-1) and
-    `labels >= 0` masks count each real sample once.
+Epoch contract (contract.py), DataLoader + DistributedSampler's unless asked otherwise:
+  * val: each rank yields ceil(N / world_size) samples (a few repeats make them equal, as
+    DistributedSampler's do), the last batch short; val_padding="label" gives full batches with
+    padding labelled -1, "none" each sample exactly once (batch counts may then differ by one);
+  * train called the DataLoader way: drop_last=False yields each rank's real samples, the last
+    batch short; called the dali_pipes way (drop_last unset), len(loader) = (N // world_size) //
+    batch_size full batches per rank, each sample at most once per epoch, the tail dropped;
+  * the batch count is the same on every rank, so DDP never waits on a rank with fewer batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
-from typing import Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
+from torch.utils.data import default_collate
 
 from dali_pipes import elastic
 from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
+from dali_pipes.contract import Contract, EpochCut
+from dali_pipes.dataloader_args import LOCATION_TYPES, DatasetView, SamplerView, resolve_call
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, resolve_decode_device
@@ -35,7 +47,7 @@ from dali_pipes.reader import READER_NAME
 from dali_pipes.remote_feed import RemoteFeed
 from dali_pipes.recovery import READER_AHEAD_BATCHES, BadSample, BadSamplePolicy, reader_reach
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
-from dali_pipes.source import Source, open_source
+from dali_pipes.source import Source, open_source, samples_source
 
 DEVICES = ("auto", "gpu", "cpu")
 
@@ -88,35 +100,57 @@ class DaliLoader:
     _record: elastic.DeliveryRecord | None = None  # samples delivered this epoch (elastic resume)
     _dali_epoch0 = 0  # the loader epoch that is the current pipeline's first (DALI rotates shards from it)
 
-    def __init__(self, source: Source | str | os.PathLike | list, *, batch_size: int, train: bool,
+    def __init__(self, dataset: Source | str | os.PathLike | list | Any, batch_size: int | None = 1,
+                 shuffle: bool | None = None, sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
+                 collate_fn: Any = None, pin_memory: bool = False, drop_last: bool | None = None, timeout: float = 0,
+                 worker_init_fn: Any = None, multiprocessing_context: Any = None, generator: Any = None, *,
+                 prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
+                 in_order: bool = True, train: bool | None = None, val_padding: str = "repeat",
                  device: str = "auto", rank: int | None = None, world_size: int | None = None,
-                 local_rank: int | None = None, image_size: int = 224, seed: int = 0, num_threads: int | None = None,
-                 shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2, augment: AugmentConfig | None = None,
-                 keys: TFRecordKeys | None = None, skip_bad: bool = False, max_bad: int | float | None = None,
-                 decode_device: str | None = None, label_ext: str = "cls", index_cache_dir: str | None = None,
-                 max_pixels: int | None = 100_000_000, remote_feed: str = "cache", cache_dir: str | None = None,
-                 cache_bytes: int = 8 << 30, cache_prefetch: int = 4,
-                 **augment_args) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+                 local_rank: int | None = None, image_size: int | None = None, seed: int | None = None,
+                 num_threads: int | None = None, shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2,
+                 augment: AugmentConfig | None = None, keys: TFRecordKeys | None = None, skip_bad: bool = False,
+                 max_bad: int | float | None = None, decode_device: str | None = None, label_ext: str = "cls",
+                 index_cache_dir: str | None = None, max_pixels: int | None = 100_000_000,
+                 remote_feed: str = "cache", cache_dir: str | None = None, cache_bytes: int = 8 << 30,
+                 cache_prefetch: int = 4, **augment_args) -> None:
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
+        call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+                            batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last, train=train,
+                            seed=seed, generator=generator, rank=rank, world_size=world_size,
+                            is_location=isinstance(dataset, (Source, *LOCATION_TYPES)))
+        self.contract = Contract(call.train, batch_size, call.drop_last, val_padding, call.sampler_drop_last,
+                                 call.dali_drop)
+        # DataLoader's attributes, as it sets them (timm, pytorch/examples and Lightning read them)
+        self.batch_size, self.drop_last, self.num_workers = batch_size, call.drop_last, num_workers
+        self.pin_memory, self.collate_fn, self.batch_sampler, self.timeout = pin_memory, default_collate, None, timeout
+        self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
+        self.worker_init_fn, self.multiprocessing_context = worker_init_fn, multiprocessing_context
+        self.train, self.seed, self.val_padding = call.train, call.seed, val_padding
         self.device = resolve_device(device)
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
-        self.shard = Shard.from_env(rank, world_size, local_rank)
-        self.source = source if isinstance(source, Source) else open_source(
-            source, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir, skip_bad=skip_bad)
-        self.batch_size, self.train, self.seed = batch_size, train, seed
-        self.augment = augment or AugmentConfig(image_size=image_size, **augment_args)
-        self._pipeline_args = dict(train=train, batch_size=batch_size, device=self.device, shard=self.shard,
-                                   augment=self.augment, num_threads=num_threads, seed=seed,
+        self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
+        self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
+        if call.location is not None:
+            self.source = call.location if isinstance(call.location, Source) else open_source(
+                call.location, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir, skip_bad=skip_bad)
+        else:
+            self.source = samples_source(call.root, call.samples, call.classes, skip_bad)
+        self.dataset = call.dataset if call.dataset is not None else DatasetView(self.source)
+        self._user_sampler = call.sampler
+        self._sampler_epoch = getattr(call.sampler, "epoch", None)  # its set_epoch, seen at the next epoch
+        self._requested_epoch: int | None = None
+        self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
+        sizes = {"image_size": image_size} if image_size is not None else {}
+        self.augment = augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args})
+        if num_threads is None and num_workers > 0:
+            num_threads = num_workers  # DataLoader's worker count seeds DALI's CPU threads
+        self._pipeline_args = dict(train=self.train, batch_size=batch_size, device=self.device, shard=self.shard,
+                                   augment=self.augment, num_threads=num_threads, seed=self.seed,
                                    shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
                                    max_pixels=max_pixels, decode_device=decode_device)
-        if train and self.source.num_samples // self.shard.world_size < batch_size:
-            raise ValueError(
-                f"{self.source.location}: {self.source.num_samples} samples over {self.shard.world_size} ranks "
-                f"give less than one batch of {batch_size} per rank in train mode (the tail is dropped); "
-                f"lower batch_size")
+        self._check_one_batch()
         self.bad_policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device,
                                           device_id=cuda_device_id(self.shard) if self.device == "gpu" else None,
                                           max_pixels=max_pixels)
@@ -130,7 +164,7 @@ class DaliLoader:
         self._failure: DatasetError | None = None  # once set, the loader refuses to go on
         self._iterator = None
         # s3:// sources: through a bounded local shard cache kept ahead of the reader, or DALI's s3:// (remote_feed.py)
-        self._feed = RemoteFeed(remote_feed, train=train, batch_size=batch_size, shard=self.shard,
+        self._feed = RemoteFeed(remote_feed, train=self.train, batch_size=batch_size, shard=self.shard,
                                 shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
                                 cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
         self._feed_at: tuple[int, int] | None = None  # (epoch, batch) a load_state_dict build resumes at
@@ -140,15 +174,25 @@ class DaliLoader:
             self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
             raise
 
+    def _check_one_batch(self) -> None:
+        """Refuse, before DALI builds, a loader that would yield no batch."""
+        n, world, b = self.source.num_samples, self.shard.world_size, self.batch_size
+        if self.contract.dali_drop and n // world < b:
+            raise ValueError(f"{self.source.location}: {n} samples over {world} ranks give less than one batch of "
+                             f"{b} per rank in train mode (the tail is dropped); lower batch_size")
+        if self.contract.drop_last and self.contract.per_rank(n, world) < b:
+            raise ValueError(f"{self.source.location}: {n} samples over {world} ranks give less than one batch of "
+                             f"{b} per rank with drop_last=True; lower batch_size")
+
     # -- construction -------------------------------------------------------------------------
 
     def _build(self, checkpoint: str | None = None) -> None:
         """(Re)build the pipeline and iterator, at `checkpoint` or at the start. The iterator runs
         the first batch while it is constructed, so a bad sample can surface here too."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-        # train: DROP stops every rank before the smallest shard runs out (equal batch counts).
-        # val: FILL with the reader's padding repeats each shard's last sample; masked below.
-        policy = LastBatchPolicy.DROP if self.train else LastBatchPolicy.FILL
+        # DROP (train, drop_last unset) stops every rank before the smallest shard runs out. FILL
+        # pads every rank's stream to the same batch count with repeats; the contract cuts it (contract.py).
+        policy = LastBatchPolicy.DROP if self.contract.dali_drop else LastBatchPolicy.FILL
         while True:
             self.close()
             source, pipeline_args = self._pipeline_inputs()
@@ -217,22 +261,37 @@ class DaliLoader:
     # -- the DataLoader surface ---------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch: the same on every rank, in every epoch."""
-        return len(self._iterator)
+        """Batches this rank yields this epoch, as DataLoader counts them for the same arguments; the
+        same on every rank (val_padding="none" aside)."""
+        return self._cut().batches
 
     @property
     def num_samples(self) -> int:
         """Samples in the whole dataset (all ranks)."""
         return self.source.num_samples
 
+    def _cut(self) -> EpochCut:
+        """This rank's epoch (contract.py): from DALI's reader as modelled there, or the remainder plan."""
+        if self.contract.dali_drop:
+            return self.contract.dali_cut(len(self._iterator))
+        plan = self._record.remainder if self._record is not None else None
+        if plan is not None:  # the remainder epoch of an elastic resume (elastic.py)
+            return self.contract.cut(plan.real, len(plan.indices))
+        n, world = self.num_samples, self.shard.world_size
+        # train: DALI moves each rank to the next shard every epoch (stick_to_shard=False)
+        shard_id = (self.shard.rank + self.epoch - self._dali_epoch0) % world if self.train else self.shard.rank
+        return self.contract.cut(self.shard.size_of(shard_id, n), self.contract.per_rank(n, world))
+
     @property
     def samples_per_epoch(self) -> int:
-        """Real (not padding) samples this rank yields per epoch."""
-        if self._record is not None and self._record.remainder is not None:
-            return self._record.remainder.real  # the remainder epoch of an elastic resume
-        if self.train:
-            return len(self) * self.batch_size
-        return self.shard.size_of(self.shard.rank, self.num_samples)
+        """Real samples this rank yields per epoch (repeats and padding not counted)."""
+        cut = self._cut()
+        return min(cut.real, cut.count)
+
+    def sampler_len(self) -> int:
+        """len(loader.sampler): the samples this rank yields per epoch, repeats included."""
+        cut = self._cut()
+        return cut.count if self.contract.dali_drop or self.val_padding == "none" else cut.per_rank
 
     @property
     def next_batch(self) -> tuple[int, int]:
@@ -242,9 +301,10 @@ class DaliLoader:
         return self.epoch, self._position
 
     def set_epoch(self, epoch: int) -> None:
-        """Accepted for DistributedSampler-style loops. DALI reshuffles every epoch by itself;
-        the loader's own epoch count is what state_dict records."""
-        self.requested_epoch = epoch
+        """DistributedSampler's set_epoch (a DistributedSampler passed in reaches here too). DALI
+        reshuffles every epoch by itself; in train, an epoch ahead of the loader's own, set before that
+        epoch starts, moves the loader there (a script that resumes its model at epoch E calls it)."""
+        self._requested_epoch = int(epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # Lazy: nothing happens until the first next(). Frameworks probe a loader with a throwaway
@@ -258,33 +318,73 @@ class DaliLoader:
             raise self._failure
         if self._position and not self._resumed:
             self._finish_epoch()  # an epoch abandoned midway: DALI can only start at a boundary
+        self._follow_requested_epoch()
         self._resumed = False
         yield from self._batches()
 
+    def _follow_requested_epoch(self) -> None:
+        sampler = self._user_sampler
+        requested, self._requested_epoch = self._requested_epoch, None
+        if sampler is not None and getattr(sampler, "epoch", None) != self._sampler_epoch:
+            requested = self._sampler_epoch = sampler.epoch
+        if not self.train or requested is None or requested <= self.epoch or self._position or self._resumed \
+                or self._record.remainder is not None:
+            return  # DALI's epochs only go forward, from a boundary; val epochs differ in nothing
+        self.epoch = requested
+        self._build()  # a fresh pipeline: its shard rotation starts at this epoch
+
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        real = self.samples_per_epoch
+        cut = self._cut()
+        while self._position < cut.batches:
+            batch = self._next_dali_batch()
+            if batch is None:
+                break  # DALI ended the epoch first: never, as contract.py models it
+            images, labels = self._shape(batch, cut)
+            self._position += 1
+            if self._position == cut.batches:
+                self._drain()  # DALI's batches past the contract's and its epoch end, before the last yield
+            yield images, labels
+        self._end_epoch()
+
+    def _next_dali_batch(self) -> dict | None:
+        """DALI's next batch, recovering from bad samples; None at the end of DALI's epoch."""
         while True:
             self._feed.advance(self.epoch, self._position)  # s3:// cache: the reader's reach is local
             try:
                 (batch,) = next(self._iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
-                break
+                return None
             except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
                 self._exclude_culprits(error)  # raises, or excludes them from the source
                 self._build(checkpoint=self._last_good)  # and back to the last good batch
                 continue
-            images, labels = batch["images"], batch["labels"]
             self._last_good = self._iterator.checkpoints()[0] if self.skip_bad else None
-            if self.augment.channels_last:
-                images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
-            if not self.train:
-                start = self._position * self.batch_size
-                if start + len(labels) > real:  # reader padding: repeated samples past the shard's end
-                    labels = labels.clone()
-                    labels[max(0, real - start):] = PADDING_LABEL
-            self._record.add(batch["ids"], max(0, min(len(labels), real - self._position * self.batch_size)))
-            self._position += 1
-            yield images, labels
+            return batch
+
+    def _drain(self) -> None:
+        """Read DALI's epoch to its end: a state taken after the last batch then starts the next one."""
+        while self._next_dali_batch() is not None:
+            pass
+        if self.skip_bad:
+            self._last_good = self._iterator.checkpoints()[0]
+
+    def _shape(self, batch: dict, cut: EpochCut) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `self._position` of the epoch as the contract cuts it; records what it delivers."""
+        size, real = cut.size(self._position), cut.real_in(self._position)
+        images, labels, ids = batch["images"], batch["labels"], batch["ids"]
+        if size < len(labels):
+            images, labels = images[:size], labels[:size]
+        if cut.pad_label and real < size:
+            labels = labels.clone()
+            labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
+        self._record.add(ids, real)
+        if self.augment.channels_last:
+            images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
+        if self._pin:
+            images, labels = images.pin_memory(), labels.pin_memory()
+        return images, labels
+
+    def _end_epoch(self) -> None:
         self.epoch += 1
         self._position = 0
         if self._record.end_epoch():  # a resumed epoch's rest is done: this world's own pipeline now
@@ -325,7 +425,8 @@ class DaliLoader:
         if epoch != self.epoch and self._record.remainder is not None:
             dali = None  # a resumed epoch's rest is done: the next epoch starts this world's own pipeline afresh
         return {"version": _STATE_VERSION, "epoch": epoch, "position": position, **self._identity(),
-                "dali": dali, "dali_epoch0": self._dali_epoch0, **self.bad_policy.state(),
+                "dali": dali, "dali_epoch0": self._dali_epoch0, "contract": dataclasses.asdict(self.contract),
+                **self.bad_policy.state(),
                 **self._record.state(epoch_done=epoch != self.epoch)}
 
     def _identity(self) -> dict:
@@ -350,9 +451,12 @@ class DaliLoader:
             raise ValueError(f"loader state of version {state.get('version')} was written by another dali_pipes "
                              f"(this one reads version {_STATE_VERSION}); resume with the version that wrote it, "
                              f"or start the epoch afresh")
+        contract = dataclasses.asdict(self.contract)
+        if state.get("contract", contract) != contract:  # older states have none: their batches cut as today's
+            differ["contract"] = (state["contract"], contract)
         if differ:
             raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
-                             f"the same data, rank, world size, batch size and seed")
+                             f"the same data, rank, world size, batch size, seed, drop_last and val_padding")
         self.source = self.bad_policy.restore(state, self.source)
         self._record.restore(state, self.num_samples)
         base = state.get("elastic_base")  # taken in an elastic resume's remainder epoch: the same slice again

@@ -201,6 +201,16 @@ def _read_remote_classes_json(shard_url: str) -> list[str] | None:
         return None
 
 
+def samples_source(root: str, samples: list[tuple[str, int]], classes: list[str] | None,
+                   skip_bad: bool = False) -> Source:
+    """A Source over a given list of (image path, label), as a torchvision dataset lists them: its
+    sample list and class mapping are taken, the folder is not scanned again."""
+    source = Source("folder", root, [path for path, _ in samples], labels=[label for _, label in samples],
+                    classes=classes)
+    _check_nonempty_files(source, skip_bad)  # a missing file fails here, naming it
+    return source
+
+
 def folder_source(root: str) -> Source:
     files, labels, classes = image_files.list_folder(root)
     return Source("folder", root, files, labels=labels, classes=classes)

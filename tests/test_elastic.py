@@ -16,7 +16,8 @@ from conftest import jpeg_bytes
 
 N = 23  # does not divide by 2, 3 or 4
 BATCH = 3
-KW = dict(batch_size=BATCH, image_size=16, device="cpu", num_threads=1, shuffle_buffer=8, seed=7)
+KW = dict(batch_size=BATCH, image_size=16, device="cpu", num_threads=1, shuffle_buffer=8, seed=7,
+          val_padding="label")  # val: every sample exactly once, padding labelled -1 (checked as such)
 
 
 @pytest.fixture(scope="module")

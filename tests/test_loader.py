@@ -38,8 +38,8 @@ def epoch_labels(loader):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_val_yields_every_sample_exactly_once_across_ranks(numbered, world_size):
-    ranks = loaders(numbered, world_size, train=False)
+def test_val_label_padding_yields_every_sample_exactly_once_across_ranks(numbered, world_size):
+    ranks = loaders(numbered, world_size, train=False, val_padding="label")
     assert len({len(l) for l in ranks}) == 1  # equal batch counts, else DDP hangs
     for _ in range(2):  # and again the next epoch
         real = []

@@ -31,7 +31,7 @@ pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 TF_EXPECTED = json.load(open(os.path.join(DATA, "tf_written_expected.json")))
 N = 23  # samples of the numbered sets: does not divide by 2 or 3
-KW = dict(image_size=16, device="cpu", num_threads=1)
+KW = dict(image_size=16, device="cpu", num_threads=1, val_padding="label")  # val: exactly once, -1 padding
 
 
 @pytest.fixture

@@ -155,7 +155,8 @@ def build_loader(args, data: str, train: bool, shard: Shard):
     source_args = cfg["source"].open_kwargs()
     if args.loader == "dali":  # its CUDA device: torch's current one (pipeline.cuda_device_id)
         loader_args = {**dataclasses.asdict(cfg["loader"]), "device": args.device}
-        return DaliLoader(data, **source_args, **loader_args, **common)
+        # val: full batches, padding labelled -1, which evaluate() masks: each sample counted once
+        return DaliLoader(data, **source_args, **loader_args, **common, val_padding="label")
     return TorchLoader(data, num_workers=args.workers or default_threads(shard), pin_memory=True,
                        persistent_workers=True, keys=source_args["keys"], **common)
 

@@ -1,0 +1,182 @@
+"""DataLoader's call form, read into DaliLoader's terms.
+
+DaliLoader takes `torch.utils.data.DataLoader`'s arguments with DataLoader's meaning, so that a
+script swaps the class name and nothing else:
+  * the dataset: a torchvision ImageFolder / DatasetFolder (anything with `root` and `samples`), or
+    a Subset of one, is read as its sample list and class mapping (no rescan); its `transform` is
+    read as the DALI graph (transforms.py) and its `target_transform` maps the labels once, here;
+  * `sampler`: a DistributedSampler (or a look-alike with num_replicas and rank) gives the rank, world
+    size, seed, shuffle and drop_last; a RandomSampler or SequentialSampler means shuffle or not;
+    any other sampler, a batch_sampler or a custom collate_fn is refused (DALI batches by itself);
+  * without a sampler a dataset object is read whole by every process, as DataLoader reads it;
+  * `shuffle=True` or a random transform means train mode; `drop_last` is DataLoader's.
+Called the dali_pipes way (a location first, `train=`), the rank comes from torch.distributed or
+torchrun and train keeps DALI's own full batches (drop_last unset), as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from dali_pipes.formats.image_files import IMAGE_EXTENSIONS
+from dali_pipes.transforms import augment_from_transform, is_random
+
+LOCATION_TYPES = (str, os.PathLike, list)
+
+
+@dataclass
+class DataLoaderCall:
+    """What a DaliLoader call means, whichever form it took."""
+    location: Any              # a Source, a location, or None when `dataset` is a dataset object
+    dataset: Any               # the user's dataset object, or None (the keyword form)
+    samples: list | None       # [(path, label)] read from the dataset object
+    classes: list | None
+    root: str
+    augment_args: dict         # from the dataset's transform
+    train: bool
+    drop_last: bool
+    dali_drop: bool            # keyword-form train with drop_last unset: DALI's DROP policy
+    sampler: Any               # the user's sampler, or None
+    sampler_drop_last: bool
+    rank: int | None
+    world_size: int | None
+    seed: int
+
+
+def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler: Any, batch_sampler: Any,
+                 collate_fn: Any, drop_last: bool | None, train: bool | None, seed: int | None, generator: Any,
+                 rank: int | None, world_size: int | None, is_location: bool) -> DataLoaderCall:
+    """Check DataLoader's arguments and resolve them (DataLoader's defaults for a dataset object)."""
+    if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r} (DALI always batches)")
+    _refuse_unsupported(batch_sampler, collate_fn)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle (as in DataLoader)")
+    drawn = read_sampler(sampler)
+    if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
+            and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
+        raise ValueError(f"rank={rank}, world_size={world_size} contradict the sampler's rank {drawn['rank']} "
+                         f"of {drawn['world_size']}; pass one of them")
+    samples = classes = None
+    root, augment_args, random_transform = "", {}, False
+    if not is_location:
+        samples, classes, root, transform = read_dataset(dataset)
+        augment_args, random_transform = augment_from_transform(transform)
+    if train is None:
+        train = bool(shuffle or drawn.get("shuffle") or random_transform)
+    if augment_args and random_transform != train:
+        raise ValueError(f"{root}: a {'random' if random_transform else 'deterministic'} transform in "
+                         f"{'train' if train else 'val'} mode; DaliLoader's train graph starts with "
+                         f"RandomResizedCrop, its val graph with Resize + CenterCrop")
+    sampler_drop_last = bool(drawn.get("drop_last", False))
+    if is_location:
+        rank_, world_ = (rank, world_size) if drawn.get("world_size") is None else (drawn["rank"], drawn["world_size"])
+    else:  # a dataset object: DataLoader semantics, every process reads it whole unless a sampler shards it
+        rank_ = drawn.get("rank", rank if rank is not None else 0)
+        world_ = drawn.get("world_size", world_size if world_size is not None else 1)
+        if not train and sampler_drop_last:  # DistributedSampler drops the last N % world samples
+            samples = samples[:len(samples) // world_ * world_]
+    dali_drop = is_location and train and drop_last is not False
+    seed = seed if seed is not None else drawn.get("seed", _generator_seed(generator))
+    return DataLoaderCall(None if not is_location else dataset, None if is_location else dataset, samples, classes,
+                          root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
+                          dali_drop, sampler, sampler_drop_last, rank_, world_, seed)
+
+
+def _refuse_unsupported(batch_sampler: Any, collate_fn: Any) -> None:
+    if batch_sampler is not None:
+        raise ValueError("batch_sampler is not supported: DALI forms the batches itself (batch_size, shuffle, "
+                         "and a DistributedSampler for the rank); pass those instead")
+    if collate_fn is not None and getattr(collate_fn, "__name__", "") != "default_collate":
+        raise ValueError(f"collate_fn={getattr(collate_fn, '__name__', collate_fn)!r} is not supported: batches "
+                         f"come out of DALI as (images, labels) tensors; do the rest in the training step")
+
+
+def read_sampler(sampler: Any) -> dict:
+    """What a sampler says in DaliLoader's terms: rank, world_size, shuffle, seed, drop_last."""
+    if sampler is None:
+        return {}
+    name = type(sampler).__name__
+    if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):  # DistributedSampler and look-alikes
+        return {"rank": int(sampler.rank), "world_size": int(sampler.num_replicas),
+                "shuffle": bool(getattr(sampler, "shuffle", False)), "seed": int(getattr(sampler, "seed", 0)),
+                "drop_last": bool(getattr(sampler, "drop_last", False))}
+    if name == "SequentialSampler":
+        return {"shuffle": False}
+    if name == "RandomSampler" and not sampler.replacement and getattr(sampler, "_num_samples", None) is None:
+        return {"shuffle": True, "seed": _generator_seed(getattr(sampler, "generator", None))}
+    raise ValueError(f"sampler {name} is not supported: DaliLoader reads each rank's part of the data in DALI; "
+                     f"pass shuffle=True/False, or a torch.utils.data.distributed.DistributedSampler for the rank")
+
+
+def _generator_seed(generator: Any) -> int:
+    return int(generator.initial_seed()) & 0x7FFFFFFF if generator is not None else 0
+
+
+def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
+    """([(absolute path, label)], classes, root, transform) of a torchvision image dataset, or of a
+    Subset (nested or not) of one. Labels go through the dataset's target_transform."""
+    indices = None
+    while hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # torch.utils.data.Subset
+        chosen = [int(i) for i in dataset.indices]
+        indices = chosen if indices is None else [chosen[i] for i in indices]
+        dataset = dataset.dataset
+    if not (hasattr(dataset, "root") and hasattr(dataset, "samples")):
+        raise TypeError(f"DaliLoader cannot read {type(dataset).__name__}: it reads image files in DALI, so it needs a "
+                        f"torchvision ImageFolder / DatasetFolder (anything with .root and .samples), a Subset of "
+                        f"one, or a dataset location (a folder, file list, TFRecord or WebDataset shards)")
+    samples = list(dataset.samples)
+    if indices is not None:
+        samples = [samples[i] for i in indices]
+    root = str(dataset.root)
+    relabel = getattr(dataset, "target_transform", None)
+    out = []
+    for path, label in samples:
+        if not str(path).lower().endswith(IMAGE_EXTENSIONS):
+            raise ValueError(f"{path}: not an image file DALI decodes (extensions: {' '.join(IMAGE_EXTENSIONS)})")
+        label = relabel(label) if relabel is not None else label
+        if isinstance(label, bool) or not isinstance(label, int) and not hasattr(label, "__index__"):
+            raise ValueError(f"{path}: label {label!r} is not an integer (DALI yields int64 labels)")
+        out.append((os.path.abspath(os.path.join(root, str(path))), int(label)))
+    if not out:
+        raise ValueError(f"{root}: the dataset holds no samples")
+    classes = list(dataset.classes) if hasattr(dataset, "classes") else None
+    return out, classes, root, getattr(dataset, "transform", None)
+
+
+class DatasetView:
+    """`loader.dataset` of a loader built from a location: len() is the number of samples, with
+    `classes`, `class_to_idx`, `samples` and `targets` where the source knows them."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.root = str(source.location)
+        if source.classes is not None:
+            self.classes = list(source.classes)
+            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        if source.labels is not None:
+            self.samples = list(zip(source.files, source.labels))
+            self.targets = list(source.labels)
+
+    def __len__(self) -> int:
+        return self.source.num_samples
+
+    def __repr__(self) -> str:
+        return f"DatasetView({self.root!r}, {len(self)} samples)"
+
+
+class SamplerView:
+    """`loader.sampler` when none was given: len() is this rank's samples per epoch, set_epoch(e)
+    reaches the loader (timm's and Lightning's epoch probes call it)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return self._loader.sampler_len()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._loader.set_epoch(epoch)

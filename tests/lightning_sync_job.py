@@ -1,0 +1,69 @@
+"""A LightningModule shaped like Lightning's ImageNet example, its loaders built in its own hooks with
+DaliLoader called the dali_pipes way, validation logged with sync_dist=True; 2 ranks, DDP on CPU (gloo).
+
+    python tests/lightning_sync_job.py FOLDER OUT BATCH
+
+A script, not a test: Lightning's "ddp" strategy starts rank 1 by running sys.argv again. Rank 0 writes
+OUT/metrics.json: the epoch's val_loss, val_acc (means over ranks, sync_dist) and val_count (summed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+
+from dali_pipes import DaliLoader
+
+LOADER_ARGS = dict(device="cpu", image_size=16, num_threads=1)
+
+
+class ImagenetLike(pl.LightningModule):
+    def __init__(self, folder: str, batch_size: int) -> None:
+        super().__init__()
+        self.folder, self.batch_size = folder, batch_size
+        self.head = torch.nn.Linear(3, 3)
+
+    def forward(self, images):
+        return self.head(images.mean((2, 3)))
+
+    def training_step(self, batch, batch_idx):
+        images, target = batch
+        return F.cross_entropy(self(images), target)
+
+    def validation_step(self, batch, batch_idx):
+        images, target = batch
+        output = self(images)
+        loss_val = F.cross_entropy(output, target)  # no masking: a -1 label would crash here
+        acc1 = (output.argmax(1) == target).float().mean()
+        self.log("val_loss", loss_val, sync_dist=True)
+        self.log("val_acc", acc1, sync_dist=True)
+        self.log("val_count", float(target.size(0)), reduce_fx="sum", sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        return DaliLoader(self.folder, batch_size=self.batch_size, train=True, drop_last=False, **LOADER_ARGS)
+
+    def val_dataloader(self):
+        return DaliLoader(self.folder, batch_size=self.batch_size, train=False, **LOADER_ARGS)
+
+
+def main(folder: str, out: str, batch_size: int) -> None:
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=1,
+                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
+    trainer.fit(ImagenetLike(folder, batch_size))
+    if trainer.global_rank == 0:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        with open(os.path.join(out, "metrics.json"), "w") as f:
+            json.dump(metrics, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
