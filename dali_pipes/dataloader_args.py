@@ -16,13 +16,12 @@ torchrun and train keeps DALI's own full batches (drop_last unset), as before.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from dali_pipes.formats.image_files import IMAGE_EXTENSIONS
-from dali_pipes.transforms import augment_from_transform, is_random
+from dali_pipes.transforms import augment_from_transform
 
 LOCATION_TYPES = (str, os.PathLike, list)
 

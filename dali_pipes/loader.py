@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import warnings
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch

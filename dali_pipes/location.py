@@ -18,9 +18,9 @@ from typing import Sequence
 
 from dali_pipes import object_store
 from dali_pipes.errors import DatasetError
-from dali_pipes.formats import tfrecord
-from dali_pipes.object_store import ObjectInfo
+from dali_pipes.formats import SNIFF_BYTES, UNNAMED_SHARD_KIND, not_a_shard, shard_kind_by_name, shard_kind_of
 from dali_pipes.formats.image_files import looks_like_file_list_line
+from dali_pipes.object_store import ObjectInfo
 
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards
 
@@ -56,7 +56,7 @@ def classify(location: Location) -> tuple[str, list[str]]:
         raise FileNotFoundError(f"{location}: no such file or directory")
     if os.path.isdir(location):
         return _classify_folder(location)
-    if location.endswith(".tar") or tfrecord.looks_like_tfrecord(location):
+    if local_shard_kind(location):
         return shard_kind([location], location), [location]
     return _classify_text_list(location)
 
@@ -73,7 +73,7 @@ def _classify_list(shards: list[str], where: str) -> tuple[str, list[str]]:
 def _classify_folder(location: str) -> tuple[str, list[str]]:
     entries = [e for e in sorted(os.scandir(location), key=lambda e: e.name) if not e.name.startswith(".")]
     files = [e.path for e in entries if e.is_file() and not e.name.endswith(NOT_SHARDS)]
-    if any(p.endswith(".tar") or tfrecord.looks_like_tfrecord(p) for p in files):
+    if any(local_shard_kind(p) for p in files):
         return shard_kind(files, location), files
     if any(e.is_dir() for e in entries):
         return "folder", []
@@ -83,18 +83,32 @@ def _classify_folder(location: str) -> tuple[str, list[str]]:
                        f"TFRecord shards or .tar shards")
 
 
+def local_shard_kind(path: str) -> str | None:
+    """The format of a local shard file (by name, else by its first bytes), or None."""
+    def head() -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read(SNIFF_BYTES)
+        except OSError:
+            return b""
+    return shard_kind_of(path, head)
+
+
 def shard_kind(shards: list[str], where: str) -> str:
-    """"tfrecord" or "webdataset" for a list of shard files, or a DatasetError naming the odd one."""
-    if all(p.endswith(".tar") for p in shards):
-        return "webdataset"
-    not_records = [p for p in shards if not p.endswith(".tar") and not tfrecord.looks_like_tfrecord(p)]
-    if not_records:
-        raise DatasetError(not_records[0], f"neither a TFRecord shard nor a .tar shard ({len(not_records)} such "
-                           f"files in {where})",
-                           "Point at a folder that holds only shards, or at a glob such as 'train-*-of-*'")
-    if any(p.endswith(".tar") for p in shards):
-        raise DatasetError(where, "holds both TFRecord and .tar shards", "Point at one kind (e.g. a glob)")
-    return "tfrecord"
+    """The one format of a list of shard files, or a DatasetError naming the odd one."""
+    return _one_kind([(p, local_shard_kind(p)) for p in shards], where, "folder")
+
+
+def _one_kind(kinds: list[tuple[str, str | None]], where: str, container: str) -> str:
+    odd = [name for name, kind in kinds if kind is None]
+    if odd:
+        raise DatasetError(odd[0], f"{not_a_shard()} ({len(odd)} such files in {where})",
+                           f"Point at a {container} that holds only shards, or at a glob such as 'train-*-of-*'")
+    found = sorted({kind for _, kind in kinds})
+    if len(found) > 1:
+        raise DatasetError(where, f"holds shards of several formats ({', '.join(found)})",
+                           "Point at one kind (e.g. a glob)")
+    return found[0]
 
 
 def _classify_text_list(path: str) -> tuple[str, list[str]]:
@@ -137,7 +151,7 @@ def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
     found = object_store.list_objects(url)
     if len(found) == 1 and found[0].url == url:  # one object: a shard or a text list
         info = found[0]
-        if info.url.endswith(".tar") or looks_like_remote_tfrecord(info):
+        if remote_kind(info):
             return remote_shard_kind([info], url), [info]
         return "file_list", []
     return _classify_remote_folder(url.rstrip("/") + "/", found)
@@ -161,7 +175,7 @@ def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, 
     -> an image folder (class = first key segment below the prefix)."""
     top = [o for o in found if "/" not in object_store.relative_to(o.url, prefix)]
     shards = [o for o in top if not _not_shard(o.url)]
-    if any(o.url.endswith(".tar") for o in shards) or (shards and looks_like_remote_tfrecord(shards[0])):
+    if any(shard_kind_by_name(o.url) for o in shards) or (shards and remote_kind(shards[0])):
         return remote_shard_kind(shards, prefix), shards
     if len(top) < len(found):
         return "folder", []
@@ -171,24 +185,21 @@ def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, 
                        "Point at the prefix of the shards, e.g. s3://bucket/imagenet/train/")
 
 
-def looks_like_remote_tfrecord(info: ObjectInfo) -> bool:
-    """The first 12 bytes of the object (one ranged GET) are a TFRecord header, or compressed."""
-    if info.size < tfrecord.HEADER_BYTES:
-        return False
-    return tfrecord.header_looks_like_tfrecord(object_store.read_range(info, 0, tfrecord.HEADER_BYTES))
+def remote_kind(info: ObjectInfo) -> str | None:
+    """The format of an s3:// object: by its name, else by its first bytes (one ranged GET)."""
+    def head() -> bytes:
+        return object_store.read_range(info, 0, SNIFF_BYTES) if info.size >= SNIFF_BYTES else b""
+    return shard_kind_of(info.url, head)
 
 
 def remote_shard_kind(infos: list[ObjectInfo], where: str) -> str:
-    """"tfrecord" or "webdataset" for listed objects, or a DatasetError naming the odd one."""
-    if all(o.url.endswith(".tar") for o in infos):
-        return "webdataset"
-    if any(o.url.endswith(".tar") for o in infos):
-        raise DatasetError(where, "holds both TFRecord and .tar shards", "Point at one kind (e.g. a glob)")
-    odd = []  # an empty (0-byte) shard is named by its index build, as locally
-    for info in [infos[0], infos[-1]]:  # one ranged read each: listing every header would cost a GET per shard
-        if info.size and not looks_like_remote_tfrecord(info):
-            odd.append(info)
-    if odd:
-        raise DatasetError(odd[0].url, f"neither a TFRecord shard nor a .tar shard (in {where})",
-                           "Point at a prefix that holds only shards, or at a glob such as 'train-*-of-*'")
-    return "tfrecord"
+    """The one format of listed objects, or a DatasetError naming the odd one. Only the first and
+    last objects' heads are read when names do not tell (a GET per shard would cost too much); an
+    empty (0-byte) shard is named by its index build, as locally."""
+    named = [(o.url, shard_kind_by_name(o.url)) for o in infos]
+    if all(kind for _, kind in named):
+        return _one_kind(named, where, "prefix")
+    ends = [infos[0], infos[-1]] if len(infos) > 1 else infos
+    sniffed = [(o.url, remote_kind(o)) for o in ends if o.size]
+    kinds = [(name, kind) for name, kind in named if kind] + sniffed
+    return _one_kind(kinds or [(where, UNNAMED_SHARD_KIND)], where, "prefix")

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dali_pipes.formats import format_of
+from dali_pipes.samples import SourceRecord
+
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
 
-    from dali_pipes.source import Source
 
 READER_NAME = "Reader"
 
 
-def dali_reader(source: "Source", *, name: str = READER_NAME, shard_id: int = 0, num_shards: int = 1,
+def dali_reader(source: SourceRecord, *, name: str = READER_NAME, shard_id: int = 0, num_shards: int = 1,
                 random_shuffle: bool = False, initial_fill: int = 1024, seed: int = -1, pad_last_batch: bool = False,
                 stick_to_shard: bool = False, prefetch_queue_depth: int = 1, max_pixels: int | None = None,
                 **reader_args) -> tuple["DataNode", "DataNode"]:
@@ -30,7 +32,7 @@ def dali_reader(source: "Source", *, name: str = READER_NAME, shard_id: int = 0,
     args = dict(name=name, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
                 initial_fill=initial_fill, seed=seed, pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
                 prefetch_queue_depth=prefetch_queue_depth, **reader_args)
-    images, labels = source.format.dali_reader(source, args)
+    images, labels = format_of(source.kind).dali_reader(source, args)
     if max_pixels is not None:
         images = guard_pixels(images, max_pixels)
     return images, fn.reshape(fn.cast(labels, dtype=types.INT64), shape=[])

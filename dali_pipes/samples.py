@@ -7,6 +7,7 @@ the recovery code can all import it without closing an import cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 # The label of a sample that is not a real sample: val padding (to equalise batch counts across
 # ranks) and the placeholders of excluded bad samples. CrossEntropyLoss(ignore_index=-1) and
@@ -56,3 +57,18 @@ class Sample:
     origin: str
     data: bytes
     label: int
+
+
+class SourceRecord(Protocol):
+    """What a format module reads of a source (source.Source is one): typed here, in the leaf module,
+    so that the formats need not import source.py, which imports them."""
+    kind: str
+    location: str
+    files: list[str]
+    labels: list[int] | None
+    index_files: list[str] | None
+    counts: list[int] | None
+    classes: list[str] | None
+    keys: TFRecordKeys
+    label_ext: str
+    remote: list[Any] | None  # object_store.ObjectInfo per file, for s3:// sources

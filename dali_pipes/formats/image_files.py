@@ -8,13 +8,9 @@ files checked here (not file_root walking), so it reads exactly what was checked
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef
-
-if TYPE_CHECKING:
-    from dali_pipes.source import Source
+from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 SHARDED = False
@@ -76,7 +72,7 @@ def read_file_list(list_path: str, missing_ok: bool = False) -> tuple[list[str],
 # The format table's entries (see formats/__init__.py).
 # ---------------------------------------------------------------------------------------------
 
-def sample_refs(source: "Source") -> list[SampleRef]:
+def sample_refs(source: SourceRecord) -> list[SampleRef]:
     return [SampleRef("file", path, label=label) for path, label in zip(source.files, source.labels)]
 
 
@@ -93,13 +89,13 @@ def read_sample(ref: SampleRef) -> Sample:
         return Sample(ref.path, f.read(), ref.label)
 
 
-def dali_reader(source: "Source", reader_args: dict):
+def dali_reader(source: SourceRecord, reader_args: dict):
     """(encoded images, labels) from DALI's file reader over the checked list of files."""
     from nvidia.dali import fn
     return fn.readers.file(files=source.files, labels=source.labels, **reader_args)
 
 
-def excluded_files(source: "Source", bad_refs: list[SampleRef], placeholder: str) -> tuple[list[str], list[int]]:
+def excluded_files(source: SourceRecord, bad_refs: list[SampleRef], placeholder: str) -> tuple[list[str], list[int]]:
     """(files, labels) with every listing of a bad file swapped for the placeholder, label PADDING_LABEL."""
     bad_paths = {ref.path for ref in bad_refs}
     files, labels = list(source.files), list(source.labels)

@@ -17,17 +17,14 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Iterator
+from typing import BinaryIO, Iterator
 
 import google_crc32c
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.files import private_tmp
 from dali_pipes.protobuf import fields, read_varint
-from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
-
-if TYPE_CHECKING:
-    from dali_pipes.source import Source
+from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
 
 HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
 FOOTER_BYTES = 4  # uint32 crc of the data
@@ -149,6 +146,19 @@ def looks_like_tfrecord(path: str) -> bool:
             head = f.read(HEADER_BYTES)
     except OSError:
         return False
+    return header_looks_like_tfrecord(head)
+
+
+SHARD_NAME = "a TFRecord shard"  # in messages
+SNIFF_BYTES = HEADER_BYTES
+
+
+def sniff_name(name: str) -> bool:
+    """TFRecord shards have no fixed extension: only their first bytes tell (sniff_head)."""
+    return False
+
+
+def sniff_head(head: bytes) -> bool:
     return header_looks_like_tfrecord(head)
 
 
@@ -418,7 +428,7 @@ def check_shard(shard: str) -> None:
         raise compressed_error(shard, compression)
 
 
-def sample_refs(source: "Source") -> list[SampleRef]:
+def sample_refs(source: SourceRecord) -> list[SampleRef]:
     return [SampleRef("tfrecord", shard, i, str(i), offset, size, extra=(source.keys,))
             for shard, idx in zip(source.files, source.index_files)
             for i, (offset, size) in enumerate(read_tfrecord_index(idx))]
@@ -444,7 +454,7 @@ def read_sample(ref: SampleRef) -> Sample:
     return Sample(where, example[keys.image][0], example[keys.label][0] - keys.label_offset)
 
 
-def dali_reader(source: "Source", reader_args: dict):
+def dali_reader(source: SourceRecord, reader_args: dict):
     """(encoded images, labels) from DALI's TFRecord reader; labels shifted by label_offset."""
     from nvidia.dali import fn
     from nvidia.dali import tfrecord as tfrec
@@ -513,7 +523,7 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
     return refs, problems
 
 
-def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: "Source") -> None:
+def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: SourceRecord) -> None:
     """Copy `shard` to `target` with the records numbered in `bad` replaced by a placeholder
     record (the placeholder image, label PADDING_LABEL), and write the copy's index."""
     keys = source.keys

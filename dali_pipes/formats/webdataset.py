@@ -15,16 +15,24 @@ import io
 import os
 import tarfile
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.files import private_tmp
-from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
+from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
 
-if TYPE_CHECKING:
-    from dali_pipes.source import Source
+SHARD_NAME = "a .tar shard"  # in messages
+SNIFF_BYTES = 0
+
+
+def sniff_name(name: str) -> bool:
+    """A WebDataset shard is a .tar file (DALI's webdataset reader reads uncompressed tars only)."""
+    return name.endswith(".tar")
+
+
+def sniff_head(head: bytes) -> bool:
+    return False
 
 INDEX_VERSION = "v1.2"
 BLOCK = 512
@@ -263,7 +271,7 @@ def _ref(shard: str, position: int, members: list[Member], label_ext: str) -> Sa
                      extra=(image, by_ext[label_ext]))
 
 
-def sample_refs(source: "Source") -> list[SampleRef]:
+def sample_refs(source: SourceRecord) -> list[SampleRef]:
     return [_ref(shard, i, members, source.label_ext)
             for shard, idx in zip(source.files, source.index_files)
             for i, members in enumerate(read_tar_index(idx))]
@@ -280,7 +288,7 @@ def read_sample(ref: SampleRef) -> Sample:
         return Sample(where, read_member(f, image), parse_label(read_member(f, label), where))
 
 
-def dali_reader(source: "Source", reader_args: dict):
+def dali_reader(source: SourceRecord, reader_args: dict):
     """(encoded images, int64 labels) from DALI's webdataset reader; labels parsed in the graph."""
     from nvidia.dali import fn
     images, cls = fn.readers.webdataset(
@@ -327,7 +335,7 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
     return refs, problems
 
 
-def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: "Source") -> None:
+def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: SourceRecord) -> None:
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
     placeholder image, label PADDING_LABEL), and write the copy's index."""
     from dali_pipes.object_store import local_copy
