@@ -45,10 +45,6 @@ class Shard:
         return cls(env_rank if rank is None else rank, env_world if world_size is None else world_size,
                    int(get("LOCAL_RANK", 0)) if local_rank is None else local_rank)
 
-    def size_of(self, shard_id: int, num_samples: int) -> int:
-        """Samples in DALI's shard `shard_id`: [floor(i*N/S), floor((i+1)*N/S)), as DALI's readers cut."""
-        return (shard_id + 1) * num_samples // self.world_size - shard_id * num_samples // self.world_size
-
     def size_of_strided(self, num_samples: int) -> int:
         """Samples rank, rank + world_size, ... of num_samples: the torch baseline's val split."""
         return len(range(self.rank, num_samples, self.world_size))

@@ -42,9 +42,9 @@ from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import build_pipeline, cuda_device_id
 from dali_pipes.procfs import release_free_memory
-from dali_pipes.reader import READER_NAME
+from dali_pipes.reader import READER_NAME, ReaderModel
 from dali_pipes.remote_feed import RemoteFeed
-from dali_pipes.recovery import READER_AHEAD_BATCHES, BadSample, BadSamplePolicy, reader_reach
+from dali_pipes.recovery import BadSample, BadSamplePolicy
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source, samples_source
 
@@ -276,10 +276,16 @@ class DaliLoader:
         plan = self._record.remainder if self._record is not None else None
         if plan is not None:  # the remainder epoch of an elastic resume (elastic.py)
             return self.contract.cut(plan.real, len(plan.indices))
-        n, world = self.num_samples, self.shard.world_size
-        # train: DALI moves each rank to the next shard every epoch (stick_to_shard=False)
-        shard_id = (self.shard.rank + self.epoch - self._dali_epoch0) % world if self.train else self.shard.rank
-        return self.contract.cut(self.shard.size_of(shard_id, n), self.contract.per_rank(n, world))
+        reader = self.reader_model()
+        real = reader.slice_size(reader.shard_of(self.epoch - self._dali_epoch0))
+        return self.contract.cut(real, self.contract.per_rank(self.num_samples, self.shard.world_size))
+
+    def reader_model(self) -> ReaderModel:
+        """DALI's reader of this rank's pipeline (reader.py)."""
+        args = self._pipeline_args
+        return ReaderModel(self.num_samples, self.shard.rank, self.shard.world_size, self.train, self.batch_size,
+                           args["shuffle_buffer"], args["prefetch_queue_depth"],
+                           list_shuffled=self.train and self.source.format.SHUFFLES_LIST)
 
     @property
     def samples_per_epoch(self) -> int:
@@ -402,14 +408,9 @@ class DaliLoader:
     def _exclude_culprits(self, error: RuntimeError) -> None:
         """Hand a pipeline error to the bad-sample policy: it raises naming the culprits, or
         excludes them from the source (skip_bad). Once it raises, the loader refuses to go on."""
-        args = self._pipeline_args
-        reach = reader_reach(position=self._position, batch_size=self.batch_size,
-                             prefetch_queue_depth=args["prefetch_queue_depth"], shuffle_buffer=args["shuffle_buffer"],
-                             train=self.train, rank=self.shard.rank, epoch=self.epoch - self._dali_epoch0,
-                             world_size=self.shard.world_size)
-        window = (args["prefetch_queue_depth"] + READER_AHEAD_BATCHES) * self.batch_size  # one failed batch's reach
         try:
-            self.source = self.bad_policy.handle(error, self.source, reach, window, self.shard.world_size)
+            self.source = self.bad_policy.handle_failure(error, self.source, self.reader_model(), self._position,
+                                                         self.epoch - self._dali_epoch0)
         except DatasetError as failure:
             self._failure = failure
             raise

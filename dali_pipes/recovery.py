@@ -5,7 +5,7 @@ DALI 2.4 cannot skip a sample that fails to decode: the whole batch is lost, the
 no file ("nvImageCodec failure: '#2'"), and an iterator that goes on afterwards silently yields
 fewer samples. So the loader hands every pipeline error to `BadSamplePolicy.handle`, which
   1. finds the culprits: DALI reads a shard in storage order through a shuffle buffer, so after
-     k batches it has read at most the first `reader_reach(...)` samples of it; those are checked
+     k batches it has read at most the first ReaderModel.reach(...) samples of it; those are checked
      with DALI's own decoder (bisecting a failed batch), nearest the read frontier first;
   2. raises a DatasetError naming them, or (skip=True) excludes them *in place*: each becomes a tiny
      valid placeholder image with label -1, so the dataset size, shard boundaries and DALI
@@ -23,6 +23,7 @@ import io
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 from PIL import Image
@@ -33,14 +34,11 @@ from dali_pipes.errors import DatasetError
 from dali_pipes.files import private_tmp
 from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, cache_root
+from dali_pipes.reader import ReaderModel
 from dali_pipes.samples import SampleRef
 from dali_pipes.source import Source
 from dali_pipes.verify import check_image, oversized
 
-# Beyond the batches in the pipeline's prefetch queue, a reader can have read two more batches
-# than were delivered: the batch the pipeline is assembling and the reader's own prefetch queue
-# (DALI's reader prefetch_queue_depth, 1 here).
-READER_AHEAD_BATCHES = 2
 SHOWN = 5  # bad samples named in a message; the rest are counted
 
 
@@ -75,22 +73,6 @@ def budget_of(max_bad: int | float | None, num_samples: int) -> int | None:
     return max_bad
 
 
-def reader_reach(*, position: int, batch_size: int, prefetch_queue_depth: int, shuffle_buffer: int, train: bool,
-                 rank: int, epoch: int, world_size: int) -> list[tuple[int, int]]:
-    """(DALI shard, how many of its samples, in storage order, the reader can have read) for a batch
-    that failed after `position` delivered batches of this epoch: this epoch's shard up to the read
-    frontier and, in train, the start of the next epoch's shard (the pipeline prefetches across the
-    boundary; train moves every rank to the next shard each epoch)."""
-    ahead = (prefetch_queue_depth + READER_AHEAD_BATCHES) * batch_size
-    buffer = shuffle_buffer if train else 0
-    frontier = position * batch_size + ahead + buffer
-    if not train:
-        return [(rank, frontier)]
-    current = (rank + epoch) % world_size
-    following = (current + 1) % world_size
-    return [(current, frontier)] + ([(following, ahead + buffer)] if following != current else [])
-
-
 class BadSamplePolicy:
     """What the loader does about bad samples, in one object: find them after a pipeline error,
     raise naming them (skip=False) or exclude them in place (skip=True) within `max_bad`, and keep
@@ -104,16 +86,20 @@ class BadSamplePolicy:
         self.bad_samples: list[BadSample] = []   # excluded so far, in order
         self.excluded: list[list[SampleRef]] = []  # refs excluded by each event (re-applied on resume)
 
-    def handle(self, error: RuntimeError, source: Source, reach: list[tuple[int, int]], window: int,
-               num_shards: int) -> Source:
+    def handle_failure(self, error: RuntimeError, source: Source, reader: ReaderModel, position: int,
+                       epoch: int) -> Source:
+        """`handle` for a batch that failed after `position` delivered batches of the pipeline's epoch
+        `epoch`: the samples the reader can have read then (reader.py's model) are searched."""
+        return self.handle(error, source, reader.reach(position, epoch), reader.window())
+
+    def handle(self, error: RuntimeError, source: Source, reach: list[Sequence[int]], window: int) -> Source:
         """The source with the culprits of `error` excluded (skip=True); else raises DatasetError
         naming them. Raises too when no culprit is found or the budget is spent: never continue
         silently."""
         message = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
         bad: list[tuple[SampleRef, BadSample]] = []
-        for shard_id, count in reach:
-            bad = bad or find_bad_samples(source, shard_id, num_shards, count, window, self.device, self.device_id,
-                                          self.max_pixels)
+        for indices in reach:
+            bad = bad or find_bad_samples(source, indices, window, self.device, self.device_id, self.max_pixels)
         if not bad:
             raise DatasetError(source.location, f"the DALI pipeline failed and no bad sample was found near the "
                                f"reader's position: {message}") from error
@@ -179,13 +165,6 @@ def placeholder_jpeg() -> bytes:
     return out.getvalue()
 
 
-def shard_refs(source: Source, shard_id: int, num_shards: int) -> list[SampleRef]:
-    """Refs of DALI's shard `shard_id` in storage order: [floor(i*N/S), floor((i+1)*N/S))."""
-    refs = source.refs()
-    n = len(refs)
-    return refs[shard_id * n // num_shards:(shard_id + 1) * n // num_shards]
-
-
 def dali_decodes(datas: list[bytes], device: str = "cpu", device_id: int | None = None) -> list[bool]:
     """Whether DALI's decoder (mixed on gpu, cpu otherwise) decodes each encoded image. One
     pipeline per batch; a failed batch is split in halves until the failures are single samples."""
@@ -226,14 +205,15 @@ def _decode_batch(datas: list[bytes], device: str, device_id: int | None) -> boo
         shutdown_pipeline(pipe)
 
 
-def find_bad_samples(source: Source, shard_id: int, num_shards: int, reach: int, window: int, device: str = "cpu",
+def find_bad_samples(source: Source, indices: Sequence[int], window: int, device: str = "cpu",
                      device_id: int | None = None, max_pixels: int | None = None) -> list[tuple[SampleRef, BadSample]]:
-    """(ref, BadSample) for samples DALI cannot decode among the first `reach` samples of the
-    shard in storage order: all the reader can have read so far. Delivered samples decoded, so
-    every undecodable sample there is still to come. Windows are checked from the read frontier
+    """(ref, BadSample) for samples DALI cannot decode among `indices`, the storage indices the reader
+    can have read so far in its read order (ReaderModel.reach). Delivered samples decoded, so every
+    undecodable sample there is still to come. Windows are checked from the read frontier
     backwards (the likeliest culprits first), stopping at the first window with a bad sample.
     Headers are checked against `max_pixels` first: an oversized image never reaches a decoder."""
-    refs = shard_refs(source, shard_id, num_shards)[:reach]
+    every = source.refs()
+    refs = [every[i] for i in indices]
     for end in range(len(refs), 0, -window):
         chunk = refs[max(0, end - window):end]
         datas, reasons = [], []

@@ -10,10 +10,9 @@ Measured with 20 ms per request (dali_pipes_bench.s3_feed, 1 and 2 ranks): nativ
 The cache works because DALI's TFRecord and file readers open a file only when they reach it: the
 reader is built over `cache.path_for(info)` of every file, and before each batch `advance` makes
 sure the files the reader may reach before the next batch are local. What the reader reaches is
-DALI's contiguous slice of the data for this rank (shard_cache.dali_shard_slice); in train mode
-(stick_to_shard=False) the slice moves to the next rank's each epoch, counted from the pipeline's
-first epoch. The reader reads at most `read_ahead` samples past what was consumed: its shuffle
-buffer, its queue, the pipeline's queue and the batch in flight.
+DALI's contiguous slice of the data for this rank; in train mode (stick_to_shard=False) the slice
+moves to the next rank's each epoch, counted from the pipeline's first epoch. The reader reads at
+most `read_ahead` samples past what was consumed. Both come from reader.ReaderModel.
 
 Restoring a DALI checkpoint mid-epoch replays the epoch from its start (DALI 2.4 re-reads the
 samples before the checkpoint), so such a build needs the epoch's files up to the position local
@@ -26,11 +25,10 @@ opens every tar file when it is built) and an elastic resume's remainder epoch (
 from __future__ import annotations
 
 from dali_pipes.dist import Shard
-from dali_pipes.shard_cache import (DEFAULT_MAX_BYTES, DEFAULT_PREFETCH, CacheTooSmallError, ReadAheadGate,
-                                    ShardCache, dali_shard_slice)
+from dali_pipes.reader import ReaderModel
+from dali_pipes.shard_cache import DEFAULT_MAX_BYTES, DEFAULT_PREFETCH, CacheTooSmallError, ReadAheadGate, ShardCache
 
 FEEDS = ("cache", "native")
-READER_QUEUE = 1  # the reader's prefetch_queue_depth (pipeline.build_pipeline)
 LAZY_KINDS = ("tfrecord", "folder", "file_list")  # DALI readers that open files only when they reach them
 
 
@@ -44,8 +42,9 @@ class RemoteFeed:
             raise ValueError(f"remote_feed must be one of {FEEDS}, got {mode!r}")
         self.mode, self.train, self.batch_size, self.shard = mode, train, batch_size, shard
         self.cache_dir, self.cache_bytes, self.cache_prefetch = cache_dir, cache_bytes, cache_prefetch
-        fill = shuffle_buffer if train else 0
-        self.read_ahead = fill + (READER_QUEUE + prefetch_queue_depth + 1) * batch_size + batch_size
+        self._reader_args = dict(rank=shard.rank, world_size=shard.world_size, train=train, batch_size=batch_size,
+                                 shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth)
+        self.reader = ReaderModel(0, **self._reader_args)  # of the source, once dali_source sees it
         self.cache: ShardCache | None = None
         self._gate: ReadAheadGate | None = None
         self._first_epoch = 0  # loader epoch of the pipeline's reader epoch 0 (shard rotation)
@@ -79,12 +78,14 @@ class RemoteFeed:
         import dataclasses
         self._source, self._starts, self._sizes = source, {}, {}
         self._counts = source.counts or [1] * len(source.files)
-        self._gate = ReadAheadGate(self.cache, [], self.read_ahead)
+        self.reader = ReaderModel(sum(self._counts), **self._reader_args,
+                                  list_shuffled=self.train and source.format.SHUFFLES_LIST)
+        self._gate = ReadAheadGate(self.cache, [], self.reader.read_ahead)
         self._extend(epoch)
         consumed = min(position * self.batch_size, self._sizes[epoch])
         self._cover(consumed)
         # DALI replays a restored epoch from its start: hold it all until built() (a fresh one: nothing)
-        self._gate.fetch(consumed + self.read_ahead)
+        self._gate.fetch(consumed + self.reader.read_ahead)
         self._pending_release = consumed if position else None
         # An excluded bad image was swapped for a local placeholder (recovery.py): it stays local.
         files = [self.cache.path_for(info) if path == info.url else path
@@ -120,15 +121,13 @@ class RemoteFeed:
         """Extend the stream by whole epochs past what the reader may reach: it reads across epoch
         ends, past several epochs when an epoch is shorter than its read-ahead."""
         empty = 0  # a slice may be empty (fewer samples than ranks): stop after a whole rotation of them
-        while sum(self._sizes.values()) <= consumed + self.read_ahead and empty <= self.shard.world_size:
+        while sum(self._sizes.values()) <= consumed + self.reader.read_ahead and empty <= self.shard.world_size:
             self._extend(max(self._starts) + 1)
             empty = empty + 1 if not self._sizes[max(self._starts)] else 0
 
     def _extend(self, epoch: int) -> None:
         """Append the shards the reader reads in `epoch` to the cache's stream."""
-        world = self.shard.world_size
-        shard_id = (self.shard.rank + (epoch - self._first_epoch if self.train else 0)) % world
-        taken = dali_shard_slice(self._counts, shard_id, world)
+        taken = self.reader.files_of(self._counts, self.reader.shard_of(epoch - self._first_epoch))
         self._starts[epoch] = sum(self._sizes.values())
         self._sizes[epoch] = sum(n for _, n in taken)
         self.cache.extend([self._source.remote[i] for i, _ in taken])

@@ -273,23 +273,6 @@ class ReadAheadGate:
         return self._ends[position - 1] if position else 0
 
 
-def dali_shard_slice(counts: Sequence[int], shard_id: int, num_shards: int) -> list[tuple[int, int]]:
-    """(shard index, samples taken) of the shards a DALI reader with this shard_id reads, in order.
-
-    DALI's readers split the concatenated samples of all files into num_shards contiguous ranges,
-    range k = [N * k // num_shards, N * (k + 1) // num_shards) (checked on DALI 2.4); a reader
-    never opens a file outside its range, so a cache need hold only these."""
-    total = sum(counts)
-    begin, end = total * shard_id // num_shards, total * (shard_id + 1) // num_shards
-    out, start = [], 0
-    for index, count in enumerate(counts):
-        taken = min(end, start + count) - max(begin, start)
-        if taken > 0:
-            out.append((index, taken))
-        start += count
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Scheduling, under state.lock
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
 from dali_pipes.loader import DaliLoader
 from dali_pipes.pipeline import build_pipeline, usable_cpus
 from dali_pipes.procfs import PeakSampler, cpu_seconds
-from dali_pipes.reader import READER_NAME
+from dali_pipes.reader import READER_NAME, ReaderModel
 from dali_pipes.formats import read_sample
 from dali_pipes.source import Source, open_source
 
@@ -124,7 +124,7 @@ def dropped_per_epoch(loader: Iterable) -> int:
     ceil(shard / batch) batches decoded, floor(shard / batch) yielded. Other loaders drop nothing
     (DataLoader's drop_last never loads the partial batch)."""
     if isinstance(loader, (DaliLoader, _BareDali)) and loader.train:
-        shard = loader.shard.size_of(loader.shard.rank, loader.num_samples)
+        shard = ReaderModel(loader.num_samples, loader.shard.rank, loader.shard.world_size).slice_size(loader.shard.rank)
         return -(-shard // loader.batch_size) * loader.batch_size - len(loader) * loader.batch_size
     return 0
 

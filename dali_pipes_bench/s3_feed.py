@@ -90,18 +90,20 @@ def build_pipe(paths: list[str], indexes: list[str], rank: int, world: int, batc
     return pipe()
 
 
-READ_AHEAD_BATCHES = 1 + 2 + 1 + 1  # reader queue + pipeline queue + the batch in flight + margin
 
 
 def run_worker(args: argparse.Namespace) -> dict:
     """Read `batches` batches of this rank's shard; images/s counted after the first batch."""
     from dali_pipes import object_store
-    from dali_pipes.shard_cache import ReadAheadGate, ShardCache, dali_shard_slice
+    from dali_pipes.reader import ReaderModel
+    from dali_pipes.shard_cache import ReadAheadGate, ShardCache
     with open(args.manifest) as f:
         manifest = json.load(f)
     shards = manifest["shards"]
     indexes = [s["index"] for s in shards]
-    taken = dali_shard_slice([s["count"] for s in shards], args.rank, args.world)
+    counts = [s["count"] for s in shards]
+    reader = ReaderModel(sum(counts), args.rank, args.world, batch_size=args.batch_size)  # val: no shuffle buffer
+    taken = reader.files_of(counts, args.rank)
     steps = min(args.batches, args.epochs * sum(n for _, n in taken) // args.batch_size)
     start = time.monotonic()
     cache = gate = None
@@ -113,7 +115,7 @@ def run_worker(args: argparse.Namespace) -> dict:
         infos = object_store.list_objects(f"s3://{BUCKET}/train/train-*")  # through the proxy, as a job would
         cache = ShardCache(folder=args.cache_folder, max_bytes=args.cache_bytes, prefetch=args.prefetch)
         cache.extend([infos[i] for i, _ in taken] * (args.epochs + 1))  # +1: the reader reads on past the end
-        gate = ReadAheadGate(cache, [n for _, n in taken] * (args.epochs + 1), READ_AHEAD_BATCHES * args.batch_size)
+        gate = ReadAheadGate(cache, [n for _, n in taken] * (args.epochs + 1), reader.read_ahead)
         gate.advance(0)
         paths = [cache.path_for(info) for info in infos]
     threads = max(1, (os.cpu_count() or 1) // args.world)

@@ -181,7 +181,7 @@ def test_train_at_most_once_per_epoch_and_the_cache_follows_the_shard_rotation(s
     reader cannot open (DALI fails the batch)."""
     tfrecord_shards(s3, shards=6)
     ranks = make_loaders(s3.url("train/"), world_size, batch_size=2, train=True, shuffle_buffer=4, cache_prefetch=1)
-    from dali_pipes.shard_cache import dali_shard_slice
+    from dali_pipes.reader import ReaderModel
     counts = ranks[0].source.counts
     starts = [sum(counts[:i]) for i in range(len(counts))]
     # storage order of the numbered shards: shard s holds s, s + 6, ... -> sample index -> label
@@ -190,8 +190,8 @@ def test_train_at_most_once_per_epoch_and_the_cache_follows_the_shard_rotation(s
         seen = []
         for rank, loader in enumerate(ranks):
             labels = [l for _, b in loader for l in b.tolist()]
-            expected = {label_at[starts[i] + k] for i, n in dali_shard_slice(counts, (rank + epoch) % world_size,
-                                                                              world_size)
+            model = ReaderModel(sum(counts), rank, world_size, train=True)
+            expected = {label_at[starts[i] + k] for i, n in model.files_of(counts, model.shard_of(epoch))
                         for k in range(counts[i])} if world_size > 1 else set(range(N))
             sliced = set(range(N * ((rank + epoch) % world_size) // world_size,
                                N * ((rank + epoch) % world_size + 1) // world_size))

@@ -206,13 +206,6 @@ def test_default_folder_follows_dali_pipes_cache(monkeypatch, tmp_path):
     assert default_cache_folder() == str(tmp_path / "shards")
 
 
-def test_shard_slices_follow_dali_ranges():
-    from dali_pipes.shard_cache import dali_shard_slice
-    assert dali_shard_slice([4, 4, 4], 0, 2) == [(0, 4), (1, 2)]
-    assert dali_shard_slice([4, 4, 4], 1, 2) == [(1, 2), (2, 4)]
-    assert dali_shard_slice([5, 0, 5], 0, 1) == [(0, 5), (2, 5)]
-
-
 def write_record_shards(s3, tmp_path, shards: int, per_shard: int) -> tuple[list, list[str]]:
     """TFRecord shards on S3 (record label l holds image bytes [l % 256] * (50 + l)), with local
     index files; returns their listing and the index paths."""
@@ -232,12 +225,14 @@ def write_record_shards(s3, tmp_path, shards: int, per_shard: int) -> tuple[list
 def read_rank_through_cache(infos, indexes, tmp_path, rank: int, world: int, bound: int) -> tuple[list, dict]:
     """One epoch of one rank: a DALI reader over the cache's local paths, gated by ReadAheadGate."""
     from nvidia.dali import fn, pipeline_def, tfrecord as tfrec
-    from dali_pipes.shard_cache import ReadAheadGate, dali_shard_slice
+    from dali_pipes.reader import ReaderModel
+    from dali_pipes.shard_cache import ReadAheadGate
     batch, per_shard = 4, 8
-    taken = dali_shard_slice([per_shard] * len(infos), rank, world)
+    reader = ReaderModel(per_shard * len(infos), rank, world, batch_size=batch, prefetch_queue_depth=1)
+    taken = reader.files_of([per_shard] * len(infos), rank)
     cache = ShardCache(folder=str(tmp_path / "cache"), max_bytes=bound, prefetch=2)
     cache.extend([infos[i] for i, _ in taken] * 2)  # this epoch, then the next: the reader wraps ahead
-    gate = ReadAheadGate(cache, [n for _, n in taken] * 2, read_ahead=(1 + 1 + 1) * batch + batch)
+    gate = ReadAheadGate(cache, [n for _, n in taken] * 2, read_ahead=reader.read_ahead)
 
     @pipeline_def(batch_size=batch, num_threads=1, device_id=None, prefetch_queue_depth=1)
     def pipe():

@@ -6,6 +6,7 @@ A format module provides
     read_sample(ref)                the Sample a ref names (raises DatasetError if it is unreadable)
     dali_reader(source, args)       DALI reader nodes: (encoded images, labels)
     source_info(ref)                what DALI reports as the sample's source_info (elastic resume)
+    SHUFFLES_LIST                   bool: its DALI reader shuffles its list once in train (reader.ReaderModel)
 and, when SHARDED: SHARD_NAME, SNIFF_BYTES, sniff_name(name), sniff_head(head), check_shard, build_index, index_matches, count_samples, read_index, write_index,
 split_source_info, verify_shard (readable refs and problems of one shard, without decoding), rewrite_without.
 A new format costs one module and one entry below, not edits across the package.

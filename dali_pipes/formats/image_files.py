@@ -12,8 +12,9 @@ import os
 from dali_pipes.errors import DatasetError
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 SHARDED = False
+SHUFFLES_LIST = True  # DALI's file reader shuffles its list once in train (reader.ReaderModel)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 
 
 def list_folder(root: str) -> tuple[list[str], list[int], list[str]]:

@@ -150,6 +150,7 @@ def looks_like_tfrecord(path: str) -> bool:
 
 
 SHARD_NAME = "a TFRecord shard"  # in messages
+SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
 SNIFF_BYTES = HEADER_BYTES
 
 

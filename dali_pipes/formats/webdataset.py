@@ -23,6 +23,7 @@ from dali_pipes.files import private_tmp
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
 
 SHARD_NAME = "a .tar shard"  # in messages
+SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
 SNIFF_BYTES = 0
 
 
