@@ -8,7 +8,9 @@ script swaps the class name and nothing else:
   * `sampler`: a DistributedSampler (or a look-alike with num_replicas and rank) gives the rank, world
     size, seed, shuffle and drop_last; a RandomSampler or SequentialSampler means shuffle or not;
     any other sampler, a batch_sampler or a custom collate_fn is refused (DALI batches by itself);
-  * without a sampler a dataset object is read whole by every process, as DataLoader reads it;
+  * without a sampler a dataset object is read whole by every process, as DataLoader reads it, except
+    where a Lightning Trainer would give a DataLoader built there a DistributedSampler (its hooks under a
+    distributed strategy, use_distributed_sampler=True): there it is sharded as Lightning would shard it;
   * `shuffle=True` or a random transform means train mode; `drop_last` is DataLoader's.
 Called the dali_pipes way (a location first, `train=`), the rank comes from torch.distributed or
 torchrun and train keeps DALI's own full batches (drop_last unset), as before.
@@ -17,6 +19,8 @@ torchrun and train keeps DALI's own full batches (drop_last unset), as before.
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +78,9 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     if is_location:
         rank_, world_ = (rank, world_size) if drawn.get("world_size") is None else (drawn["rank"], drawn["world_size"])
     else:  # a dataset object: DataLoader semantics, every process reads it whole unless a sampler shards it
-        rank_ = drawn.get("rank", rank if rank is not None else 0)
-        world_ = drawn.get("world_size", world_size if world_size is not None else 1)
+        lightning = lightning_shard() if not drawn and (rank, world_size) == (None, None) else None
+        rank_ = drawn.get("rank", rank if rank is not None else lightning[0] if lightning else 0)
+        world_ = drawn.get("world_size", world_size if world_size is not None else lightning[1] if lightning else 1)
         if not train and sampler_drop_last:  # DistributedSampler drops the last N % world samples
             samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
@@ -83,6 +88,30 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     return DataLoaderCall(None if not is_location else dataset, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
                           dali_drop, sampler, sampler_drop_last, rank_, world_, seed)
+
+
+def lightning_shard() -> tuple[int, int] | None:
+    """(rank, world size) when this loader is built inside a running Lightning Trainer's hooks (a
+    LightningModule's or LightningDataModule's *_dataloader) under a distributed strategy that gives
+    DataLoaders a DistributedSampler (use_distributed_sampler=True, the default). Lightning re-creates
+    only real DataLoaders with that sampler; DaliLoader is read here instead, so that a script swapping
+    the class name keeps Lightning's sharding. Nothing is imported: the trainer is found on the stack."""
+    if not any(name in sys.modules for name in ("lightning.pytorch", "pytorch_lightning")):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        attrs = getattr(owner, "__dict__", {})
+        trainer = attrs.get("_trainer") or attrs.get("trainer")
+        if type(trainer).__name__ == "Trainer" and hasattr(trainer, "global_rank"):
+            connector = getattr(trainer, "_accelerator_connector", None)
+            if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", True):
+                warnings.warn(f"DaliLoader built in a Lightning hook: rank {trainer.global_rank} of "
+                              f"{trainer.world_size}, sharded as Lightning shards a DataLoader")
+                return trainer.global_rank, trainer.world_size
+            return None
+        frame = frame.f_back
+    return None
 
 
 def _refuse_unsupported(batch_sampler: Any, collate_fn: Any) -> None:

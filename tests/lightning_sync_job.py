@@ -1,7 +1,10 @@
 """A LightningModule shaped like Lightning's ImageNet example, its loaders built in its own hooks with
 DaliLoader called the dali_pipes way, validation logged with sync_dist=True; 2 ranks, DDP on CPU (gloo).
 
-    python tests/lightning_sync_job.py FOLDER OUT BATCH
+    python tests/lightning_sync_job.py FOLDER OUT BATCH [dataset]
+
+With "dataset", the hooks build DaliLoader the DataLoader way (torchvision ImageFolder, class name swapped),
+which a real DataLoader would get Lightning's DistributedSampler for: it must be sharded the same way.
 
 A script, not a test: Lightning's "ddp" strategy starts rank 1 by running sys.argv again. Rank 0 writes
 OUT/metrics.json: the epoch's val_loss, val_acc (means over ranks, sync_dist) and val_count (summed).
@@ -23,9 +26,9 @@ LOADER_ARGS = dict(device="cpu", image_size=16, num_threads=1)
 
 
 class ImagenetLike(pl.LightningModule):
-    def __init__(self, folder: str, batch_size: int) -> None:
+    def __init__(self, folder: str, batch_size: int, form: str) -> None:
         super().__init__()
-        self.folder, self.batch_size = folder, batch_size
+        self.folder, self.batch_size, self.form = folder, batch_size, form
         self.head = torch.nn.Linear(3, 3)
 
     def forward(self, images):
@@ -48,17 +51,30 @@ class ImagenetLike(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def train_dataloader(self):
+        if self.form == "dataset":
+            return DaliLoader(image_folder(self.folder, train=True), batch_size=self.batch_size, shuffle=True)
         return DaliLoader(self.folder, batch_size=self.batch_size, train=True, drop_last=False, **LOADER_ARGS)
 
     def val_dataloader(self):
+        if self.form == "dataset":
+            return DaliLoader(image_folder(self.folder, train=False), batch_size=self.batch_size)
         return DaliLoader(self.folder, batch_size=self.batch_size, train=False, **LOADER_ARGS)
 
 
-def main(folder: str, out: str, batch_size: int) -> None:
+def image_folder(folder: str, train: bool):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torchvision_side import import_torchvision
+    import_torchvision()
+    from torchvision import datasets, transforms as T
+    steps = [T.RandomResizedCrop(16)] if train else [T.Resize(20), T.CenterCrop(16)]
+    return datasets.ImageFolder(folder, T.Compose(steps + [T.ToTensor()]))
+
+
+def main(folder: str, out: str, batch_size: int, form: str) -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=1,
                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
-    trainer.fit(ImagenetLike(folder, batch_size))
+    trainer.fit(ImagenetLike(folder, batch_size, form))
     if trainer.global_rank == 0:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         with open(os.path.join(out, "metrics.json"), "w") as f:
@@ -66,4 +82,4 @@ def main(folder: str, out: str, batch_size: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "location")

@@ -53,17 +53,18 @@ def test_validation_loop_counts_exactly_without_nan(val_set, loop, tmp_path, tor
         assert result["top1"] == pytest.approx(100 * even / n)
 
 
-def test_lightning_module_logging_with_sync_dist(val_set, tmp_path):
+@pytest.mark.parametrize("form", ["location", "dataset"])
+def test_lightning_module_logging_with_sync_dist(val_set, tmp_path, form, torchvision):
     pytest.importorskip("lightning", reason="Lightning is an optional extra: pip install dali_pipes[lightning]")
     folder, counts, batch = val_set
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env.update(PYTHONPATH=os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p), MASTER_ADDR="127.0.0.1")
     job = os.path.join(os.path.dirname(__file__), "lightning_sync_job.py")
-    done = subprocess.run([sys.executable, job, folder, str(tmp_path), str(batch)], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, job, folder, str(tmp_path), str(batch), form], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     with open(tmp_path / "metrics.json") as f:
         metrics = json.load(f)
     assert all(math.isfinite(metrics[k]) for k in ("val_loss", "val_acc"))
-    assert metrics["val_count"] == 2 * math.ceil(sum(counts) / 2)  # DistributedSampler's count
+    assert metrics["val_count"] == 2 * math.ceil(sum(counts) / 2)  # DistributedSampler's count: sharded
