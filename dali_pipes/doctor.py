@@ -10,13 +10,16 @@ PASSED, FAILED or NOT CHECKED (and why):
     (CPU decode) and CPU pipelines, compared (val: image by image; train: labels and statistics);
   * GPU only: throughput of DALI gpu at hw_decoder_load 0, 0.65 and 0.99 and of DataLoader + PIL
     (60 s in all), with the hardware JPEG decoder's use read through NVML (pynvml) where available.
-It writes doctor.json, doctor.md and (with matplotlib, after a throughput run) throughput.png to the
-results folder, to attach to a bug report, and exits 1 if any check that ran failed.
+It writes doctor.json and doctor.md to the results folder (default: under the cache root,
+$DALI_PIPES_CACHE/doctor/<time>), to attach to a bug report, and exits 1 if any check that ran failed.
+The throughput run is a benchmark (dali_pipes_bench.doctor_throughput, extra [bench]): the doctor runs
+it in a process of its own, which also reads NVML and draws throughput.png, and says when it is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import datetime
 import json
 import os
@@ -26,7 +29,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -36,7 +38,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 PASSED, FAILED, NOT_CHECKED = "PASSED", "FAILED", "NOT CHECKED"
-HW_LOADS = (0.0, 0.65, 0.99)
 # GPUs with hardware JPEG decoders (NVJPG engines), by model name; NVML says for sure where it can.
 HW_JPEG_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "L4")
 THROUGHPUT = "throughput (DALI gpu at hw_decoder_load 0 / 0.65 / 0.99 vs DataLoader + PIL, NVML decoder use)"
@@ -164,38 +165,6 @@ class Nvml:
                 out[key] = int(value.gpu if key == "gpu" else value[0])
             except Exception:
                 out[key] = None
-        return out
-
-
-class NvmlSampler:
-    """Samples NVML utilisation every 0.2 s in a thread, for one throughput run."""
-
-    def __init__(self) -> None:
-        self.nvml, self.samples, self._stop = Nvml.open(), [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.samples.append(self.nvml.readings())
-
-    def __enter__(self) -> "NvmlSampler":
-        if self.nvml is not None:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def summary(self) -> dict:
-        if self.nvml is None:
-            return {"nvml": "not available (pip install nvidia-ml-py)"}
-        out = {}
-        for key in ("jpeg", "video_decoder", "gpu"):
-            values = [s[key] for s in self.samples if s.get(key) is not None]
-            out[f"{key}_util_mean"] = round(float(np.mean(values)), 1) if values else None
-            out[f"{key}_util_max"] = max(values) if values else None
         return out
 
 
@@ -353,62 +322,27 @@ def _epoch(folder: str, train: bool, device: str, decode_device: str | None, kee
             "channel_mean": (sums / max(count, 1)).numpy()}
 
 
-def check_throughput(env: dict, train_dir: str, seconds: float) -> tuple[str, dict]:
-    """Train-mode images/s at 224 px, each case for seconds / 4: DALI gpu at each hw_decoder_load,
-    and DataLoader + PIL with a worker per CPU, batches moved to the GPU as a training step would."""
+def check_throughput(env: dict, train_dir: str, seconds: float, out: str) -> tuple[str, dict]:
+    """The throughput run: a benchmark, so it lives in dali_pipes_bench and runs in a process of its own
+    (the library never imports the benchmarks); not checked where that package is not installed."""
     require_gpu(env)
-    from dali_pipes import DaliLoader
-    from dali_pipes.baseline import TorchLoader
-    from dali_pipes.pipeline import usable_cpus
-    per_case = seconds / (len(HW_LOADS) + 1)
-    cases = {f"DALI gpu hw_decoder_load={load}": (lambda load=load: DaliLoader(
-        train_dir, batch_size=100, train=True, device="gpu", image_size=224, hw_decoder_load=load))
-        for load in HW_LOADS}
-    cases[f"DataLoader + PIL, {usable_cpus()} workers"] = lambda: TorchLoader(
-        train_dir, batch_size=100, train=True, image_size=224, num_workers=usable_cpus())
-    rows = []
-    for name, make in cases.items():
-        with NvmlSampler() as nvml:
-            rate, used_mb = _images_per_s(make, per_case)
-        rows.append({"case": name, "images_per_s": round(rate, 1), "gpu_used_mb": used_mb, **nvml.summary()})
-        print(f"             {json.dumps(rows[-1])}", flush=True)
-    best = max(rows[:-1], key=lambda r: r["images_per_s"])
-    ratio = best["images_per_s"] / max(rows[-1]["images_per_s"], 1e-9)
-    return f"best {best['case']}: {best['images_per_s']:.0f} images/s, {ratio:.1f}x DataLoader + PIL", {"rows": rows}
-
-
-def _forever(loader):
-    """Batches epoch after epoch."""
-    while True:
-        yield from loader
-
-
-def _images_per_s(make: Callable, seconds: float) -> tuple[float, float]:
-    """Delivered images/s of a loader over `seconds` after a warm-up, and the GPU memory in use at
-    the end, in MB (all processes: DALI's buffers and pools included)."""
-    import torch
-    loader = make()
-    try:
-        batches = _forever(loader)
-        for _ in range(3):
-            next(batches)
-        torch.cuda.synchronize()
-        start, samples = time.perf_counter(), 0
-        while time.perf_counter() - start < seconds:
-            images, labels = next(batches)
-            images = images.to("cuda", non_blocking=True)
-            samples += len(labels)
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        return samples / (time.perf_counter() - start), round((total - free) / 2**20)
-    finally:
-        loader.close()
+    if importlib.util.find_spec("dali_pipes_bench") is None:
+        raise NotChecked("the throughput run is a benchmark: pip install 'dali_pipes[bench]' (or run from a "
+                         "source checkout)")
+    result = os.path.join(out, "throughput.json")
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.doctor_throughput", train_dir, "--seconds",
+                          str(seconds), "--out", out], text=True)
+    if run.returncode != 0:
+        raise AssertionError(f"python -m dali_pipes_bench.doctor_throughput exited {run.returncode}")
+    with open(result) as f:
+        data = json.load(f)
+    return data["summary"], {"rows": data["rows"]}
 
 
 # -- results -------------------------------------------------------------------------------------------
 
 def write_results(out: str, env: dict, checks: list[Check], argv: Sequence[str]) -> list[str]:
-    """doctor.json, doctor.md and, after a throughput run and with matplotlib, throughput.png."""
+    """doctor.json and doctor.md (and the throughput run's throughput.png, where it drew one)."""
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, "doctor.json"), os.path.join(out, "doctor.md")]
     with open(paths[0], "w") as f:
@@ -416,8 +350,8 @@ def write_results(out: str, env: dict, checks: list[Check], argv: Sequence[str])
                    "checks": [asdict(c) for c in checks]}, f, indent=1, default=str)
     with open(paths[1], "w") as f:
         f.write(markdown(env, checks, argv))
-    plot = _plot(out, checks)
-    return paths + ([plot] if plot else [])
+    plot = os.path.join(out, "throughput.png")
+    return paths + ([plot] if os.path.exists(plot) else [])
 
 
 def markdown(env: dict, checks: list[Check], argv: Sequence[str]) -> str:
@@ -439,34 +373,15 @@ def markdown(env: dict, checks: list[Check], argv: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(out: str, checks: list[Check]) -> str | None:
-    rows = next((c.data["rows"] for c in checks if c.name == THROUGHPUT and c.status == PASSED), None)
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    if not rows:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
-    ax.barh([r["case"] for r in rows], [r["images_per_s"] for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("images/s (train, 224 px)")
-    fig.tight_layout()
-    path = os.path.join(out, "throughput.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 # -- the command ---------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m dali_pipes.doctor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    parser.add_argument("--out", default=f"dali-pipes-doctor-{stamp}", help="results folder (default: %(default)s)")
+    from dali_pipes.indexes import cache_root
+    parser.add_argument("--out", default=os.path.join(cache_root(), "doctor", stamp),
+                        help="results folder (default: under the cache root, %(default)s)")
     parser.add_argument("--quick", action="store_true", help="a smaller built-in dataset and a 20 s throughput run")
     parser.add_argument("--data", default=None, help="the built-in dataset's folder (with train/ and val/); "
                         "default: data/sample/images, else one made in the results folder")
@@ -516,7 +431,7 @@ def gpu_runtime_checks(env: dict, args: argparse.Namespace) -> list[Check]:
     seconds = args.seconds or (20.0 if args.quick else 60.0)
     return [run_check("built-in dataset", dataset),
             run_check("GPU vs CPU outputs", needs(splits, lambda: check_gpu_vs_cpu(env, *splits), env)),
-            run_check(THROUGHPUT, needs(splits, lambda: check_throughput(env, splits[0], seconds), env))]
+            run_check(THROUGHPUT, needs(splits, lambda: check_throughput(env, splits[0], seconds, args.out), env))]
 
 
 def report(checks: list[Check], paths: list[str]) -> int:

@@ -67,10 +67,21 @@ def test_hardware_jpeg_decoder_guess_by_model(monkeypatch, name, expected):
     assert doctor.hardware_jpeg_decoder(name).startswith(expected)
 
 
-def test_throughput_results_are_tabled_and_plotted(tmp_path):
+def test_throughput_results_are_tabled_and_the_benchmark_plots_them(tmp_path):
+    from dali_pipes_bench.doctor_throughput import plot
     rows = [{"case": "DALI gpu hw_decoder_load=0.65", "images_per_s": 9000.0, "jpeg_util_mean": 41.0,
              "gpu_util_mean": 55.0}, {"case": "DataLoader + PIL, 16 workers", "images_per_s": 1500.0}]
     checks = [doctor.Check(doctor.THROUGHPUT, doctor.PASSED, "best ...", {"rows": rows})]
     paths = doctor.write_results(str(tmp_path), {"gpu": "NVIDIA H100 80GB HBM3"}, checks, [])
     assert "| DALI gpu hw_decoder_load=0.65 | 9000.0 | 41.0 | 55.0 |" in (tmp_path / "doctor.md").read_text()
-    assert str(tmp_path / "throughput.png") in paths and (tmp_path / "throughput.png").stat().st_size > 0
+    assert str(tmp_path / "throughput.png") not in paths  # the doctor draws nothing itself
+    assert plot(str(tmp_path), rows) == str(tmp_path / "throughput.png")
+    assert (tmp_path / "throughput.png").stat().st_size > 0
+    assert str(tmp_path / "throughput.png") in doctor.write_results(str(tmp_path), {}, checks, [])
+
+
+def test_doctor_has_no_plotting_or_benchmark_and_writes_under_the_cache_root(monkeypatch, tmp_path):
+    source = open(doctor.__file__).read()
+    assert "matplotlib" not in source and "NvmlSampler" not in source and "dali_pipes_bench." in source
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path))
+    assert doctor.parse_args([]).out.startswith(str(tmp_path / "doctor"))
