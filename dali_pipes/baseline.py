@@ -125,6 +125,8 @@ class ShardSampler(Sampler[tuple[int, int]]):
 class TorchLoader:
     """DataLoader + ShardSampler + PIL, with DaliLoader's surface."""
 
+    supports_elastic = False  # resumes on its own world size only
+
     def __init__(self, source: Source | str, *, batch_size: int, train: bool, rank: int | None = None,
                  world_size: int | None = None, image_size: int = 224, seed: int = 0, num_workers: int = 4,
                  pin_memory: bool = True, persistent_workers: bool = True, augment: AugmentConfig | None = None,

@@ -56,6 +56,7 @@ class Loader(Protocol):
     """What the training loop needs of a loader; DaliLoader and the DataLoader baseline both are one."""
     source: Source
     bad_samples: list
+    supports_elastic: bool  # load_state_dict takes every old rank's state on another world size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
     def __len__(self) -> int: ...
@@ -95,6 +96,8 @@ def resolve_device(device: str) -> str:
 
 class DaliLoader:
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
+
+    supports_elastic = True
 
     _record: elastic.DeliveryRecord | None = None  # samples delivered this epoch (elastic resume)
     _dali_epoch0 = 0  # the loader epoch that is the current pipeline's first (DALI rotates shards from it)

@@ -431,22 +431,10 @@ def format_copies(source: Source, out: str, shard_counts: list[int], progress: b
     return copies
 
 
-def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict[str, str],
-                augment: AugmentConfig | None = None, loader: object | None = None) -> list[Case]:
-    """The comparison matrix. `augment` (default: AugmentConfig at the plan's image size) reaches
-    every loader; `loader` (a LoaderConfig) every DALI loader, except the device and thread count,
-    which the cases set."""
-    dali_device = "gpu" if gpu else "cpu"
+def _loader_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict[str, str], dali: Callable,
+                  torch_loader: Callable) -> list[Case]:
+    """The "loaders" group: every loader, train and val, as build_cases makes them."""
     b, size = plan.batch_size, plan.image_size
-    augment = replace(augment, image_size=size) if augment else AugmentConfig(image_size=size)
-    loader_args = {k: v for k, v in (asdict(loader) if loader is not None else {}).items()
-                   if k not in ("device", "num_threads")}
-    dali = lambda src=source, device=dali_device, train=True, batch=b, threads=cores, extra=None, **aug: (
-        lambda: DaliLoader(src, batch_size=batch, train=train, device=device, num_threads=threads,
-                           augment=replace(augment, **aug), **{**loader_args, **(extra or {})}))
-    torch_loader = lambda train=True, workers=cores, pin=True, persistent=True: (
-        lambda: TorchLoader(source, batch_size=b, train=train, num_workers=workers, pin_memory=pin,
-                            persistent_workers=persistent, augment=augment))
     cases = []
     for mode in plan.modes:
         train = mode == "train"
@@ -467,6 +455,26 @@ def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict
             shards = open_source(tfrecords[-1]).files
             cases.append(Case("tf.data", "loaders", mode, {"shards": len(shards)},
                               lambda train=train: TfDataLoader(shards, batch_size=b, train=train, image_size=size)))
+    return cases
+
+
+def build_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: dict[str, str],
+                augment: AugmentConfig | None = None, loader: object | None = None) -> list[Case]:
+    """The comparison matrix. `augment` (default: AugmentConfig at the plan's image size) reaches
+    every loader; `loader` (a LoaderConfig) every DALI loader, except the device and thread count,
+    which the cases set."""
+    dali_device = "gpu" if gpu else "cpu"
+    b, size = plan.batch_size, plan.image_size
+    augment = replace(augment, image_size=size) if augment else AugmentConfig(image_size=size)
+    loader_args = {k: v for k, v in (asdict(loader) if loader is not None else {}).items()
+                   if k not in ("device", "num_threads")}
+    dali = lambda src=source, device=dali_device, train=True, batch=b, threads=cores, extra=None, **aug: (
+        lambda: DaliLoader(src, batch_size=batch, train=train, device=device, num_threads=threads,
+                           augment=replace(augment, **aug), **{**loader_args, **(extra or {})}))
+    torch_loader = lambda train=True, workers=cores, pin=True, persistent=True: (
+        lambda: TorchLoader(source, batch_size=b, train=train, num_workers=workers, pin_memory=pin,
+                            persistent_workers=persistent, augment=augment))
+    cases = _loader_cases(source, plan, gpu, cores, formats, dali, torch_loader)
     for mode in plan.overhead_modes:
         cases.append(Case(f"DaliLoader / bare DALI {dali_device}", "loader_overhead", mode,
                           {"device": dali_device, "threads": cores},

@@ -55,6 +55,12 @@ def run(installed, work, *args, ok=True):
     return result
 
 
+def test_the_wheel_installs_no_top_level_train_package(installed):
+    _, env = installed
+    site = env["PYTHONPATH"]
+    assert os.path.isdir(os.path.join(site, "dali_pipes")) and not os.path.exists(os.path.join(site, "train"))
+
+
 def test_installed_command_works_outside_the_repository(installed, tmp_path):
     bin_dir, env = installed
     where = subprocess.run([sys.executable, "-c", "import dali_pipes, dali_pipes_bench; "

@@ -161,7 +161,7 @@ def test_lr_schedule_runs_by_samples_seen_across_a_new_global_batch():
     """Same global batch: the factor of the old per-step schedule. After `rebase` to another global
     batch, the factor is that of the samples seen, not of the step count."""
     import math
-    from train.train import WarmupCosine
+    from train.utils import WarmupCosine
     per_step = lambda step, total, warmup: (step + 1) / warmup if step < warmup else \
         0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
     schedule = WarmupCosine(total_samples=100 * 16, warmup_samples=10 * 16, global_batch=16)

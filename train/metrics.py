@@ -6,29 +6,28 @@ import os
 
 import torch
 
-from dali_pipes.procfs import host_memory_mb
+from dali_pipes.procfs import PeakSampler
 
 
 class MemoryMeter:
-    """Peaks of host memory (process tree, sampled) and GPU memory (torch's allocator peak, and
-    the device's used memory, which includes DALI's own buffers)."""
+    """Peaks of host memory (process tree) and GPU memory in use (DALI's own buffers included), sampled
+    once a second by a background thread (procfs.PeakSampler): no /proc walk on the step's path."""
 
-    def __init__(self) -> None:
-        self.host_peak_mb = 0.0
-        self.gpu_used_peak_mb = 0.0
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self._sampler = PeakSampler(interval_s).__enter__()
 
     def sample(self) -> None:
-        self.host_peak_mb = max(self.host_peak_mb, host_memory_mb())
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            free, total = torch.cuda.mem_get_info()
-            self.gpu_used_peak_mb = max(self.gpu_used_peak_mb, (total - free) / 2**20)
+        self._sampler.sample()
 
     def peaks(self) -> dict:
-        out = {"host_peak_mb": round(self.host_peak_mb, 1)}
+        out = {"host_peak_mb": round(self._sampler.host_peak_mb, 1)}
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             out["gpu_torch_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-            out["gpu_device_used_peak_mb"] = round(self.gpu_used_peak_mb, 1)
+            out["gpu_device_used_peak_mb"] = round(self._sampler.gpu_peak_mb or 0.0, 1)
         return out
+
+    def close(self) -> None:
+        self._sampler.__exit__(None, None, None)
 
 
 def atomic_save(obj, path: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import random
@@ -29,10 +28,12 @@ from tqdm import tqdm
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
-from dali_pipes.loader import Loader, resolve_device
-from dali_pipes.pipeline import cuda_device_id, default_threads
-from train.metrics import MemoryMeter, atomic_save
+from dali_pipes.loader import Loader
+from dali_pipes.pipeline import default_threads
+from train.checkpoint import load_checkpoint, save_checkpoint
+from train.metrics import MemoryMeter
 from train.models import ARCHS, create_model
+from train.utils import mean_over_ranks, param_groups, setup_distributed, sum_over_ranks, warmup_cosine
 
 DEFAULT_DATA = "data/sample/images"
 
@@ -107,28 +108,6 @@ class Run:
 # Set-up
 # ---------------------------------------------------------------------------------------------
 
-def setup_distributed(args) -> tuple[Shard, torch.device]:
-    shard = Shard.from_env()
-    try:
-        args.device = resolve_device(args.device)  # "auto" -> gpu or cpu, once, for both loaders
-    except RuntimeError as e:
-        raise SystemExit(str(e))
-    if args.device == "gpu":
-        # cuda_device_id: the local rank's GPU, or the one GPU a rank sees under a scheduler that
-        # sets CUDA_VISIBLE_DEVICES per rank (where local_rank would name a device it cannot see).
-        index = cuda_device_id(shard)
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    else:
-        device = torch.device("cpu")
-    if shard.world_size > 1 and not dist.is_initialized():
-        # NCCL between GPUs; gloo on CPU. torchrun's env:// rendezvous gives rank and world size.
-        # A finite timeout: a rank that dies outside torchrun must not leave the others waiting forever.
-        dist.init_process_group("nccl" if args.device == "gpu" else "gloo", timeout=datetime.timedelta(
-            seconds=args.dist_timeout), device_id=device if args.device == "gpu" else None)
-    return shard, device
-
-
 def resolve_data(args) -> tuple[str, str]:
     data = args.data
     if not data:
@@ -159,46 +138,6 @@ def build_loader(args, data: str, train: bool, shard: Shard):
         return DaliLoader(data, **source_args, **loader_args, **common, val_padding="label")
     return TorchLoader(data, num_workers=args.workers or default_threads(shard), pin_memory=True,
                        persistent_workers=True, keys=source_args["keys"], **common)
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on norm weights and biases (1-D parameters)."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        (no_decay if p.ndim <= 1 else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-class WarmupCosine:
-    """LambdaLR's factor by samples seen (all ranks), not by steps: linear warm-up over
-    `warmup_samples`, then cosine decay to 0 at `total_samples`. LambdaLR calls it with its step
-    count; samples seen = base_samples + (step - base_step) * global_batch. An object, not a function,
-    so that LambdaLR's state_dict saves it: a run resumed on another world size (another global
-    batch) calls `rebase` and goes on along the same schedule by samples."""
-
-    def __init__(self, total_samples: int, warmup_samples: int, global_batch: int) -> None:
-        self.total_samples, self.warmup_samples, self.global_batch = total_samples, warmup_samples, global_batch
-        self.base_step = self.base_samples = 0
-
-    def samples(self, step: int) -> int:
-        return self.base_samples + (step - self.base_step) * self.global_batch
-
-    def rebase(self, step: int, global_batch: int) -> None:
-        """From `step` on, each step trains on `global_batch` samples."""
-        self.base_samples, self.base_step, self.global_batch = self.samples(step), step, global_batch
-
-    def __call__(self, step: int) -> float:
-        samples = self.samples(step)
-        if samples < self.warmup_samples:
-            # steps: (step + 1) / warmup steps; capped, since after a rebase to another global batch
-            # the samples need not land on the warm-up's end
-            return min(1.0, (samples + self.global_batch) / self.warmup_samples)
-        progress = (samples - self.warmup_samples) / max(1, self.total_samples - self.warmup_samples)
-        return 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
-
-
-def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) -> WarmupCosine:
-    return WarmupCosine(total_samples, warmup_samples, global_batch)
 
 
 def create_run(args) -> Run:
@@ -236,67 +175,6 @@ def _num_classes(source) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints: model, optimizer, scaler, scheduler, every rank's loader state and RNG.
-# ---------------------------------------------------------------------------------------------
-
-def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-
-def save_checkpoint(run: Run) -> None:
-    per_rank = {"loader": run.train_loader.state_dict(), "rng": _rng_state()}
-    gathered = [per_rank]
-    if dist.is_initialized():  # sync point: every rank hands its loader position to rank 0
-        gathered = [None] * run.shard.world_size
-        dist.all_gather_object(gathered, per_rank)
-    if run.is_main:
-        model = run.model.module if hasattr(run.model, "module") else run.model
-        atomic_save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
-                     "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
-                     "step": run.step, "ranks": gathered, "args": vars(run.args)},
-                    os.path.join(run.args.workdir, "checkpoint.pt"))
-
-
-def load_checkpoint(run: Run, path: str) -> None:
-    """Everything as saved. On another world size (elastic resume, DALI loader only) the loaders
-    split the rest of the interrupted epoch over the new ranks, the lr schedule goes on by samples
-    seen, and the peak lr follows the new global batch (0.1 x global batch / 256) unless --lr is given."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    old_world, world = len(state["ranks"]), run.shard.world_size
-    if old_world != world and not isinstance(run.train_loader, DaliLoader):
-        raise SystemExit(f"{path} was written by {old_world} ranks; --loader {run.args.loader} resumes only on "
-                         f"the same world size ({world} now); --loader dali resumes on any")
-    model = run.model.module if hasattr(run.model, "module") else run.model
-    model.load_state_dict(state["model"])
-    base_lrs = list(run.scheduler.base_lrs)  # this world's peak lr (the scaling rule), before the saved one
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    run.scaler.load_state_dict(state["scaler"])
-    run.step = state["step"]
-    schedule = run.scheduler.lr_lambdas[0]
-    schedule.rebase(run.step, run.args.batch_size * world)  # by samples: the global batch may have changed
-    if old_world != world:
-        run.scheduler.base_lrs = base_lrs
-        for group, base in zip(run.optimizer.param_groups, base_lrs):
-            group["initial_lr"], group["lr"] = base, base * schedule(run.step)
-    loader_states = [r["loader"] for r in state["ranks"]]  # every old rank's, in rank order
-    run.train_loader.load_state_dict(loader_states[run.shard.rank] if old_world == world else loader_states)
-    if run.shard.rank >= old_world:  # a rank that did not exist: its own streams, not a copy of rank 0's
-        seed = run.args.seed + run.shard.rank + 1_000_003 * run.step
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-        return
-    rng = state["ranks"][run.shard.rank]["rng"]
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-# ---------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------
 
@@ -325,6 +203,9 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
         wait += got - tick
         if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
             run.first_batch_s = got - run.loaders_built_at
+        if label_log:  # asked for: read before the move, so a CPU loader's labels cost no device sync
+            label_log.write(json.dumps({"step": run.step + 1, "epoch": epoch, "labels": labels.tolist()}) + "\n")
+            label_log.flush()
         images, labels = _to_device(run, images, labels)
         with _autocast(run):
             loss = criterion(run.model(images), labels)
@@ -336,25 +217,20 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
         run.step += 1
         loss_sum += loss.detach()
         samples += len(labels)
-        if label_log:
-            label_log.write(json.dumps({"step": run.step, "epoch": epoch, "labels": labels.tolist()}) + "\n")
-            label_log.flush()
         if run.args.checkpoint_every and run.step % run.args.checkpoint_every == 0:
             save_checkpoint(run)
         for hook in run.step_hooks:
             hook(run)
         bar.update()
-        if run.step % 10 == 0:
-            run.memory.sample()
         tick = time.perf_counter()
     bar.close()
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
     seconds = time.perf_counter() - start
     steps = max(1, bar.n)
-    stats = {"train_loss": _mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
-             "images_per_s": _sum_over_ranks(samples) / seconds,
-             "data_wait_fraction": _mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
+    stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
+             "images_per_s": sum_over_ranks(samples) / seconds,
+             "data_wait_fraction": mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
              "first_batch_s": run.first_batch_s}
     return stats
 
@@ -381,20 +257,6 @@ def evaluate(run: Run) -> dict:
     correct1, correct5, loss, count = sums.tolist()
     return {"val_top1": correct1 / max(count, 1), "val_top5": correct5 / max(count, 1),
             "val_loss": loss / max(count, 1), "val_samples": int(count)}
-
-
-def _sum_over_ranks(value: float) -> float:
-    if not dist.is_initialized():
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
-    dist.all_reduce(t)
-    return t.item()
-
-
-def _mean_over_ranks(value: float) -> float:
-    return _sum_over_ranks(value) / (dist.get_world_size() if dist.is_initialized() else 1)
 
 
 def kill_at_step(step: int, rank: int):
@@ -443,6 +305,7 @@ def main(args) -> list[dict]:
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()), flush=True)
     if label_log:
         label_log.close()
+    run.memory.close()
     for loader in (run.train_loader, run.val_loader):
         if loader is not None:
             loader.close()

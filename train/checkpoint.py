@@ -1,0 +1,75 @@
+"""Checkpoints: model, optimizer, scaler, scheduler, every rank's loader state and RNG, written atomically."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from train.metrics import atomic_save
+
+if TYPE_CHECKING:
+    from train.train import Run
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def save_checkpoint(run: Run) -> None:
+    per_rank = {"loader": run.train_loader.state_dict(), "rng": _rng_state()}
+    gathered = [per_rank]
+    if dist.is_initialized():  # sync point: every rank hands its loader position to rank 0
+        gathered = [None] * run.shard.world_size
+        dist.all_gather_object(gathered, per_rank)
+    if run.is_main:
+        model = run.model.module if hasattr(run.model, "module") else run.model
+        atomic_save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                     "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
+                     "step": run.step, "ranks": gathered, "args": vars(run.args)},
+                    os.path.join(run.args.workdir, "checkpoint.pt"))
+
+
+def load_checkpoint(run: Run, path: str) -> None:
+    """Everything as saved. On another world size (elastic resume, DALI loader only) the loaders
+    split the rest of the interrupted epoch over the new ranks, the lr schedule goes on by samples
+    seen, and the peak lr follows the new global batch (0.1 x global batch / 256) unless --lr is given."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    old_world, world = len(state["ranks"]), run.shard.world_size
+    if old_world != world and not run.train_loader.supports_elastic:
+        raise SystemExit(f"{path} was written by {old_world} ranks; --loader {run.args.loader} resumes only on "
+                         f"the same world size ({world} now); --loader dali resumes on any")
+    model = run.model.module if hasattr(run.model, "module") else run.model
+    model.load_state_dict(state["model"])
+    base_lrs = list(run.scheduler.base_lrs)  # this world's peak lr (the scaling rule), before the saved one
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.step = state["step"]
+    schedule = run.scheduler.lr_lambdas[0]
+    schedule.rebase(run.step, run.args.batch_size * world)  # by samples: the global batch may have changed
+    if old_world != world:
+        run.scheduler.base_lrs = base_lrs
+        for group, base in zip(run.optimizer.param_groups, base_lrs):
+            group["initial_lr"], group["lr"] = base, base * schedule(run.step)
+    loader_states = [r["loader"] for r in state["ranks"]]  # every old rank's, in rank order
+    run.train_loader.load_state_dict(loader_states[run.shard.rank] if old_world == world else loader_states)
+    if run.shard.rank >= old_world:  # a rank that did not exist: its own streams, not a copy of rank 0's
+        seed = run.args.seed + run.shard.rank + 1_000_003 * run.step
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        return
+    rng = state["ranks"][run.shard.rank]["rng"]
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])

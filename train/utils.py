@@ -1,0 +1,90 @@
+"""Distributed set-up, reductions over ranks, and the learning-rate schedule of the training loop."""
+
+from __future__ import annotations
+
+import datetime
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dali_pipes import Shard
+from dali_pipes.loader import resolve_device
+from dali_pipes.pipeline import cuda_device_id
+
+
+def setup_distributed(args) -> tuple[Shard, torch.device]:
+    shard = Shard.from_env()
+    try:
+        args.device = resolve_device(args.device)  # "auto" -> gpu or cpu, once, for both loaders
+    except RuntimeError as e:
+        raise SystemExit(str(e))
+    if args.device == "gpu":
+        # cuda_device_id: the local rank's GPU, or the one GPU a rank sees under a scheduler that
+        # sets CUDA_VISIBLE_DEVICES per rank (where local_rank would name a device it cannot see).
+        index = cuda_device_id(shard)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
+    else:
+        device = torch.device("cpu")
+    if shard.world_size > 1 and not dist.is_initialized():
+        # NCCL between GPUs; gloo on CPU. torchrun's env:// rendezvous gives rank and world size.
+        # A finite timeout: a rank that dies outside torchrun must not leave the others waiting forever.
+        dist.init_process_group("nccl" if args.device == "gpu" else "gloo", timeout=datetime.timedelta(
+            seconds=args.dist_timeout), device_id=device if args.device == "gpu" else None)
+    return shard, device
+
+
+def sum_over_ranks(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.item()
+
+
+def mean_over_ranks(value: float) -> float:
+    return sum_over_ranks(value) / (dist.get_world_size() if dist.is_initialized() else 1)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on norm weights and biases (1-D parameters)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        (no_decay if p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class WarmupCosine:
+    """LambdaLR's factor by samples seen (all ranks), not by steps: linear warm-up over
+    `warmup_samples`, then cosine decay to 0 at `total_samples`. LambdaLR calls it with its step
+    count; samples seen = base_samples + (step - base_step) * global_batch. An object, not a function,
+    so that LambdaLR's state_dict saves it: a run resumed on another world size (another global
+    batch) calls `rebase` and goes on along the same schedule by samples."""
+
+    def __init__(self, total_samples: int, warmup_samples: int, global_batch: int) -> None:
+        self.total_samples, self.warmup_samples, self.global_batch = total_samples, warmup_samples, global_batch
+        self.base_step = self.base_samples = 0
+
+    def samples(self, step: int) -> int:
+        return self.base_samples + (step - self.base_step) * self.global_batch
+
+    def rebase(self, step: int, global_batch: int) -> None:
+        """From `step` on, each step trains on `global_batch` samples."""
+        self.base_samples, self.base_step, self.global_batch = self.samples(step), step, global_batch
+
+    def __call__(self, step: int) -> float:
+        samples = self.samples(step)
+        if samples < self.warmup_samples:
+            # steps: (step + 1) / warmup steps; capped, since after a rebase to another global batch
+            # the samples need not land on the warm-up's end
+            return min(1.0, (samples + self.global_batch) / self.warmup_samples)
+        progress = (samples - self.warmup_samples) / max(1, self.total_samples - self.warmup_samples)
+        return 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
+
+
+def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) -> WarmupCosine:
+    return WarmupCosine(total_samples, warmup_samples, global_batch)
