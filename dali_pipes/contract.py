@@ -46,6 +46,11 @@ class EpochCut:
     pad_label: bool    # entries past `real` carry PADDING_LABEL (val_padding="label")
     per_rank: int      # DataLoader's count for this rank (len of its DistributedSampler)
 
+    @property
+    def real_count(self) -> int:
+        """Real samples yielded this epoch (repeats and padding not counted)."""
+        return min(self.real, self.count)
+
     def size(self, i: int) -> int:
         """Entries of batch i."""
         return max(0, min(self.batch_size, self.count - i * self.batch_size))
@@ -69,6 +74,16 @@ class Contract:
         if self.val_padding not in VAL_PADDINGS:
             raise ValueError(f"val_padding must be one of {VAL_PADDINGS}, got {self.val_padding!r}")
 
+    def check_one_batch(self, num_samples: int, world_size: int, where: str) -> None:
+        """Refuse, before DALI builds, a loader that would yield no batch."""
+        b = self.batch_size
+        if self.dali_drop and num_samples // world_size < b:
+            raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks give less than one batch of "
+                             f"{b} per rank in train mode (the tail is dropped); lower batch_size")
+        if self.drop_last and self.per_rank(num_samples, world_size) < b:
+            raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks give less than one batch of "
+                             f"{b} per rank with drop_last=True; lower batch_size")
+
     def per_rank(self, num_samples: int, world_size: int) -> int:
         """DistributedSampler's num_samples: what one rank yields per epoch, repeats included."""
         if self.sampler_drop_last:
@@ -90,7 +105,36 @@ class Contract:
             count = min(count, max(real, (batches - 1) * b + 1)) if batches else 0
         return EpochCut(batches, b, count, real, False, per_rank)
 
+    def epoch_cut(self, reader, position: "Position", remainder, dali_batches: int, num_samples: int) -> EpochCut:
+        """This rank's epoch at `position`: DALI's own batches (DROP), an elastic resume's remainder plan,
+        or this epoch's slice as `reader` (reader.ReaderModel) says DALI reads it."""
+        if self.dali_drop:
+            return self.dali_cut(dali_batches)
+        if remainder is not None:
+            return self.cut(remainder.real, len(remainder.indices))
+        real = reader.slice_size(reader.shard_of(position.pipeline_epoch))
+        return self.cut(real, self.per_rank(num_samples, reader.world_size))
+
     def dali_cut(self, dali_batches: int) -> EpochCut:
         """DALI's DROP policy: its own full batches, all real."""
         count = dali_batches * self.batch_size
         return EpochCut(dali_batches, self.batch_size, count, count, False, count)
+
+
+@dataclass
+class Position:
+    """Where a loader is, in one place: `batch` batches of epoch `epoch` yielded; `resumed`: that epoch
+    was restored midway by load_state_dict (continue it, do not finish it as abandoned); `dali_epoch0`:
+    the loader epoch that is its current pipeline's first (DALI rotates train slices from it)."""
+    epoch: int = 0
+    batch: int = 0
+    resumed: bool = False
+    dali_epoch0: int = 0
+
+    @property
+    def pipeline_epoch(self) -> int:
+        """The epoch as the current pipeline counts it (ReaderModel.shard_of)."""
+        return self.epoch - self.dali_epoch0
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batch = self.epoch + 1, 0

@@ -13,13 +13,13 @@ import os
 import sys
 import tarfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from dali_pipes.dist import process_pool
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 from dali_pipes.indexes import INDEX_SUFFIX
@@ -104,8 +104,7 @@ def _run(source: Source, out: str, shards: int, seed: int, workers: int | None, 
          encode, desc: str):
     """Yield (shard index, position in writing order, encoded result) as workers finish, in order."""
     dealt = _dealt(source, shards, seed)
-    with ProcessPoolExecutor(workers or os.cpu_count(), initializer=_init_worker,
-                             initargs=(source.classes,)) as pool:
+    with process_pool(workers, initializer=_init_worker, initargs=(source.classes,)) as pool:
         results = pool.map(encode, [ref for _, ref in dealt], chunksize=32)
         bar = tqdm(total=len(dealt), desc=desc, unit="img", file=sys.stderr, disable=None if progress else True)
         for position, ((shard, _), result) in enumerate(zip(dealt, results)):
@@ -218,7 +217,7 @@ def decompress_tfrecords(shards: list[str], out: str, *, workers: int | None = N
     start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
     tasks = [(s, os.path.join(out, os.path.basename(s).removesuffix(".gz").removesuffix(".zz"))) for s in shards]
-    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+    with process_pool(workers) as pool:
         done = list(tqdm(pool.map(_decompress_one, tasks), total=len(tasks), desc="decompressing",
                          unit="shard", file=sys.stderr, disable=None if progress else True))
     return ConvertStats(sum(n for n, _ in done), len(tasks), sum(b for _, b in done), time.perf_counter() - start)

@@ -175,6 +175,38 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
     return out, classes, root, getattr(dataset, "transform", None)
 
 
+def dataloader_attributes(call: DataLoaderCall, batch_size: int, num_workers: int, pin_memory: bool, timeout: float,
+                          prefetch_factor: int | None, persistent_workers: bool, generator: Any, worker_init_fn: Any,
+                          multiprocessing_context: Any) -> dict:
+    """DataLoader's attributes as it sets them (timm, pytorch/examples and Lightning read them)."""
+    from torch.utils.data import default_collate
+    return {"batch_size": batch_size, "drop_last": call.drop_last, "collate_fn": default_collate,
+            "batch_sampler": None, "num_workers": num_workers, "pin_memory": pin_memory, "timeout": timeout,
+            "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "generator": generator,
+            "worker_init_fn": worker_init_fn, "multiprocessing_context": multiprocessing_context}
+
+
+class EpochRequests:
+    """The epochs a script asks for: loader.set_epoch(e), or set_epoch on the DistributedSampler it passed
+    (seen as a change of the sampler's epoch). DALI reshuffles every epoch by itself; in train, an epoch
+    ahead of the loader's own, asked before that epoch starts, moves the loader there (a script that
+    resumes its model at epoch E calls it)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self._sampler, self._seen = sampler, getattr(sampler, "epoch", None)
+        self._requested: int | None = None
+
+    def set(self, epoch: int) -> None:
+        self._requested = int(epoch)
+
+    def take(self) -> int | None:
+        """The epoch asked for since the last take, or None."""
+        requested, self._requested = self._requested, None
+        if self._sampler is not None and getattr(self._sampler, "epoch", None) != self._seen:
+            requested = self._seen = self._sampler.epoch
+        return requested
+
+
 class DatasetView:
     """`loader.dataset` of a loader built from a location: len() is the number of samples, with
     `classes`, `class_to_idx`, `samples` and `targets` where the source knows them."""
@@ -204,7 +236,9 @@ class SamplerView:
         self._loader = loader
 
     def __len__(self) -> int:
-        return self._loader.sampler_len()
+        loader = self._loader
+        cut = loader._cut()  # DataLoader's count, repeats included; what is yielded where the count is not
+        return cut.count if loader.contract.dali_drop or loader.val_padding == "none" else cut.per_rank
 
     def set_epoch(self, epoch: int) -> None:
         self._loader.set_epoch(epoch)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 
@@ -13,6 +16,15 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
+
+
+def process_pool(workers: int | None, **kwargs) -> ProcessPoolExecutor:
+    """Worker processes: forked (fast, and a script needs no __main__ guard), except once DALI is loaded
+    here. A fork copies a process whose DALI threads may hold a lock, and the children wait on it forever
+    (a loader built before a convert or verify in one process hung them so): then they are spawned afresh,
+    seeing this process's environment as it is now (an S3 endpoint set late, say)."""
+    method = "spawn" if "nvidia.dali" in sys.modules else "fork"
+    return ProcessPoolExecutor(workers or os.cpu_count(), mp_context=multiprocessing.get_context(method), **kwargs)
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,27 @@
-"""Wire one Source to one graph for one rank as a DALI pipeline."""
+"""Wire one Source to one graph for one rank as a DALI pipeline, and run it (PipelineRun)."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from dali_pipes import elastic
+from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
+from dali_pipes.contract import Position
 from dali_pipes.dist import Shard, usable_cpus
+from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, eval_augment, resolve_decode_device, train_augment
-from dali_pipes.reader import READER_NAME
+from dali_pipes.reader import READER_NAME, ReaderModel
+from dali_pipes.recovery import BadSamplePolicy
+from dali_pipes.remote_feed import RemoteFeed
 from dali_pipes.source import Source
 
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline
 
-__all__ = ["READER_NAME", "build_pipeline", "cuda_device_id", "default_threads", "rank_seed",
+__all__ = ["READER_NAME", "PipelineRun", "RankPipeline", "build_pipeline", "cuda_device_id", "default_threads", "rank_seed",
            "usable_cpus"]
 
 
@@ -91,3 +97,162 @@ def default_threads(shard: Shard) -> int:
     """CPU threads per pipeline: the CPUs this process may use, shared by the ranks on this node."""
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     return max(1, usable_cpus() // local_ranks)
+
+
+class PipelineRun:
+    """One rank's DALI pipeline and its iterator, over a run of rebuilds: build it fresh or at a DALI
+    checkpoint, give its batches, keep the last good checkpoint to recover to, shut it down.
+
+    `inputs(fresh)` gives what to build, (source, pipeline keywords), each time (the source may have
+    changed: bad samples excluded, a remote feed's cache paths); `cleanup()` runs after each attempt.
+    `recover(error)` hears every pipeline error: it raises, or excludes the culprits, after which the
+    pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
+    built, so a bad sample can surface there too."""
+
+    def __init__(self, inputs: Callable[[bool], tuple[Source, dict]], cleanup: Callable[[], None],
+                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
+        self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
+        self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
+        self.iterator = None
+        self.last_good: str | None = None  # DALI checkpoint after the last delivered batch
+
+    def build(self, checkpoint: str | None = None) -> None:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+        policy = LastBatchPolicy.DROP if self.drop else LastBatchPolicy.FILL
+        while True:
+            self.close()
+            source, args = self._inputs(checkpoint is None)
+            pipe = build_pipeline(source, checkpoint=checkpoint, sample_ids=True, **args)
+            try:
+                self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name=READER_NAME,
+                                                    last_batch_policy=policy, auto_reset=True)
+            except RuntimeError as error:
+                shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
+                self._recover(error)  # raises, or excludes the culprits: then build again
+                continue
+            finally:
+                self._cleanup()
+            self.last_good = checkpoint or self.iterator.checkpoints()[0]
+            return
+
+    def next(self, before: Callable[[], None]) -> dict | None:
+        """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
+        while True:
+            before()
+            try:
+                (batch,) = next(self.iterator)  # one pipeline per rank -> one dict per step
+            except StopIteration:
+                return None
+            except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
+                self._recover(error)
+                self.build(checkpoint=self.last_good)  # and back to the last good batch
+                continue
+            # Taken after every batch only when a recovery may need it; else read by checkpoint().
+            self.last_good = self.iterator.checkpoints()[0] if self.keep_checkpoints else None
+            return batch
+
+    def drain(self, before: Callable[[], None]) -> None:
+        """Read DALI's epoch to its end: a checkpoint taken then starts the next epoch cleanly."""
+        while self.next(before) is not None:
+            pass
+        if self.keep_checkpoints:
+            self.last_good = self.iterator.checkpoints()[0]
+
+    def checkpoint(self) -> str:
+        """DALI's state after the last delivered batch (reader position, every random generator)."""
+        return self.last_good or self.iterator.checkpoints()[0]
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+    def close(self) -> None:
+        """Free the pipeline (its threads and memory) now rather than at garbage collection."""
+        if self.iterator is not None:
+            pipes = iterator_pipelines(self.iterator)
+            self.iterator = None
+            for pipe in pipes:
+                shutdown_pipeline(pipe)
+            del pipes
+
+
+def shutdown_quietly(pipe) -> None:
+    try:
+        shutdown_pipeline(pipe)
+    except Exception:  # a pipeline that failed to build may hold nothing to free
+        pass
+
+
+class RankPipeline:
+    """This rank's pipeline over a loader's life: what it reads (the source, bad samples excluded; an
+    elastic resume's remainder epoch; s3:// data through the remote feed), its run (PipelineRun), the
+    samples it delivered this epoch (elastic.DeliveryRecord), and the bad-sample policy that its errors
+    go to. `position` is the loader's, shared: a fresh build starts DALI's epoch count there."""
+
+    def __init__(self, source: Source, args: dict, position: Position, policy: BadSamplePolicy, feed: RemoteFeed,
+                 *, drop: bool) -> None:
+        self.source, self.args, self.position, self.policy, self.feed = source, args, position, policy, feed
+        self.record = elastic.DeliveryRecord(source.num_samples)
+        self.failure: DatasetError | None = None  # once set, the loader refuses to go on
+        self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop, keep_checkpoints=policy.skip)
+
+    @classmethod
+    def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
+               remote_feed: str, cache_dir: str | None, cache_bytes: int, cache_prefetch: int) -> "RankPipeline":
+        """With s3:// data fed through a bounded local shard cache kept ahead of the reader, or DALI's
+        own s3:// reads (remote_feed.py); damage found while opening (skip_bad) excluded first."""
+        feed = RemoteFeed(remote_feed, train=args["train"], batch_size=args["batch_size"], shard=args["shard"],
+                          shuffle_buffer=args["shuffle_buffer"], prefetch_queue_depth=args["prefetch_queue_depth"],
+                          cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
+        return cls(policy.take_damaged(source), args, position, policy, feed, drop=drop)
+
+    def build(self, checkpoint: str | None = None) -> None:
+        self.run.build(checkpoint)
+        self.feed.built()
+
+    def _inputs(self, fresh: bool) -> tuple[Source, dict]:
+        """This world's shards or, in an elastic resume's remainder epoch, this rank's slice of the rest
+        read as one shard (elastic.py); s3:// data through the remote feed."""
+        self.record.bind(self.source)
+        plan, source, args, shard = self.record.remainder, self.source, self.args, self.args["shard"]
+        if plan is not None:  # seed per rank: ranks must not draw the same crops
+            source = self._subset = elastic.subset_source(self.source, plan.indices)
+            args = {**args, "shard": Shard(0, 1, shard.local_rank), "seed": plan.seed + shard.rank}
+        if fresh:  # DALI counts a fresh pipeline's epochs (shard rotation) from here
+            self.position.dali_epoch0 = self.position.epoch
+        fed = self.feed.dali_source(source, epoch=self.position.epoch, position=self.position.batch, fresh=fresh,
+                                    subset=plan is not None)
+        if fed is not source:
+            self.record.bind(fed)  # DALI names samples by the cache's paths: same storage order
+        return fed, args
+
+    def _cleanup(self) -> None:
+        elastic.remove_subset_indexes(self.__dict__.pop("_subset", self.source), self.source)
+
+    def _recover(self, error: RuntimeError) -> None:
+        """To the bad-sample policy: it raises naming the culprits, or excludes them from the source."""
+        try:
+            self.source = self.policy.handle_failure(error, self.source, self.reader(), self.position.batch,
+                                                     self.position.pipeline_epoch)
+        except DatasetError as failure:
+            self.failure = failure
+            raise
+
+    def reader(self) -> ReaderModel:
+        """DALI's reader of this pipeline (reader.py)."""
+        a, shard = self.args, self.args["shard"]
+        return ReaderModel(self.source.num_samples, shard.rank, shard.world_size, a["train"], a["batch_size"],
+                           a["shuffle_buffer"], a["prefetch_queue_depth"],
+                           list_shuffled=a["train"] and self.source.format.SHUFFLES_LIST)
+
+    def next(self) -> dict | None:
+        return self.run.next(self._advance)
+
+    def drain(self) -> None:
+        self.run.drain(self._advance)
+
+    def _advance(self) -> None:
+        self.feed.advance(self.position.epoch, self.position.batch)  # s3:// cache: the reader's reach is local
+
+    def close(self) -> None:
+        self.run.close()
+        self.feed.close()

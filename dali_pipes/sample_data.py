@@ -14,7 +14,6 @@ import importlib.util
 import io
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -22,6 +21,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
+from dali_pipes.dist import process_pool
 from dali_pipes.config import option
 
 # (package, file inside the package) of colour photographs, then greyscale ones.
@@ -152,7 +152,7 @@ def make_sample_dataset(root: str, cfg: SampleDatasetConfig = SampleDatasetConfi
         for label in range(cfg.classes):
             os.makedirs(os.path.join(root, split, class_name(label)), exist_ok=True)
             jobs += [(cfg, root, split, label, i) for i in range(per_class)]
-    with ProcessPoolExecutor(workers or os.cpu_count()) as pool:
+    with process_pool(workers) as pool:
         sizes = list(tqdm(pool.map(_write_one, jobs, chunksize=16), total=len(jobs), desc="making images",
                           unit="img", file=sys.stderr, disable=None if progress else True))
     return {"images": len(sizes), "train": cfg.classes * cfg.train_per_class,

@@ -13,12 +13,13 @@ import io
 import os
 import sys
 import warnings
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from PIL import Image
 from tqdm import tqdm
 
+from dali_pipes.dist import process_pool
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import format_of, read_sample
 from dali_pipes.location import classify, classify_remote, is_remote
@@ -207,7 +208,7 @@ def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str
 def _parallel_checks(refs: list[SampleRef], max_pixels: int, workers: int | None, progress: bool) -> list:
     if not refs:
         return []
-    with ProcessPoolExecutor(workers or os.cpu_count(), initializer=_lift_pil_limit) as pool:
+    with process_pool(workers, initializer=_lift_pil_limit) as pool:
         results = pool.map(_check_ref, [(ref, max_pixels) for ref in refs], chunksize=16)
         return list(tqdm(results, total=len(refs), desc="verifying", unit="img", file=sys.stderr,
                          disable=None if progress else True))

@@ -41,6 +41,17 @@ def write_folder(root, counts=(4, 3, 5)) -> dict[str, int]:
     return expected
 
 
+def write_numbered(root, n: int) -> str:
+    """ROOT/list.txt over n JPEGs (distinct bytes and sizes) whose label is their index, so that a
+    label names its sample; returns the list's path."""
+    with open(os.path.join(root, "list.txt"), "w") as f:
+        for i in range(n):
+            with open(os.path.join(root, f"{i:03d}.jpg"), "wb") as image:
+                image.write(jpeg_bytes(i, 24 + i % 5, 32))
+            f.write(f"{i:03d}.jpg {i}\n")
+    return os.path.join(root, "list.txt")
+
+
 @pytest.fixture
 def jpeg_folder(tmp_path):
     """3 classes with 4, 3 and 5 JPEGs of distinct bytes and sizes."""

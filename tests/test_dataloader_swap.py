@@ -50,7 +50,7 @@ def test_val_swap_matches_dataloader(folder, tv):
     datasets, T = tv
     dataset = datasets.ImageFolder(folder, val_transform(T))
     ours = DaliLoader(dataset, batch_size=4, shuffle=False, num_workers=1, pin_memory=True)
-    theirs = DataLoader(dataset, batch_size=4, shuffle=False, num_workers=1, pin_memory=True)
+    theirs = DataLoader(dataset, batch_size=4, shuffle=False, num_workers=0)  # no fork: DALI threads live in this process
     assert (ours.augment.image_size, ours.augment.crop_ratio) == (16, 0.8) and not ours.train
     assert ours.augment.mean == MEAN and ours.augment.std == STD
     assert len(ours) == len(theirs) == 4 and ours.dataset is dataset and len(ours.sampler) == N
@@ -128,7 +128,7 @@ def test_distributed_sampler_gives_rank_seed_shuffle_and_set_epoch(folder, tv):
     assert len(loader.sampler) == len(sampler) == 5 and len(loader) == 3
     sampler.set_epoch(4)  # a script that resumed its model at epoch 4
     assert sum(len(t) for _, t in loader) == 5
-    assert loader.epoch == 5 and loader.state_dict()["epoch"] == 5
+    assert loader.epoch == 5 and loader.state_dict()["loader"]["epoch"] == 5
 
 
 def test_timm_and_examples_probes_work_on_the_keyword_form(folder):

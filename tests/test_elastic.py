@@ -133,7 +133,7 @@ def test_the_rest_is_read_without_the_delivered_samples(sources, tmp_path, monke
         assert subset.counts and sum(subset.counts) == -(-(N - len(yielded[0])) // 3)  # its slice, then padding
         assert all(os.path.dirname(p) == str(tmp_path / "elastic") and not os.path.exists(p)
                    for p in subset.index_files)
-        read += [read_sample(refs[i]).label for i in loader._record.remainder.indices[:loader.samples_per_epoch]]
+        read += [read_sample(refs[i]).label for i in loader.pipe.record.remainder.indices[:loader.samples_per_epoch]]
     assert sorted(read) == sorted(set(range(N)) - set(yielded[0]))
     epoch, rest = epoch_rest(new_loaders)
     check_epoch(yielded[0] + rest, False, 3, resumed=True)
@@ -191,9 +191,9 @@ def test_states_that_do_not_fit_are_refused(sources):
         loader.load_state_dict(states)
     loader = DaliLoader(source, rank=0, world_size=3, train=True, **KW)
     with pytest.raises(ValueError, match="no record of delivered samples"):
-        loader.load_state_dict([{k: v for k, v in s.items() if k != "delivered"} for s in states])
+        loader.load_state_dict([{k: v for k, v in s.items() if k != "record"} for s in states])
     with pytest.raises(ValueError, match="different epochs"):
-        loader.load_state_dict([states[0], {**states[1], "epoch": 1}])
+        loader.load_state_dict([states[0], {**states[1], "loader": {**states[1]["loader"], "epoch": 1}}])
     with pytest.raises(ValueError, match="every old rank, in rank order"):
         loader.load_state_dict(states[:1])
 

@@ -103,7 +103,7 @@ def test_resume_mid_epoch_continues_with_the_uninterrupted_batches(numbered, uni
     out, records = uninterrupted
     checkpoint = os.path.join(out, "epoch=0-step=3.ckpt")
     states = torch.load(checkpoint, weights_only=False)["DaliDataModule"]["train"]
-    assert [(s["rank"], s["epoch"], s["position"]) for s in states] == [(0, 0, 3), (1, 0, 3)]  # rank 0 wrote both
+    assert [(s["loader"]["rank"], s["loader"]["epoch"], s["loader"]["position"]) for s in states] == [(0, 0, 3), (1, 0, 3)]  # rank 0 wrote both
     resumed = run_job(numbered, str(tmp_path), "--epochs", str(EPOCHS), "--ckpt", checkpoint)
     for after, whole in zip(resumed, records):
         assert after["train"] == whole["train"][3:]
@@ -123,7 +123,7 @@ def test_one_device_without_val(numbered, tmp_path):
     assert len(labels) == len(set(labels)) == N // BATCH_SIZE * BATCH_SIZE and model.val_seen == []
     assert data.train_loader is None  # teardown closed the pipelines
     (state,) = data.state_dict()["train"]
-    assert (state["epoch"], state["position"]) == (1, 0)
+    assert (state["loader"]["epoch"], state["loader"]["position"]) == (1, 0)
 
 
 def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered):

@@ -9,7 +9,7 @@ import pytest
 
 from dali_pipes import DaliLoader, open_source
 
-from conftest import jpeg_bytes
+from conftest import write_numbered
 
 N = 23  # does not divide by 2, 3 or 4
 BATCH = 3
@@ -17,12 +17,7 @@ BATCH = 3
 
 @pytest.fixture(scope="module")
 def numbered(tmp_path_factory):
-    root = tmp_path_factory.mktemp("numbered")
-    with open(root / "list.txt", "w") as f:
-        for i in range(N):
-            (root / f"{i:03d}.jpg").write_bytes(jpeg_bytes(i, 24 + i % 5, 32))
-            f.write(f"{i:03d}.jpg {i}\n")
-    return open_source(str(root / "list.txt"))
+    return open_source(write_numbered(tmp_path_factory.mktemp("numbered"), N))
 
 
 def loaders(source, world_size, **kw):

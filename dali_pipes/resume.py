@@ -1,0 +1,131 @@
+"""The loader's resume state: its layout, nested by owner, its version, and the plan of an elastic resume.
+
+    {"version": 3,
+     "loader":      {"epoch", "position", "rank", "world_size", "batch_size", "train", "num_samples", "seed",
+                     "contract"},                     # where the loader is, and what it must match
+     "pipeline":    {"dali", "dali_epoch0"},          # DALI's checkpoint and the epoch its pipeline began at
+     "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
+     "record":      {"delivered", "delivered_complete", "elastic_base"}}   # elastic.DeliveryRecord.state()
+
+Version 2 (dali_pipes 0.2.0) kept the same fields flat at the top; it is read as it is and resumes
+exactly (its graph and cut are today's). Any other version is refused naming both versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from dali_pipes import elastic
+from dali_pipes.contract import Position
+
+STATE_VERSION = 3
+OWNERS = ("loader", "pipeline", "bad_samples", "record")
+_FLAT_VERSION = 2
+
+
+def pack(*, loader: dict, pipeline: dict, bad_samples: dict, record: dict) -> dict:
+    return {"version": STATE_VERSION, "loader": loader, "pipeline": pipeline, "bad_samples": bad_samples,
+            "record": record}
+
+
+def flat(state: dict) -> dict:
+    """Every owner's fields in one dict, for a state of any version this release reads."""
+    version = state.get("version")
+    if version == _FLAT_VERSION:
+        return {**state, "version": STATE_VERSION}
+    if version != STATE_VERSION:
+        raise ValueError(f"loader state of version {version} was written by another dali_pipes (this one reads "
+                         f"versions {_FLAT_VERSION} and {STATE_VERSION}); resume with the version that wrote it, "
+                         f"or start the epoch afresh")
+    out = {"version": STATE_VERSION}
+    for owner in OWNERS:
+        out.update(state.get(owner, {}))
+    return out
+
+
+def check_fits(state: dict, identity: dict, contract: dict) -> None:
+    """Raise ValueError unless a flat `state` was taken by a loader like this one (same rank too)."""
+    differ = {k: (state.get(k), v) for k, v in identity.items() if state.get(k) != v}
+    if state.get("contract", contract) != contract:  # 0.2.0 states have none: their batches cut as today's
+        differ["contract"] = (state["contract"], contract)
+    if differ:
+        raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
+                         f"the same data, rank, world size, batch size, seed, drop_last and val_padding")
+
+
+def merged_bad_samples(states: list[dict]) -> dict:
+    """Every old rank's excluded samples, each once: what an elastic resume excludes."""
+    bad = {str(b): b for s in states for b in s.get("bad_samples", [])}
+    excluded = {str(refs): refs for s in states for refs in s.get("excluded", [])}
+    return {"bad_samples": list(bad.values()), "excluded": list(excluded.values())}
+
+
+def elastic_plan(states: list[dict], identity: dict, *, rank: int, world_size: int, batch_size: int, train: bool,
+                 seed: int) -> tuple[int, np.ndarray, elastic.Remainder | None]:
+    """(epoch to continue at, what the old ranks delivered, this rank's remainder or None) for flat
+    states of every old rank. The epoch is the next one when nothing of the old epoch is left."""
+    epoch = elastic.check_states(states, identity)
+    base = elastic.delivered_union(states, identity["num_samples"])
+    plan = elastic.plan_remainder(base, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size,
+                                  train=train, seed=seed) if base.any() else None
+    return (epoch + 1 if base.any() and plan is None else epoch), base, plan
+
+
+def identity(loader: Any) -> dict:
+    """What a resumed state must match (check_fits)."""
+    return {"rank": loader.shard.rank, "world_size": loader.shard.world_size, "batch_size": loader.batch_size,
+            "train": loader.train, "num_samples": loader.num_samples, "seed": loader.seed}
+
+
+def state_of(loader: Any) -> dict:
+    """A DaliLoader's state (loader.py), between batches."""
+    epoch, batch = loader.next_batch
+    done = epoch != loader.position.epoch
+    record = loader.pipe.record
+    dali = None if done and record.remainder is not None else loader.pipe.run.checkpoint()  # then: afresh
+    return pack(loader={"epoch": epoch, "position": batch, **identity(loader),
+                        "contract": dataclasses.asdict(loader.contract)},
+                pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0},
+                bad_samples=loader.pipe.policy.state(), record=record.state(epoch_done=done))
+
+
+def restore(loader: Any, state: dict | list[dict]) -> None:
+    """Put a DaliLoader where `state` (one, or every old rank's in rank order) was taken."""
+    world, rank = loader.shard.world_size, loader.shard.rank
+    if isinstance(state, (list, tuple)):
+        states = [flat(s) for s in state]
+        if len(states) != world or any(s.get("world_size") != world for s in states):
+            return restore_elastic(loader, states)
+        state = states[rank]
+    else:
+        state = flat(state)
+    check_fits(state, identity(loader), dataclasses.asdict(loader.contract))
+    loader.pipe.source = loader.pipe.policy.restore(state, loader.source)
+    record, n = loader.pipe.record, loader.num_samples
+    record.restore(state, n)
+    base = state.get("elastic_base")  # taken in an elastic resume's remainder epoch: the same slice again
+    record.remainder = elastic.plan_remainder(elastic.unpack(base, n), epoch=state["epoch"], rank=rank,
+                                              world_size=world, batch_size=loader.batch_size, train=loader.train,
+                                              seed=loader.seed) if base else None
+    # The position first: the iterator runs a batch while it is built, and a bad sample there is
+    # searched for from this position (and this epoch's shard), not from the start.
+    loader.pipe.position = loader.position = Position(state["epoch"], state["position"], state["position"] > 0,
+                                                      state.get("dali_epoch0", 0))
+    loader.pipe.build(checkpoint=state["dali"])
+
+
+def restore_elastic(loader: Any, states: list[dict]) -> None:
+    """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's share of
+    what they had not delivered, then this world's own pipeline from the next epoch."""
+    epoch, base, plan = elastic_plan(states, {"version": STATE_VERSION, **identity(loader)},
+                                     rank=loader.shard.rank, world_size=loader.shard.world_size,
+                                     batch_size=loader.batch_size, train=loader.train, seed=loader.seed)
+    loader.pipe.source = loader.pipe.policy.restore(merged_bad_samples(states), loader.source)
+    loader.pipe.record.end_epoch()
+    if plan is not None:
+        loader.pipe.record.delivered, loader.pipe.record.remainder = base.copy(), plan
+    loader.pipe.position = loader.position = Position(epoch)
+    loader.pipe.build()
