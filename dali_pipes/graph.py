@@ -15,7 +15,7 @@ imported by every command, converters, `verify` and `--help` included, that neve
 DALI checks argument names and types when a graph is defined, not their values: a `hw_decoder_load`
 of 1.5 or a negative padding is accepted even on a GPU, and a 2-value mean passes definition and
 serialization. The values are checked here, before DALI sees them (`AugmentConfig.__post_init__`,
-`check_decoder_args`); tests/test_gpu_graphs.py has a case for each.
+`check_decoder_args`); tests/test_graph_check.py has a case for each.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ builds on a GPU, or never:
 Argument *values* are not checked by DALI even on a GPU; graph.py checks them.
 
 `project_graphs(sources)` lists every graph the library builds for device="gpu"; the test
-(tests/test_gpu_graphs.py) and the doctor (`python -m dali_pipes.doctor`) both check that list.
+(tests/test_graph_check.py) and the doctor (`python -m dali_pipes.doctor`) both check that list.
 """
 
 from __future__ import annotations

@@ -318,9 +318,18 @@ def _no_such_bucket(error: Exception) -> Exception:
 # Reads and writes
 # ---------------------------------------------------------------------------------------------
 
-def read_range(info: ObjectInfo, start: int, length: int, client=None) -> bytes:
-    """Bytes [start, start + length) of the object `info` describes; DatasetError if the object
-    changed since (If-Match) or the reply is short."""
+def read_range(where: ObjectInfo | str, start: int, length: int, client=None) -> bytes:
+    """Bytes [start, start + length) of `where`, the one ranged read of the package: a listed object
+    (ObjectInfo; DatasetError if it changed since, If-Match, or the reply is short), an s3:// URL (its
+    current version: a HEAD, then a ranged GET) or a local file."""
+    if isinstance(where, str):
+        if not is_remote(where):
+            with open(where, "rb") as f:
+                f.seek(start)
+                return f.read(length)
+        client = client or s3_client()
+        where = head(where, client)
+    info = where
     if start < 0 or length < 0 or start + length > info.size:
         raise ValueError(f"{info.url}: range [{start}, {start + length}) outside the object's {info.size} bytes")
     if length == 0:
@@ -334,13 +343,6 @@ def read_range(info: ObjectInfo, start: int, length: int, client=None) -> bytes:
     if len(data) != length:
         raise truncated_error(info, len(data), expected=length)
     return data
-
-
-def read_url_range(url: str, start: int, length: int, client=None) -> bytes:
-    """read_range of the object's current version (a HEAD, then a ranged GET): for reading one
-    sample of a shard by URL (the bad-sample search, verification)."""
-    client = client or s3_client()
-    return read_range(head(url, client), start, length, client)
 
 
 def read_bytes(url: str, client=None) -> bytes:

@@ -1,5 +1,5 @@
 """pipeline.py: which GPU a rank's pipeline runs on, how many CPU threads it gets, and the
-device combinations it refuses. (Its GPU graphs are checked in test_gpu_graphs.py.)"""
+device combinations it refuses. (Its GPU graphs are checked in test_graph_check.py.)"""
 
 from __future__ import annotations
 

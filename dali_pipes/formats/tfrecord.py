@@ -439,6 +439,7 @@ def read_sample(ref: SampleRef) -> Sample:
     """One record, its CRCs and keys checked. Raises DatasetError naming shard#record."""
     (keys,) = ref.extra
     where = f"{ref.path}#{ref.index}"
+    from dali_pipes.object_store import read_range
     frame = read_range(ref.path, ref.offset, ref.size)
     if len(frame) != ref.size:
         raise DatasetError(where, f"truncated record (byte {ref.offset})")
@@ -473,21 +474,12 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     return out[keys.image], (labels - keys.label_offset if keys.label_offset else labels)
 
 
-def read_range(path: str, offset: int, size: int) -> bytes:
-    """Bytes [offset, offset + size) of a local file or an s3:// object (a ranged GET)."""
-    from dali_pipes import object_store
-    if object_store.is_remote(path):
-        return object_store.read_url_range(path, offset, size)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
-
-
 def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> None:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
     the first record before DALI ever sees the shard. `first_frame` (offset, size) from the index
     reads just that record (an s3:// shard: one ranged GET)."""
     if first_frame is not None:
+        from dali_pipes.object_store import read_range
         frame = read_range(shard, *first_frame)
         records = [(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)]
     else:

@@ -283,7 +283,7 @@ def read_sample(ref: SampleRef) -> Sample:
     where = f"{ref.path}#{ref.key}"
     from dali_pipes import object_store
     if object_store.is_remote(ref.path):
-        data, text = (object_store.read_url_range(ref.path, m.offset, m.size) for m in (image, label))
+        data, text = (object_store.read_range(ref.path, m.offset, m.size) for m in (image, label))
         return Sample(where, data, parse_label(text, where))
     with open(ref.path, "rb") as f:
         return Sample(where, read_member(f, image), parse_label(read_member(f, label), where))

@@ -245,7 +245,7 @@ def test_decoders_upsample_chroma_alike_on_both_devices():
 def test_require_gpu_turns_gpu_skips_into_failures():
     run = lambda env: subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu",
-         "tests/test_gpu_graphs.py::test_gpu_and_cpu_val_outputs_agree"],
+         "tests/test_graph_check.py::test_gpu_and_cpu_val_outputs_agree"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **env})
     required = run({"DALI_PIPES_REQUIRE_GPU": "1"})
     assert required.returncode == 1 and "1 failed" in required.stdout

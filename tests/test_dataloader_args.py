@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.transforms import TransformError, augment_from_transform
 
 from conftest import write_folder
 
@@ -147,35 +146,6 @@ def test_timm_and_examples_probes_work_on_the_keyword_form(folder):
     assert len(loader.sampler) == len(loader) * 4 and loader.drop_last is True  # today's train default
     loader.sampler.set_epoch(1)  # reaches the loader
     assert sum(1 for _ in loader) == len(loader) and loader.epoch == 2
-
-
-def test_transform_steps_outside_the_graph_are_refused_by_name(folder, tv):
-    datasets, T = tv
-    refused = [T.Compose([T.RandomResizedCrop(16), T.RandomRotation(10), T.ToTensor()]),
-               T.Compose([T.Resize((20, 24)), T.CenterCrop(16), T.ToTensor()]),
-               T.Compose([T.RandomResizedCrop(16), T.ColorJitter(0.2, 0.2, 0.2, 0.1), T.ToTensor()]),
-               T.Compose([T.RandomResizedCrop(16, interpolation=T.InterpolationMode.NEAREST), T.ToTensor()]),
-               T.Compose([T.Resize(20), T.CenterCrop(16), T.PILToTensor()]),
-               T.Compose([T.Resize(20), T.ToTensor()])]
-    names = ["RandomRotation", "Resize", "ColorJitter", "RandomResizedCrop", "PILToTensor", "Resize"]
-    for transform, name in zip(refused, names):
-        with pytest.raises(TransformError, match=name) as error:
-            DaliLoader(datasets.ImageFolder(folder, transform), batch_size=2)
-        assert "RandomResizedCrop, Resize, CenterCrop" in str(error.value)  # lists what it can read
-
-
-def test_supported_transform_family(tv):
-    _, T = tv
-    for step, policy in ((T.AutoAugment(), "autoaugment"), (T.RandAugment(), "randaugment"),
-                         (T.TrivialAugmentWide(), "trivialaugment")):
-        args, train = augment_from_transform(T.Compose([T.RandomResizedCrop(24), step, T.ToTensor()]))
-        assert train and args["auto_augment"] == policy and args["mean"] == (0, 0, 0) and args["std"] == (1, 1, 1)
-    args, train = augment_from_transform(T.Compose([T.Resize(32), T.CenterCrop(28), T.PILToTensor(),
-                                                    T.ConvertImageDtype(torch.float16)]))
-    assert not train and args == {"image_size": 28, "crop_ratio": 0.875, "float16": True, "mean": (0, 0, 0),
-                                  "std": (1, 1, 1)}
-    with pytest.raises(TransformError, match="RandAugment"):
-        augment_from_transform(T.Compose([T.RandomResizedCrop(24), T.RandAugment(num_ops=3), T.ToTensor()]))
 
 
 def test_dataloader_arguments_it_cannot_honour_are_refused(folder, tv):

@@ -1,0 +1,41 @@
+"""dist.py: which rank this process is, and the worker pools of convert / verify / the sample dataset."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dali_pipes.dist import Shard, process_pool
+
+
+def test_shard_from_explicit_values_environment_and_default(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert Shard.from_env() == Shard(0, 1, 0)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert Shard.from_env() == Shard(3, 4, 1)
+    assert Shard.from_env(rank=0, world_size=2) == Shard(0, 2, 1)
+    with pytest.raises(ValueError, match="rank 4 is not in"):
+        Shard(4, 4)
+
+
+def test_pools_spawn_once_dali_is_loaded():
+    """A fork of a process with DALI's threads can hang on a lock they held: pools spawn then."""
+    code = ("import sys, os; from dali_pipes.dist import process_pool\n"
+            "if __name__ == '__main__':\n"
+            "    with process_pool(1) as p: print(p._mp_context.get_start_method())\n"
+            "    import nvidia.dali\n"
+            "    with process_pool(1) as p: print(p._mp_context.get_start_method(), list(p.map(os.getenv, ['HOME']))[0] is not None)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["fork", "spawn", "True"]
+
+
+def test_pool_sees_the_environment_of_now(monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_TEST_VALUE", "seen")
+    with process_pool(1) as pool:
+        assert list(pool.map(os.getenv, ["DALI_PIPES_TEST_VALUE"])) == ["seen"]
