@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from dali_pipes.files import private_tmp
 from dali_pipes.dist import process_pool
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
@@ -140,7 +141,8 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
     start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, shard_name(prefix, i, shards, ".tfrecord")) for i in range(shards)]
-    files = [open(p + ".tmp", "wb") for p in paths]
+    tmps = [private_tmp(p) for p in paths]
+    files = [open(t, "wb") for t in tmps]
     entries: list[list[tuple[int, int]]] = [[] for _ in paths]
     total = 0
     try:
@@ -151,8 +153,8 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
     finally:
         for f in files:
             f.close()
-    for path, shard_entries in zip(paths, entries):
-        os.replace(path + ".tmp", path)  # shard complete: only now does it get its final name
+    for path, tmp, shard_entries in zip(paths, tmps, entries):
+        os.replace(tmp, path)  # shard complete: only now does it get its final name
         tfrecord.write_tfrecord_index(shard_entries, path + INDEX_SUFFIX)
     _write_classes_json(out, source, shards, [len(e) for e in entries])
     return ConvertStats(sum(len(e) for e in entries), shards, total, time.perf_counter() - start)
@@ -166,7 +168,8 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
     start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, shard_name(prefix, i, shards, ".tar")) for i in range(shards)]
-    tars = [tarfile.open(p + ".tmp", "w", format=tarfile.GNU_FORMAT) for p in paths]
+    tmps = [private_tmp(p) for p in paths]
+    tars = [tarfile.open(t, "w", format=tarfile.GNU_FORMAT) for t in tmps]
     counts = [0] * shards
     try:
         for shard, position, (ext, data, label) in _run(source, out, shards, seed, workers, progress,
@@ -179,8 +182,8 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
         for t in tars:
             t.close()
     total = 0
-    for path in paths:
-        os.replace(path + ".tmp", path)
+    for path, tmp in zip(paths, tmps):
+        os.replace(tmp, path)
         webdataset.write_tar_index(webdataset.build_tar_index(path), path + INDEX_SUFFIX)
         total += os.path.getsize(path)
     _write_classes_json(out, source, shards, counts)
@@ -198,7 +201,7 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
     src, dst = task
     compression = tfrecord.sniff_compression(src)
     entries, offset = [], 0
-    with open(dst + ".tmp", "wb") as f:
+    with open(tmp := private_tmp(dst), "wb") as f:
         for _, _, data, problem in tfrecord.walk_records(src, compression=compression):
             if problem:
                 raise DatasetError(problem.path, f"record {problem.index} (byte {problem.offset}): {problem.message}")
@@ -206,7 +209,7 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
             f.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)
-    os.replace(dst + ".tmp", dst)
+    os.replace(tmp, dst)
     tfrecord.write_tfrecord_index(entries, dst + INDEX_SUFFIX)
     return len(entries), offset
 

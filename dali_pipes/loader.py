@@ -32,6 +32,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 import torch
 
 from dali_pipes import resume
+from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.contract import Contract, EpochCut, Position
 from dali_pipes.dataloader_args import (LOCATION_TYPES, DatasetView, EpochRequests, SamplerView,
                                         dataloader_attributes, resolve_call)
@@ -44,6 +45,7 @@ from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source, samples_source
 
 DEVICES = ("auto", "gpu", "cpu")
+_LOADER, _SOURCE = LoaderConfig(), SourceConfig()  # the loader's defaults, written once (config.py)
 REQUIRE_GPU_ENV = "DALI_PIPES_REQUIRE_GPU"
 
 
@@ -103,14 +105,16 @@ class DaliLoader:
                  worker_init_fn: Any = None, multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, train: bool | None = None, val_padding: str = "repeat",
-                 device: str = "auto", rank: int | None = None, world_size: int | None = None,
+                 device: str = _LOADER.device, rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, image_size: int | None = None, seed: int | None = None,
-                 num_threads: int | None = None, shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2,
-                 augment: AugmentConfig | None = None, keys: TFRecordKeys | None = None, skip_bad: bool = False,
-                 max_bad: int | float | None = None, decode_device: str | None = None, label_ext: str = "cls",
-                 index_cache_dir: str | None = None, max_pixels: int | None = 100_000_000,
-                 remote_feed: str = "cache", cache_dir: str | None = None, cache_bytes: int = 8 << 30,
-                 cache_prefetch: int = 4, **augment_args) -> None:
+                 num_threads: int | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
+                 prefetch_queue_depth: int = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
+                 keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
+                 max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
+                 label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
+                 max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
+                 cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
+                 cache_prefetch: int = _LOADER.cache_prefetch, **augment_args) -> None:
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,

@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from dali_pipes.files import private_tmp
 from dali_pipes.errors import DatasetError
 
 SCHEME = "s3://"
@@ -439,7 +440,7 @@ def download(info: ObjectInfo, path: str, *, client=None, stop: threading.Event 
 
 
 def _download_once(info: ObjectInfo, path: str, client, stop, on_bytes) -> str:
-    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    temporary = private_tmp(path)
     try:
         with open(temporary, "wb") as out:
             for chunk in iter_chunks(info, client=client, stop=stop):

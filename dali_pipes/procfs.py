@@ -54,6 +54,16 @@ def cpu_seconds(pid: int | None = None) -> float:
     return total / CLOCK_TICKS + reaped
 
 
+def gpu_used_mb() -> float | None:
+    """GPU memory in use on torch's current device, all processes (DALI's buffers and pools included),
+    in MB; None before torch has initialised CUDA. The one place it is computed."""
+    import torch
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
+
+
 class PeakSampler:
     """Samples host memory of the process tree (and GPU memory in use) in a background thread."""
 
@@ -62,13 +72,6 @@ class PeakSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _gpu_used_mb(self) -> float | None:
-        import torch
-        if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-            return None
-        free, total = torch.cuda.mem_get_info()
-        return (total - free) / 2**20
-
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
@@ -76,7 +79,7 @@ class PeakSampler:
 
     def sample(self) -> None:
         self.host_peak_mb = max(self.host_peak_mb, host_memory_mb())
-        gpu = self._gpu_used_mb()
+        gpu = gpu_used_mb()
         if gpu is not None:
             self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, gpu)
 

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dali_pipes.doctor import Nvml
+from dali_pipes.procfs import gpu_used_mb
 
 HW_LOADS = (0.0, 0.65, 0.99)
 
@@ -101,8 +102,7 @@ def _images_per_s(make: Callable, seconds: float) -> tuple[float, float]:
             images = images.to("cuda", non_blocking=True)
             samples += len(labels)
         torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        return samples / (time.perf_counter() - start), round((total - free) / 2**20)
+        return samples / (time.perf_counter() - start), round(gpu_used_mb())
     finally:
         loader.close()
 

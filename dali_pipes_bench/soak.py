@@ -15,19 +15,11 @@ import time
 from dataclasses import asdict
 from typing import Iterable, Iterator, Sequence
 
-import torch
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
 from dali_pipes.config import add_arguments, from_args
-from dali_pipes.procfs import host_memory_mb
+from dali_pipes.procfs import gpu_used_mb, host_memory_mb
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
-
-
-def gpu_used_mb() -> float | None:
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return None
-    free, total = torch.cuda.mem_get_info()
-    return (total - free) / 2**20
 
 
 def soak(loader: Iterable, epochs: int) -> Iterator[dict]:

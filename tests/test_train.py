@@ -89,8 +89,8 @@ def test_two_rank_ddp_learns_and_counts_val_once(tiny, tmp_path, loader):
     assert all(h["steps"] == 96 // 2 // 8 for h in history)
     for key in ("images_per_s", "data_wait_fraction", "first_batch_s", "host_peak_mb", "train_loss"):
         assert history[-1][key] > 0
-    assert os.path.exists(tmp_path / "checkpoint.pt") and not any(p.name.startswith("checkpoint.pt.tmp")
-                                                                  for p in tmp_path.iterdir())
+    assert os.path.exists(tmp_path / "checkpoint.pt") and not any(p.name.startswith("checkpoint.pt.") and
+                                                                  p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
 def test_killed_run_resumes_on_the_same_sample_sequence(tiny, tmp_path):

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from dali_pipes.files import private_tmp
 from dali_pipes.procfs import PeakSampler
 
 
@@ -33,7 +34,7 @@ class MemoryMeter:
 def atomic_save(obj, path: str) -> None:
     """torch.save to a temporary file in the same folder, fsync, then rename over `path`: a crash
     leaves the old checkpoint or the new one, never half of one."""
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = private_tmp(path)
     try:
         with open(tmp, "wb") as f:
             torch.save(obj, f)

@@ -385,7 +385,7 @@ def tfrecord_index_matches(path: str, index_path: str, spot_checks: int = 16) ->
 
 
 def _atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = private_tmp(path)
     with open(tmp, "w") as f:
         f.write(text)
     os.replace(tmp, path)

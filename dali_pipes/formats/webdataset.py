@@ -160,7 +160,7 @@ def build_index_stream(f, where: str, index_path: str, label_ext: str = "cls") -
 def write_tar_index(samples: list[list[Member]], index_path: str) -> None:
     lines = [f"{INDEX_VERSION} {len(samples)}\n"]
     lines += [" ".join(f"{m.key_ext[1]} {m.offset} {m.size} {m.name}" for m in s) + "\n" for s in samples]
-    tmp = f"{index_path}.tmp{os.getpid()}"
+    tmp = private_tmp(index_path)
     with open(tmp, "w") as f:
         f.writelines(lines)
     os.replace(tmp, index_path)
