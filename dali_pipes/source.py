@@ -22,7 +22,7 @@ from typing import Iterator
 
 from dali_pipes import indexes, object_store
 from dali_pipes.errors import DatasetError
-from dali_pipes.formats import format_of, image_files, read_sample, tfrecord
+from dali_pipes.formats import format_of, image_files, read_sample
 from dali_pipes.location import Location, classify, classify_remote, describe, is_remote
 from dali_pipes.object_store import ObjectInfo
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys
@@ -83,23 +83,17 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
     keys = keys or TFRecordKeys()
     if is_remote(location):
         source = _remote_source(location, keys, label_ext, index_cache_dir, build_indexes, progress)
-        if source.kind == "tfrecord" and check_keys:
-            for i in sorted({0, len(source.files) - 1}):
-                first = tfrecord.read_tfrecord_index(source.index_files[i])[0]
-                tfrecord.check_keys(source.files[i], keys, first_frame=first)
-        _check_nonempty_files(source, skip_bad)
-        return source
-    kind, shards = classify(location)
-    if kind == "folder":
-        source = folder_source(str(location))
-    elif kind == "file_list":
-        source = file_list_source(str(location))
     else:
-        source = _shard_source(kind, describe(location), shards, keys, label_ext, index_cache_dir,
-                               build_indexes, progress, skip_bad)
-        if kind == "tfrecord" and check_keys:
-            for shard in sorted({shards[0], shards[-1]}):
-                tfrecord.check_keys(shard, keys)
+        kind, shards = classify(location)
+        if kind == "folder":
+            source = folder_source(str(location))
+        elif kind == "file_list":
+            source = file_list_source(str(location))
+        else:
+            source = _shard_source(kind, describe(location), shards, keys, label_ext, index_cache_dir,
+                                   build_indexes, progress, skip_bad)
+    if check_keys:
+        source.format.check_source(source, keys)  # the format's own check, before DALI sees the data
     _check_nonempty_files(source, skip_bad)
     return source
 

@@ -1,26 +1,50 @@
-"""The format table: one module per storage format, all with the same entries.
+"""The format table: one module per storage format, each satisfying the `Format` protocol below.
 
-A format module provides
-    SHARDED                         bool: samples live in shard files that need an index
-    sample_refs(source)             a SampleRef per sample, in storage order
-    read_sample(ref)                the Sample a ref names (raises DatasetError if it is unreadable)
-    dali_reader(source, args)       DALI reader nodes: (encoded images, labels)
-    source_info(ref)                what DALI reports as the sample's source_info (elastic resume)
-    SHUFFLES_LIST                   bool: its DALI reader shuffles its list once in train (reader.ReaderModel)
-and, when SHARDED: SHARD_NAME, SNIFF_BYTES, sniff_name(name), sniff_head(head), check_shard, build_index, index_matches, count_samples, read_index, write_index,
-split_source_info, verify_shard (readable refs and problems of one shard, without decoding), rewrite_without.
-A new format costs one module and one entry below, not edits across the package.
+A new format costs one module and one entry in FORMATS, not edits across the package. Sharded formats
+(SHARDED) also provide the index and shard entries listed under `ShardedFormat`.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from dali_pipes.formats import image_files, tfrecord, webdataset
-from dali_pipes.samples import Sample, SampleRef
+from dali_pipes.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
 
-FORMATS: dict[str, ModuleType] = {
+
+class Format(Protocol):
+    """What every format module provides."""
+    SHARDED: bool  # samples live in shard files that need an index
+    SHUFFLES_LIST: bool  # its DALI reader shuffles its list once in train (reader.ReaderModel)
+
+    def sample_refs(self, source: SourceRecord) -> list[SampleRef]: ...  # a ref per sample, storage order
+    def read_sample(self, ref: SampleRef) -> Sample: ...  # DatasetError if unreadable
+    def dali_reader(self, source: SourceRecord, reader_args: dict) -> tuple: ...  # (encoded images, labels)
+    def source_info(self, ref: SampleRef) -> str: ...  # DALI's source_info of the sample (elastic resume)
+    def check_source(self, source: SourceRecord, keys: TFRecordKeys) -> None: ...  # before DALI sees it
+    def excluded_files(self, source: SourceRecord, bad_refs: list, placeholder: str) -> tuple: ...
+
+
+class ShardedFormat(Format, Protocol):
+    """What a SHARDED format module provides besides: recognising, indexing and rewriting its shards."""
+    SHARD_NAME: str  # in messages: "a TFRecord shard"
+    SNIFF_BYTES: int  # the head its shards are told by
+
+    def sniff_name(self, name: str) -> bool: ...
+    def sniff_head(self, head: bytes) -> bool: ...
+    def check_shard(self, shard: str) -> None: ...
+    def build_index(self, shard: str, target: str, label_ext: str, damaged: list | None) -> None: ...
+    def build_index_stream(self, *args: Any) -> Any: ...
+    def index_matches(self, shard: str, index: str) -> bool: ...
+    def count_samples(self, index: str) -> int: ...
+    def read_index(self, index: str) -> list: ...
+    def write_index(self, entries: Sequence, index: str) -> None: ...
+    def split_source_info(self, key: str) -> tuple[str, int]: ...
+    def verify_shard(self, *args: Any) -> Any: ...
+    def rewrite_without(self, shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes,
+                        source: SourceRecord) -> None: ...
+
+FORMATS: dict[str, Format] = {  # modules, read through the Format protocol
     "folder": image_files,
     "file_list": image_files,
     "tfrecord": tfrecord,
@@ -33,14 +57,14 @@ SNIFF_BYTES = max(FORMATS[k].SNIFF_BYTES for k in SHARD_KINDS)  # the head a sha
 _BY_REF_KIND = {"file": image_files, "tfrecord": tfrecord, "webdataset": webdataset}
 
 
-def format_of(kind: str) -> ModuleType:
+def format_of(kind: str) -> Format:
     try:
         return FORMATS[kind]
     except KeyError:
         raise ValueError(f"unknown dataset kind {kind!r}; known: {', '.join(FORMATS)}") from None
 
 
-def format_of_ref(ref: SampleRef) -> ModuleType:
+def format_of_ref(ref: SampleRef) -> Format:
     return _BY_REF_KIND[ref.kind]
 
 

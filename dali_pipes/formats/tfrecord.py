@@ -474,6 +474,15 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     return out[keys.image], (labels - keys.label_offset if keys.label_offset else labels)
 
 
+def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
+    """The first record of the first and last shards has the image and label keys (check_keys): one
+    ranged read each, local or s3://, from the index."""
+    for i in sorted({0, len(source.files) - 1}):
+        entries = read_tfrecord_index(source.index_files[i])
+        if entries:  # an empty shard is named by the empty-file check
+            check_keys(source.files[i], keys, first_frame=entries[0])
+
+
 def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> None:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
     the first record before DALI ever sees the shard. `first_frame` (offset, size) from the index
