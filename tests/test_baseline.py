@@ -1,0 +1,21 @@
+"""baseline.py: the DataLoader + PIL baseline's split against torch's own DistributedSampler."""
+
+import pytest
+from torch.utils.data import DistributedSampler
+
+from dali_pipes.baseline import ShardSampler
+from dali_pipes.dist import Shard
+
+
+@pytest.mark.parametrize("n, world", [(23, 1), (23, 2), (23, 4), (8, 3)])
+def test_val_split_is_distributed_samplers_without_padding(n, world):
+    for rank in range(world):
+        ours = [i for _, i in ShardSampler(n, Shard(rank, world), train=False, seed=0)]
+        theirs = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False))
+        assert ours == [i for i in theirs[:len(ours)]] and len(ours) == len(range(rank, n, world))
+
+
+def test_train_split_reads_each_sample_at_most_once_per_epoch():
+    ranks = [ShardSampler(23, Shard(r, 3), train=True, seed=5) for r in range(3)]
+    indices = [i for s in ranks for _, i in s]
+    assert len(indices) == len(set(indices)) == (23 // 3) * 3 and all(len(s) == 23 // 3 for s in ranks)

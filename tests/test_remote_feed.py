@@ -1,0 +1,35 @@
+"""remote_feed.py: the shard cache follows what DALI's reader reads (reader.ReaderModel), so that a file
+is local before the reader opens it. The case it got wrong before: an s3:// file list in train, which
+DALI's file reader reads in its once-shuffled list order, not in storage order (a wrong guess is a file
+the reader cannot open: DALI fails the batch)."""
+
+import pytest
+
+from dali_pipes import DaliLoader
+
+from conftest import jpeg_bytes
+
+pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
+pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
+
+N = 48  # per rank 24: more than the reader's read-ahead below, so the cache cannot just hold everything
+
+
+def test_train_file_list_from_s3_through_a_small_cache(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    for i in range(N):
+        s3.put(f"images/{i:03d}.jpg", jpeg_bytes(i))
+    url = s3.put("images/list.txt", "".join(f"{i:03d}.jpg {i}\n" for i in range(N)).encode())
+    size = len(jpeg_bytes(0)) * 4  # room for a handful of files at a time
+    ranks = [DaliLoader(url, batch_size=2, train=True, rank=r, world_size=2, image_size=16, device="cpu",
+                        num_threads=1, shuffle_buffer=4, prefetch_queue_depth=1, cache_bytes=max(size, 20_000),
+                        cache_prefetch=1) for r in range(2)]
+    try:
+        assert ranks[0].pipe.reader().read_ahead < N // 2
+        for _ in range(2):  # slices rotate between ranks each epoch
+            labels = [l for loader in ranks for _, b in loader for l in b.tolist()]
+            assert len(labels) == len(set(labels)) == N  # (N // 2) // 2 full batches per rank
+    finally:
+        for loader in ranks:
+            loader.close()
