@@ -27,7 +27,8 @@ class TFRecordKeys:
 class SampleRef:
     """Where one sample lives, picklable (worker processes read samples from it).
 
-    kind: the format ("file", "tfrecord", "webdataset"); path: the image file or the shard;
+    kind: the kind of its source, the package's one vocabulary ("folder", "file_list", "tfrecord",
+    "webdataset"; 0.2.0 wrote "file" for both image kinds, still read); path: the image file or the shard;
     index: the sample's position in its shard (0 for files); key: the record number as text (TFRecord)
     or the sample key (tar); offset, size: the byte range of the record (TFRecord frame or image member);
     label: the label when it is known without reading (files), else None; extra: format details
@@ -44,11 +45,11 @@ class SampleRef:
     @property
     def origin(self) -> str:
         """Where to look, for messages: the file, shard#record (byte offset) or tar#key."""
-        if self.kind == "file":
-            return self.path
         if self.kind == "tfrecord":
             return f"{self.path}#{self.index} (byte {self.offset})"
-        return f"{self.path}#{self.key}"
+        if self.kind == "webdataset":
+            return f"{self.path}#{self.key}"
+        return self.path  # an image file
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def _record(report: Report, refs: list[SampleRef], results: list) -> Report:
         report.checked += 1
         if problem:
             report.problems.append(Problem(where, problem))
-        elif ref.kind == "file":
+        elif not format_of(ref.kind).SHARDED:  # image files: the clean list names them
             report.clean.append((where, label))
     return report
 

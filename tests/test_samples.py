@@ -4,7 +4,7 @@ from dali_pipes.samples import PADDING_LABEL, SampleRef
 
 
 def test_origin_names_the_file_the_record_or_the_tar_member():
-    assert SampleRef("file", "/data/a.jpg").origin == "/data/a.jpg"
+    assert SampleRef("folder", "/data/a.jpg").origin == SampleRef("file", "/data/a.jpg").origin == "/data/a.jpg"
     assert SampleRef("tfrecord", "/data/t.tfrecord", index=7, offset=1024).origin == "/data/t.tfrecord#7 (byte 1024)"
     assert SampleRef("webdataset", "/data/s.tar", key="k_001").origin == "/data/s.tar#k_001"
     assert PADDING_LABEL == -1  # CrossEntropyLoss(ignore_index=-1) and labels >= 0 masks rely on it

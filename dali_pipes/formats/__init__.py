@@ -54,18 +54,18 @@ KINDS = tuple(FORMATS)
 SHARD_KINDS = ("tfrecord", "webdataset")
 UNNAMED_SHARD_KIND = "tfrecord"  # the kind whose shards no name tells: an unreadable (empty) one is taken for it
 SNIFF_BYTES = max(FORMATS[k].SNIFF_BYTES for k in SHARD_KINDS)  # the head a shard's kind is told from
-_BY_REF_KIND = {"file": image_files, "tfrecord": tfrecord, "webdataset": webdataset}
+LEGACY_KINDS = {"file": "folder"}  # 0.2.0's SampleRef kind of an image file (in saved loader states)
 
 
 def format_of(kind: str) -> Format:
     try:
-        return FORMATS[kind]
+        return FORMATS[LEGACY_KINDS.get(kind, kind)]
     except KeyError:
         raise ValueError(f"unknown dataset kind {kind!r}; known: {', '.join(FORMATS)}") from None
 
 
 def format_of_ref(ref: SampleRef) -> Format:
-    return _BY_REF_KIND[ref.kind]
+    return format_of(ref.kind)
 
 
 def read_sample(ref: SampleRef) -> Sample:

@@ -78,7 +78,7 @@ def check_source(source: SourceRecord, keys) -> None:
 
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:
-    return [SampleRef("file", path, label=label) for path, label in zip(source.files, source.labels)]
+    return [SampleRef(source.kind, path, label=label) for path, label in zip(source.files, source.labels)]
 
 
 def source_info(ref: SampleRef) -> str:
