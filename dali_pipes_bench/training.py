@@ -24,8 +24,13 @@ from dali_pipes.config import add_arguments, from_args
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 from dali_pipes_bench.harness import forever
-from train.models import create_model
-from train.train import param_groups
+try:  # train/ is the reference training loop of a checkout, not an installed package
+    from train.models import create_model
+    from train.utils import param_groups
+except ImportError as error:
+    raise SystemExit("the training benchmark trains train/'s ResNet, which is not installed: run it from the root "
+                     "of a dali_pipes checkout (python -m dali_pipes_bench.training ..., or dali-pipes bench "
+                     "training ... there)") from error
 
 
 def ideal_feed(batch_size: int, image_size: int, num_classes: int, device: torch.device) -> Iterable:
