@@ -113,6 +113,22 @@ def test_killed_run_resumes_on_the_same_sample_sequence(tiny, tmp_path):
         assert all(before[rank][s] == expected[s] for s in range(1, 12) if s in before[rank])
 
 
+def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, tmp_path):
+    """SIGTERM to one rank of a 2-rank torchrun job mid-epoch (step 9 of 6-step epochs, no periodic
+    checkpoints): both ranks stop after step 9, it is checkpointed, the exit says "preempted" with a
+    non-zero status, and --resume goes on with every step's labels of an uninterrupted run."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    common = ("--record-labels", "--checkpoint-every", "0")
+    torchrun(whole, tiny / "train", *common, epochs=3)
+    run = torchrun(stopped, tiny / "train", *common, "--kill-at-step", 9, "--kill-rank", 1, "--kill-signal", "TERM",
+                   epochs=3, check=False)
+    assert run.returncode != 0 and "preempted by SIGTERM at step 9 (epoch 1, batch 3)" in run.stdout
+    resumed = torchrun(stopped, tiny / "train", *common, "--resume", epochs=3)
+    assert "at step 9" in resumed.stdout
+    for rank in (0, 1):
+        assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
+
+
 def test_two_nodes_get_disjoint_shards(tmp_path):
     """Two torchrun agents as two nodes (--nnodes=2, c10d rendezvous on localhost, one rank
     each): both have LOCAL_RANK 0, but their global ranks 0 and 1 must read disjoint shards."""

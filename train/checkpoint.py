@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,3 +74,17 @@ def load_checkpoint(run: Run, path: str) -> None:
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def preempted(run: Run, close_run) -> None:
+    """Checkpoint at this step on every rank, say where it stopped and how to go on, and exit with
+    128 + the signal (non-zero: schedulers and torchrun requeue on it)."""
+    save_checkpoint(run)  # atomic: a second signal or a SIGKILL now leaves the old file or this one
+    name = signal.Signals(run.preemption.signum).name
+    if run.is_main:
+        epoch, batch = run.train_loader.next_batch
+        print(f"preempted by {name} at step {run.step} (epoch {epoch}, batch {batch}): checkpoint "
+              f"{os.path.join(run.args.workdir, 'checkpoint.pt')}; go on with the same command and --resume",
+              flush=True)
+    close_run(run)
+    raise SystemExit(128 + run.preemption.signum)

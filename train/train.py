@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import random
-import signal
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -30,10 +29,10 @@ from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
 from dali_pipes.pipeline import default_threads
-from train.checkpoint import load_checkpoint, save_checkpoint
+from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train.metrics import MemoryMeter
 from train.models import ARCHS, create_model
-from train.utils import mean_over_ranks, param_groups, setup_distributed, sum_over_ranks, warmup_cosine
+from train.utils import Preemption, kill_at_step, mean_over_ranks, param_groups, setup_distributed, sum_over_ranks, warmup_cosine
 
 DEFAULT_DATA = "data/sample/images"
 
@@ -64,6 +63,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--dist-timeout", type=int, default=600, help="seconds a collective may wait for a lost rank")
     p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
     p.add_argument("--kill-rank", type=int, default=0)
+    p.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM", "USR1"], help="crash test: the signal")
     # The loader's options, generated from the library's dataclasses (one config path; saved in config.json).
     add_arguments(p, LoaderConfig, "the DALI loader (bad samples excluded with --skip-bad are recorded in "
                   "WORKDIR/bad_samples-rank<R>.txt)")
@@ -96,6 +96,7 @@ class Run:
     step: int = 0
     memory: MemoryMeter = field(default_factory=MemoryMeter)
     step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
+    preemption: Preemption = field(default_factory=Preemption)  # SIGTERM / SIGUSR1: stop at a step boundary
     loaders_built_at: float = 0.0          # perf_counter() before the loaders were constructed
     first_batch_s: float | None = None     # construction -> first batch in hand (this process)
 
@@ -223,6 +224,8 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
             hook(run)
         bar.update()
         tick = time.perf_counter()
+        if run.preemption.stop_now():
+            break  # every rank after this same step: checkpointed there by main()
     bar.close()
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
@@ -259,14 +262,6 @@ def evaluate(run: Run) -> dict:
             "val_loss": loss / max(count, 1), "val_samples": int(count)}
 
 
-def kill_at_step(step: int, rank: int):
-    """A crash test's hook: SIGKILL rank `rank` right after step `step`."""
-    def hook(run: Run) -> None:
-        if run.step == step and run.shard.rank == rank:
-            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup, no flush, no goodbye
-    return hook
-
-
 def main(args) -> list[dict]:
     os.makedirs(args.workdir, exist_ok=True)
     run = create_run(args)
@@ -276,7 +271,7 @@ def main(args) -> list[dict]:
         if run.is_main:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
     if args.kill_at_step:
-        run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank))
+        run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank, args.kill_signal))
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
@@ -288,6 +283,8 @@ def main(args) -> list[dict]:
     while run.train_loader.next_batch[0] < args.epochs:
         epoch = run.train_loader.next_batch[0]
         stats = {"epoch": epoch, **train_one_epoch(run, epoch, criterion, label_log)}
+        if run.preemption.signum:
+            preempted(run, close_run)
         if run.val_loader is not None:
             stats.update(evaluate(run))
         save_checkpoint(run)  # at epoch end, after the loader moved to the next epoch
@@ -305,10 +302,14 @@ def main(args) -> list[dict]:
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()), flush=True)
     if label_log:
         label_log.close()
+    close_run(run)
+    return history
+
+
+def close_run(run: Run) -> None:
     run.memory.close()
     for loader in (run.train_loader, run.val_loader):
         if loader is not None:
             loader.close()
     if dist.is_initialized():
         dist.destroy_process_group()
-    return history

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 
 import numpy as np
 import torch
@@ -34,6 +36,34 @@ def setup_distributed(args) -> tuple[Shard, torch.device]:
         dist.init_process_group("nccl" if args.device == "gpu" else "gloo", timeout=datetime.timedelta(
             seconds=args.dist_timeout), device_id=device if args.device == "gpu" else None)
     return shard, device
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1, which SLURM and Kubernetes send 30-90 s before SIGKILL: the handler only notes
+    it (a second one during a save changes nothing), and the loop acts at the next step boundary."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._group = None
+        if dist.is_initialized() and dist.get_backend() != "gloo":  # a CPU group for a flag, beside NCCL
+            self._group = dist.new_group(backend="gloo")
+        for signum in self.SIGNALS:
+            signal.signal(signum, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    def stop_now(self) -> int:
+        """The signal any rank has received, 0 if none: one tiny all-reduce, so every rank stops after
+        the same step (sync point)."""
+        if not dist.is_initialized():
+            return self.signum
+        flag = torch.tensor([self.signum], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        self.signum = int(flag.item())
+        return self.signum
 
 
 def sum_over_ranks(value: float) -> float:
@@ -88,3 +118,11 @@ class WarmupCosine:
 
 def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) -> WarmupCosine:
     return WarmupCosine(total_samples, warmup_samples, global_batch)
+
+
+def kill_at_step(step: int, rank: int, name: str = "KILL"):
+    """A crash test's hook: signal rank `rank` right after step `step` (KILL: no cleanup, no goodbye)."""
+    def hook(run) -> None:
+        if run.step == step and run.shard.rank == rank:
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+    return hook
