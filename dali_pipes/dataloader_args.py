@@ -68,8 +68,8 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     if not is_location:
         samples, classes, root, transform = read_dataset(dataset)
         augment_args, random_transform = augment_from_transform(transform)
-    if train is None:
-        train = bool(shuffle or drawn.get("shuffle") or random_transform)
+    if train is None:  # a transform says train or val; a sampler's default shuffle=True alone does not
+        train = bool(shuffle or random_transform) if augment_args else bool(shuffle or drawn.get("shuffle"))
     if augment_args and random_transform != train:
         raise ValueError(f"{root}: a {'random' if random_transform else 'deterministic'} transform in "
                          f"{'train' if train else 'val'} mode; DaliLoader's train graph starts with "
@@ -78,9 +78,11 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     if is_location:
         rank_, world_ = (rank, world_size) if drawn.get("world_size") is None else (drawn["rank"], drawn["world_size"])
     else:  # a dataset object: DataLoader semantics, every process reads it whole unless a sampler shards it
-        lightning = lightning_shard() if not drawn and (rank, world_size) == (None, None) else None
+        lightning = lightning_shard() if drawn.get("world_size") is None and (rank, world_size) == (None, None) \
+            else None
         rank_ = drawn.get("rank", rank if rank is not None else lightning[0] if lightning else 0)
-        world_ = drawn.get("world_size", world_size if world_size is not None else lightning[1] if lightning else 1)
+        world_ = drawn.get("world_size", world_size if world_size is not None else lightning[1] if lightning
+                           else None if rank is not None else 1)  # a rank alone: the world size of the job
         if not train and sampler_drop_last:  # DistributedSampler drops the last N % world samples
             samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
@@ -168,7 +170,9 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         label = relabel(label) if relabel is not None else label
         if isinstance(label, bool) or not isinstance(label, int) and not hasattr(label, "__index__"):
             raise ValueError(f"{path}: label {label!r} is not an integer (DALI yields int64 labels)")
-        out.append((os.path.abspath(os.path.join(root, str(path))), int(label)))
+        path = str(path)  # torchvision lists root-joined paths; other datasets may list them relative to root
+        out.append((os.path.abspath(path if os.path.isabs(path) or os.path.exists(path) else os.path.join(root, path)),
+                    int(label)))
     if not out:
         raise ValueError(f"{root}: the dataset holds no samples")
     classes = list(dataset.classes) if hasattr(dataset, "classes") else None

@@ -233,13 +233,15 @@ def delivered_union(states: list[dict], num_samples: int) -> np.ndarray:
 
 
 def plan_remainder(base: np.ndarray, *, epoch: int, rank: int, world_size: int, batch_size: int, train: bool,
-                   seed: int) -> Remainder | None:
-    """This rank's part of the samples `base` lacks, or None when the rest yields no batch
-    (train: fewer than world_size * batch_size samples are left; they are dropped, as a tail)."""
+                   seed: int, whole_batches: bool = True) -> Remainder | None:
+    """This rank's part of the samples `base` lacks, or None when the rest yields no batch (train with
+    `whole_batches`, DALI's DROP or drop_last: fewer than world_size * batch_size samples are left; they are
+    dropped, as a tail). Train without it (DataLoader's drop_last=False) splits the rest as val does, in random
+    slices: every sample is read, the last batches short."""
     rest = np.flatnonzero(~base)
     count = len(rest)
     remainder_seed = int(np.random.SeedSequence([seed, epoch, count, 0xE1A5]).generate_state(1)[0] & 0x7FFFFFFF)
-    if train:
+    if train and whole_batches:
         batches = (count // world_size) // batch_size
         if batches == 0:
             return None
@@ -250,7 +252,9 @@ def plan_remainder(base: np.ndarray, *, epoch: int, rank: int, world_size: int, 
     if count == 0:
         return None
     longest = -(-count // world_size)
-    mine = rest[rank * count // world_size:(rank + 1) * count // world_size].tolist()
+    if train:  # random slices, each read in storage order
+        rest = rest[np.random.default_rng(remainder_seed).permutation(count)]
+    mine = sorted(rest[rank * count // world_size:(rank + 1) * count // world_size].tolist())
     pad = mine[-1] if mine else int(rest[0])  # repeats keep every rank at the same batch count
     return Remainder(epoch, base, mine + [pad] * (longest - len(mine)), len(mine), remainder_seed)
 

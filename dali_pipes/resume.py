@@ -63,14 +63,18 @@ def merged_bad_samples(states: list[dict]) -> dict:
     return {"bad_samples": list(bad.values()), "excluded": list(excluded.values())}
 
 
-def elastic_plan(states: list[dict], identity: dict, *, rank: int, world_size: int, batch_size: int, train: bool,
-                 seed: int) -> tuple[int, np.ndarray, elastic.Remainder | None]:
+def elastic_plan(states: list[dict], identity: dict, contract: dict, *, rank: int, world_size: int, batch_size: int,
+                 train: bool, seed: int, whole_batches: bool) -> tuple[int, np.ndarray, elastic.Remainder | None]:
     """(epoch to continue at, what the old ranks delivered, this rank's remainder or None) for flat
     states of every old rank. The epoch is the next one when nothing of the old epoch is left."""
     epoch = elastic.check_states(states, identity)
+    for old_rank, state in enumerate(states):
+        if state.get("contract", contract) != contract:  # 0.2.0 states have none
+            raise ValueError(f"loader state of old rank {old_rank} does not fit this loader: (saved, now) = "
+                             f"{state['contract'], contract}; resume with the same drop_last and val_padding")
     base = elastic.delivered_union(states, identity["num_samples"])
     plan = elastic.plan_remainder(base, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size,
-                                  train=train, seed=seed) if base.any() else None
+                                  train=train, seed=seed, whole_batches=whole_batches) if base.any() else None
     return (epoch + 1 if base.any() and plan is None else epoch), base, plan
 
 
@@ -109,11 +113,10 @@ def restore(loader: Any, state: dict | list[dict]) -> None:
     base = state.get("elastic_base")  # taken in an elastic resume's remainder epoch: the same slice again
     record.remainder = elastic.plan_remainder(elastic.unpack(base, n), epoch=state["epoch"], rank=rank,
                                               world_size=world, batch_size=loader.batch_size, train=loader.train,
-                                              seed=loader.seed) if base else None
+                                              seed=loader.seed, whole_batches=whole_batches(loader)) if base else None
     # The position first: the iterator runs a batch while it is built, and a bad sample there is
     # searched for from this position (and this epoch's shard), not from the start.
-    loader.pipe.position = loader.position = Position(state["epoch"], state["position"], state["position"] > 0,
-                                                      state.get("dali_epoch0", 0))
+    move(loader, Position(state["epoch"], state["position"], state["position"] > 0, state.get("dali_epoch0", 0)))
     loader.pipe.build(checkpoint=state["dali"])
 
 
@@ -121,11 +124,22 @@ def restore_elastic(loader: Any, states: list[dict]) -> None:
     """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's share of
     what they had not delivered, then this world's own pipeline from the next epoch."""
     epoch, base, plan = elastic_plan(states, {"version": STATE_VERSION, **identity(loader)},
-                                     rank=loader.shard.rank, world_size=loader.shard.world_size,
-                                     batch_size=loader.batch_size, train=loader.train, seed=loader.seed)
+                                     dataclasses.asdict(loader.contract), rank=loader.shard.rank,
+                                     world_size=loader.shard.world_size, batch_size=loader.batch_size,
+                                     train=loader.train, seed=loader.seed, whole_batches=whole_batches(loader))
     loader.pipe.source = loader.pipe.policy.restore(merged_bad_samples(states), loader.source)
     loader.pipe.record.end_epoch()
     if plan is not None:
         loader.pipe.record.delivered, loader.pipe.record.remainder = base.copy(), plan
-    loader.pipe.position = loader.position = Position(epoch)
+    move(loader, Position(epoch))
     loader.pipe.build()
+
+
+def whole_batches(loader: Any) -> bool:
+    """Train in full batches only (DALI's DROP, or drop_last): an elastic remainder drops its tail too."""
+    return loader.train and (loader.contract.dali_drop or loader.contract.drop_last)
+
+
+def move(loader: Any, position: Position) -> None:
+    """The loader's one Position object takes the new values (its epoch generator and pipeline share it)."""
+    loader.position.__dict__.update(dataclasses.asdict(position))

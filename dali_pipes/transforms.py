@@ -13,7 +13,9 @@ What the graph does (graph.py), and so what is accepted:
   val:   Resize(shorter side) CenterCrop(size)
   then:  ToTensor() | PILToTensor() + ConvertImageDtype(float) | ToImage() + ToDtype(float, scale=True)
          [Normalize(mean, std)]
-Interpolation must be bilinear (DALI's linear resize with antialiasing, as PIL's).
+Interpolation must be bilinear (DALI's linear resize with antialiasing, as PIL's). One difference is
+known and documented (README): ColorJitter applies its three adjustments in a random order, and blends
+contrast towards the image's grey mean; DALI's color_twist has one fixed order and centre.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def _finish(steps: list, state: dict) -> tuple[dict, bool]:
 
 
 def _before_tensor(step: Any, state: dict) -> None:
-    if state["tensor"] is not None:
-        raise TransformError(step, "image steps must come before ToTensor()")
+    if state["tensor"] == "float":  # after ToImage() / PILToTensor() (uint8 images) they may still come
+        raise TransformError(step, "image steps must come before the conversion to float (ToTensor())")
 
 
 def _square(step: Any, size: Any) -> int:
@@ -187,7 +189,9 @@ def _pil_to_tensor(step: Any, state: dict) -> None:
 
 
 def _convert_dtype(step: Any, state: dict) -> None:
-    dtype = str(step.dtype)
+    dtype = str(step.dtype if not isinstance(step.dtype, dict) else next(iter(step.dtype.values())))
+    if state["tensor"] == "uint8" and dtype == "torch.uint8":
+        return  # ToDtype(torch.uint8, scale=True) after ToImage(): nothing changes
     if state["tensor"] != "uint8" or dtype not in ("torch.float32", "torch.float16"):
         raise TransformError(step, "only ConvertImageDtype(torch.float32 or torch.float16) after PILToTensor()")
     if getattr(step, "scale", True) is False:

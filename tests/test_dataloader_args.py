@@ -185,3 +185,13 @@ def test_explicit_index_cache_dir_wins_over_a_writable_shard_folder(folder, tmp_
     assert not [n for n in os.listdir(out) if n.endswith(".idx")]  # nothing written beside the shards
     assert all(p.startswith(cache) for p in loader.source.index_files)
     assert np.all([os.path.exists(p) for p in loader.source.index_files])
+
+
+def test_relative_root_and_a_val_sampler_left_at_its_default_shuffle(folder, tv, monkeypatch):
+    """ImageFolder("images") from its parent folder (torchvision lists root-joined paths); a val
+    DistributedSampler built with its default shuffle=True: the deterministic transform says val."""
+    datasets, T = tv
+    monkeypatch.chdir(os.path.dirname(folder))
+    dataset = datasets.ImageFolder(os.path.basename(folder), val_transform(T))
+    loader = DaliLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, num_replicas=2, rank=0))
+    assert not loader.train and sum(len(t) for _, t in loader) == -(-N // 2)

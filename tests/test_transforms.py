@@ -72,3 +72,12 @@ def test_supported_transform_family(tv):
                                   "std": (1, 1, 1)}
     with pytest.raises(TransformError, match="RandAugment"):
         augment_from_transform(T.Compose([T.RandomResizedCrop(24), T.RandAugment(num_ops=3), T.ToTensor()]))
+
+
+def test_v2_recipe_with_to_image_first(tv):
+    from torchvision.transforms import v2
+    recipe = v2.Compose([v2.ToImage(), v2.RandomResizedCrop(32), v2.RandomHorizontalFlip(),
+                         v2.ToDtype(torch.uint8, scale=True), v2.ToDtype(torch.float32, scale=True),
+                         v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    args, is_train = augment_from_transform(recipe)
+    assert is_train and args["image_size"] == 32 and args["mean"] == (0.485, 0.456, 0.406)

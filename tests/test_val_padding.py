@@ -130,3 +130,15 @@ def test_elastic_resume_in_repeat_mode_delivers_the_rest_with_real_labels(number
     assert not set(labels) & set(delivered)  # nothing delivered is read again
     after = [l for loader in new for b in epoch(loader) for l in b]  # then this world's own epochs
     assert set(after) == set(range(N))
+
+
+def test_elastic_resume_of_train_with_short_batches_reads_every_sample(numbered):
+    """DataLoader's drop_last=False in train: an elastic resume reads all of the rest, the tail included."""
+    kw = dict(train=True, drop_last=False, shuffle_buffer=8, seed=3)
+    old = loaders(numbered, 2, **kw)
+    delivered = [l for loader in old for b in labels_after(loader, 1) for l in b]
+    states = [loader.state_dict() for loader in old]
+    (new,) = loaders(numbered, 1, **kw)
+    new.load_state_dict(states)
+    rest = [l for b in epoch(new) for l in b]
+    assert sorted(delivered + rest) == list(range(N))
