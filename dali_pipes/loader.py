@@ -158,6 +158,9 @@ class DaliLoader:
         """What this loader reads (bad samples excluded so far replaced in place)."""
         return self.pipe.source
 
+    bad_policy = property(lambda self: self.pipe.policy, doc="the bad-sample policy (recovery.py)")
+    skip_bad = property(lambda self: self.pipe.policy.skip, doc="bad samples are excluded, not raised")
+
     @property
     def bad_samples(self) -> list[BadSample]:
         """Samples excluded so far (skip_bad=True), in order."""
@@ -208,8 +211,7 @@ class DaliLoader:
         self._epoch_requests.set(epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # Lazy: nothing happens until the first next(). Frameworks probe a loader with a throwaway
-        # iter() (Lightning does); acting at iter() would finish a resumed epoch it never reads.
+        # Lazy: Lightning probes with a throwaway iter(); acting here would finish a resumed epoch unread.
         if self.pipe.failure is not None:
             raise self.pipe.failure  # never continue silently after a pipeline error
         return self._epoch()
