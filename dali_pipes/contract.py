@@ -77,6 +77,9 @@ class Contract:
     def check_one_batch(self, num_samples: int, world_size: int, where: str) -> None:
         """Refuse, before DALI builds, a loader that would yield no batch."""
         b = self.batch_size
+        if num_samples < world_size:  # a rank with an empty slice: DALI's reader cannot read it
+            raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks leave a rank with none; "
+                             f"use at most {num_samples} ranks for this data")
         if self.dali_drop and num_samples // world_size < b:
             raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks give less than one batch of "
                              f"{b} per rank in train mode (the tail is dropped); lower batch_size")

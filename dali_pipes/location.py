@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Sequence
 
 from dali_pipes import object_store
@@ -25,6 +26,26 @@ from dali_pipes.object_store import ObjectInfo
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards
 
 Location = str | os.PathLike | Sequence[str]
+# TensorFlow's and our converters' shard names: STEM-NNNNN-of-MMMMM[.ext]. Such a set is complete or refused.
+_NUMBERED = re.compile(r"^(?P<stem>.+)-(?P<index>\d+)-of-(?P<total>\d+)(?P<ext>(\.[A-Za-z0-9]+)*)$")
+
+
+def check_complete(names: Sequence[str], where: str) -> None:
+    """Raise DatasetError when shards named STEM-NNNNN-of-MMMMM miss some of the M (a copy or conversion cut
+    short): found by a folder, prefix or glob, they must all be there. An explicit list reads what it names."""
+    sets: dict[tuple, list[int]] = {}
+    for name in names:
+        found = _NUMBERED.match(os.path.basename(name.rstrip("/")))
+        if found:
+            key = (os.path.dirname(name), found["stem"], found["total"], found["ext"])
+            sets.setdefault(key, []).append(int(found["index"]))
+    for (folder, stem, total, ext), indices in sorted(sets.items()):
+        missing = sorted(set(range(int(total))) - set(indices))
+        if missing:
+            first = f"{stem}-{missing[0]:0{len(total)}d}-of-{total}{ext}"
+            raise DatasetError(where, f"{len(missing)} of {int(total)} shards {stem}-*-of-{total}{ext} are missing "
+                               f"(first: {first}), as after a copy or a conversion cut short",
+                               "Complete the set, or pass the shards to read as an explicit list")
 
 
 def describe(location: Location) -> str:
@@ -51,6 +72,7 @@ def classify(location: Location) -> tuple[str, list[str]]:
         shards = sorted(p for p in glob.glob(location) if os.path.isfile(p) and not p.endswith(NOT_SHARDS))
         if not shards:
             raise FileNotFoundError(f"{location}: no files match this pattern")
+        check_complete(shards, location)
         return shard_kind(shards, location), shards
     if not os.path.exists(location):
         raise FileNotFoundError(f"{location}: no such file or directory")
@@ -74,6 +96,7 @@ def _classify_folder(location: str) -> tuple[str, list[str]]:
     entries = [e for e in sorted(os.scandir(location), key=lambda e: e.name) if not e.name.startswith(".")]
     files = [e.path for e in entries if e.is_file() and not e.name.endswith(NOT_SHARDS)]
     if any(local_shard_kind(p) for p in files):
+        check_complete(files, location)
         return shard_kind(files, location), files
     if any(e.is_dir() for e in entries):
         return "folder", []
@@ -147,6 +170,7 @@ def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
         infos = [o for o in object_store.list_objects(url) if not _not_shard(o.url)]
         if not infos:
             raise FileNotFoundError(f"{url}: no shards match this pattern (only index or metadata files)")
+        check_complete([o.url for o in infos], url)
         return remote_shard_kind(infos, url), infos
     found = object_store.list_objects(url)
     if len(found) == 1 and found[0].url == url:  # one object: a shard or a text list
@@ -176,6 +200,7 @@ def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, 
     top = [o for o in found if "/" not in object_store.relative_to(o.url, prefix)]
     shards = [o for o in top if not _not_shard(o.url)]
     if any(shard_kind_by_name(o.url) for o in shards) or (shards and remote_kind(shards[0])):
+        check_complete([o.url for o in shards], prefix)
         return remote_shard_kind(shards, prefix), shards
     if len(top) < len(found):
         return "folder", []

@@ -40,3 +40,19 @@ def test_folders_globs_and_mixtures(shards, jpeg_folder):
     (shards / "odd.bin").write_bytes(b"\x00" * 40)
     with pytest.raises(DatasetError, match="odd.bin: neither a TFRecord shard nor a .tar shard"):
         classify([record, str(shards / "odd.bin")])
+
+
+def test_an_incomplete_numbered_set_is_refused_unless_listed(jpeg_folder, tmp_path):
+    """3 of train-*-of-00004: a folder or a glob is refused naming the first missing shard; verify too."""
+    from dali_pipes.verify import verify
+    out = str(tmp_path / "tfr")
+    write_tfrecords(open_source(jpeg_folder), out, shards=4, progress=False)
+    os.remove(os.path.join(out, "train-00002-of-00004.tfrecord"))
+    for location in (out, os.path.join(out, "train-*")):
+        with pytest.raises(DatasetError, match="1 of 4 shards train-\\*-of-00004.tfrecord are missing "
+                                               "\\(first: train-00002-of-00004.tfrecord\\)"):
+            open_source(location)
+    with pytest.raises(DatasetError, match="are missing"):
+        verify(out)
+    listed = sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tfrecord"))
+    assert open_source(listed).num_samples > 0  # an explicit list reads what it names

@@ -248,6 +248,15 @@ def test_index_reused_then_rebuilt_after_the_object_changes(s3, cache_dirs, monk
 # (the client-level cases are in tests/test_object_store.py; here through open_source/DaliLoader)
 # ---------------------------------------------------------------------------------------------
 
+def test_a_prefix_missing_one_numbered_shard_is_refused(s3, cache_dirs):
+    """A conversion to s3:// cut short: 2 of train-*-of-00003 below the prefix. Refused, naming the gap."""
+    tfrecord_shards(s3, prefix="cut", shards=3)
+    s3.client.delete_object(Bucket=s3.bucket, Key="cut/train-00001-of-00003")
+    for location in (s3.url("cut/"), s3.url("cut/train-*")):
+        with pytest.raises(DatasetError, match=r"1 of 3 shards train-\*-of-00003 are missing \(first: train-00001"):
+            open_source(location)
+
+
 def test_missing_bucket(s3, cache_dirs):
     with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket' does not exist at http://127.0.0.1"):
         DaliLoader("s3://no-such-bucket/train/", batch_size=2, train=False, **KW)

@@ -129,6 +129,13 @@ def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, tmp_p
         assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
 
 
+def test_resume_without_a_checkpoint_says_so(tiny, tmp_path):
+    missing = torchrun(tmp_path / "typo", tiny / "train", "--resume", epochs=1, nproc=1, check=False)
+    assert missing.returncode != 0 and "--resume: no checkpoint at" in missing.stderr
+    fresh = torchrun(tmp_path / "fresh", tiny / "train", "--resume-if-present", epochs=1, nproc=1)
+    assert fresh.returncode == 0 and "resumed from" not in fresh.stdout
+
+
 def test_two_nodes_get_disjoint_shards(tmp_path):
     """Two torchrun agents as two nodes (--nnodes=2, c10d rendezvous on localhost, one rank
     each): both have LOCAL_RANK 0, but their global ranks 0 and 1 must read disjoint shards."""

@@ -142,3 +142,9 @@ def test_elastic_resume_of_train_with_short_batches_reads_every_sample(numbered)
     new.load_state_dict(states)
     rest = [l for b in epoch(new) for l in b]
     assert sorted(delivered + rest) == list(range(N))
+
+
+def test_more_ranks_than_samples_is_refused_naming_both(numbered):
+    small = dataclasses.replace(numbered, files=numbered.files[:3], labels=numbered.labels[:3])
+    with pytest.raises(ValueError, match="3 samples over 4 ranks leave a rank with none; use at most 3 ranks"):
+        loaders(small, 4, train=False)

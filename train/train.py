@@ -58,7 +58,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="runs/latest")
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (and at epoch end)")
-    p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt if it exists")
+    p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt (an error if none)")
+    p.add_argument("--resume-if-present", action="store_true", help="continue from it if there is one, else start")
     p.add_argument("--record-labels", action="store_true", help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
     p.add_argument("--dist-timeout", type=int, default=600, help="seconds a collective may wait for a lost rank")
     p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
@@ -263,10 +264,12 @@ def evaluate(run: Run) -> dict:
 
 
 def main(args) -> list[dict]:
+    checkpoint = os.path.join(args.workdir, "checkpoint.pt")
+    if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
+        raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
     os.makedirs(args.workdir, exist_ok=True)
     run = create_run(args)
-    checkpoint = os.path.join(args.workdir, "checkpoint.pt")
-    if args.resume and os.path.exists(checkpoint):
+    if (args.resume or args.resume_if_present) and os.path.exists(checkpoint):
         load_checkpoint(run, checkpoint)
         if run.is_main:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
