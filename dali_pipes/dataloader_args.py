@@ -163,6 +163,8 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         samples = [samples[i] for i in indices]
     root = str(dataset.root)
     relabel = getattr(dataset, "target_transform", None)
+    # torchvision lists root-joined paths; other datasets may list them relative to root: told once, by a sample
+    base = "" if not samples or os.path.isabs(str(samples[0][0])) or os.path.exists(str(samples[0][0])) else root
     out = []
     for path, label in samples:
         if not str(path).lower().endswith(IMAGE_EXTENSIONS):
@@ -170,9 +172,7 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         label = relabel(label) if relabel is not None else label
         if isinstance(label, bool) or not isinstance(label, int) and not hasattr(label, "__index__"):
             raise ValueError(f"{path}: label {label!r} is not an integer (DALI yields int64 labels)")
-        path = str(path)  # torchvision lists root-joined paths; other datasets may list them relative to root
-        out.append((os.path.abspath(path if os.path.isabs(path) or os.path.exists(path) else os.path.join(root, path)),
-                    int(label)))
+        out.append((os.path.abspath(os.path.join(base, str(path))), int(label)))
     if not out:
         raise ValueError(f"{root}: the dataset holds no samples")
     classes = list(dataset.classes) if hasattr(dataset, "classes") else None

@@ -146,7 +146,6 @@ class DaliLoader:
         self.pipe = RankPipeline.create(source, args, self.position, policy, drop=self.contract.dali_drop,
                                         remote_feed=remote_feed, cache_dir=cache_dir, cache_bytes=cache_bytes,
                                         cache_prefetch=cache_prefetch)
-        self._feed = self.pipe.feed
         try:
             self.pipe.build()
         except BaseException:
