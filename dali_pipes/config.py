@@ -45,6 +45,16 @@ def count_or_fraction(text: str) -> int | float:
         return value
 
 
+def auto_or_count(text: str) -> int | str:
+    """"auto" (the loader tunes it: tuning.py) or a count of at least 1."""
+    if str(text).lower() == "auto":
+        return "auto"
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected 'auto' or a count of at least 1")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: Sequence[str] = (),
                   defaults: dict | None = None) -> None:
     """One flag per option field of `cls`, in an argument group; `defaults` overrides a field's default."""
@@ -106,9 +116,12 @@ class LoaderConfig:
                          "cpu: the same graph on CPU; auto: gpu when torch sees CUDA", choices=("auto", "gpu", "cpu"))
     decode_device: str | None = option(None, "cpu with --device gpu: decode on CPU, augment on GPU (frees busy GPU "
                                        "decoders); default: the --device", type=str, choices=("gpu", "cpu", None))
-    num_threads: int | None = option(None, "DALI CPU threads per rank (default: this process's CPUs / ranks "
-                                     "on the node)", type=int, aliases=("--threads",))
-    prefetch_queue_depth: int = option(2, "batches DALI prepares ahead of the training step")
+    num_threads: int | str = option("auto", "DALI CPU threads per rank; auto: tried while the first epoch runs "
+                                    "(at most 8 trials in 10%% of its batches, batches unchanged) from this process's "
+                                    "CPUs / ranks on the node, and remembered per machine (tuning.py)",
+                                    type=auto_or_count, aliases=("--threads",))
+    prefetch_queue_depth: int | str = option("auto", "batches DALI prepares ahead of the training step; auto: 2, "
+                                             "or tuned with the threads", type=auto_or_count)
     shuffle_buffer: int = option(4096, "train: samples the reader shuffles through (more: better mixing, more memory)")
     skip_bad: bool = option(False, "exclude bad samples (each named in a warning) and go on, instead of "
                             "stopping with their names")
@@ -124,6 +137,9 @@ class LoaderConfig:
                                    "~/.cache/dali_pipes/shards); each run uses a private subfolder", type=str)
     cache_bytes: int = option(8 << 30, "s3:// shard cache bound in bytes per rank; a larger shard is refused")
     cache_prefetch: int = option(4, "s3:// shards fetched in parallel ahead of the reader")
+    sharding_check: bool = option(True, "at the end of the first epoch, the ranks compare what they delivered "
+                                  "(train: no sample on two ranks; val: each exactly once) and fail naming the "
+                                  "mistake; needs an initialised process group")
 
 
 def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:

@@ -18,6 +18,12 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def default_threads(shard: "Shard") -> int:
+    """CPU threads per pipeline: the CPUs this process may use, shared by the ranks on this node."""
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, usable_cpus() // local_ranks)
+
+
 def process_pool(workers: int | None, **kwargs) -> ProcessPoolExecutor:
     """Worker processes: forked (fast, and a script needs no __main__ guard), except once DALI is loaded
     here. A fork copies a process whose DALI threads may hold a lock, and the children wait on it forever

@@ -25,8 +25,8 @@ Epoch contract (contract.py), DataLoader + DistributedSampler's unless asked oth
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
@@ -40,13 +40,14 @@ from dali_pipes.dist import Shard
 from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import RankPipeline, cuda_device_id
 from dali_pipes.procfs import release_free_memory
-from dali_pipes.recovery import BadSample, BadSamplePolicy
+from dali_pipes.recovery import BadSamplePolicy
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source, samples_source
 
 DEVICES = ("auto", "gpu", "cpu")
 _LOADER, _SOURCE = LoaderConfig(), SourceConfig()  # the loader's defaults, written once (config.py)
 REQUIRE_GPU_ENV = "DALI_PIPES_REQUIRE_GPU"
+log = logging.getLogger("dali_pipes")
 
 
 @runtime_checkable
@@ -107,14 +108,15 @@ class DaliLoader:
                  in_order: bool = True, train: bool | None = None, val_padding: str = "repeat",
                  device: str = _LOADER.device, rank: int | None = None, world_size: int | None = None,
                  local_rank: int | None = None, image_size: int | None = None, seed: int | None = None,
-                 num_threads: int | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
-                 prefetch_queue_depth: int = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
+                 num_threads: int | str | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
+                 prefetch_queue_depth: int | str = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
                  keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
                  max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
-                 cache_prefetch: int = _LOADER.cache_prefetch, **augment_args) -> None:
+                 cache_prefetch: int = _LOADER.cache_prefetch, sharding_check: bool = _LOADER.sharding_check,
+                 **augment_args) -> None:
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
@@ -145,25 +147,20 @@ class DaliLoader:
         self.position = Position()
         self.pipe = RankPipeline.create(source, args, self.position, policy, drop=self.contract.dali_drop,
                                         remote_feed=remote_feed, cache_dir=cache_dir, cache_bytes=cache_bytes,
-                                        cache_prefetch=cache_prefetch)
+                                        cache_prefetch=cache_prefetch, sharding_check=sharding_check)
         try:
             self.pipe.build()
         except BaseException:
             self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
             raise
 
-    @property
-    def source(self) -> Source:
-        """What this loader reads (bad samples excluded so far replaced in place)."""
-        return self.pipe.source
+    source = property(lambda self: self.pipe.source, doc="what this loader reads (bad samples excluded so far "
+                                                         "replaced in place)")
 
     bad_policy = property(lambda self: self.pipe.policy, doc="the bad-sample policy (recovery.py)")
     skip_bad = property(lambda self: self.pipe.policy.skip, doc="bad samples are excluded, not raised")
 
-    @property
-    def bad_samples(self) -> list[BadSample]:
-        """Samples excluded so far (skip_bad=True), in order."""
-        return self.pipe.policy.bad_samples
+    bad_samples = property(lambda self: self.pipe.policy.bad_samples, doc="samples excluded so far (skip_bad=True)")
 
     def close(self) -> None:
         """Free the pipeline (its threads and memory) and the shard cache now, not at garbage collection."""
@@ -171,20 +168,11 @@ class DaliLoader:
             self.pipe.close()
 
     def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        _close_quietly(self)
 
-    @property
-    def epoch(self) -> int:
-        """Epochs completed."""
-        return self.position.epoch
+    epoch = property(lambda self: self.position.epoch, doc="epochs completed")
 
-    @property
-    def num_samples(self) -> int:
-        """Samples in the whole dataset (all ranks)."""
-        return self.source.num_samples
+    num_samples = property(lambda self: self.source.num_samples, doc="samples in the whole dataset (all ranks)")
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch, as DataLoader counts them for the same arguments."""
@@ -234,6 +222,7 @@ class DaliLoader:
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cut, at = self._cut(), self.position
+        self.pipe.begin_epoch(cut.batches)
         while at.batch < cut.batches:
             batch = self.pipe.next()
             if batch is None:
@@ -241,14 +230,16 @@ class DaliLoader:
             images, labels = self._shape(batch, cut)
             at.batch += 1
             if at.batch == cut.batches:
-                self.pipe.drain()  # DALI's batches past the contract's, and its epoch end, before the yield
+                self.pipe.end_epoch_later()  # DALI's batches past the contract's, after the step (settle)
             yield images, labels
+        self.pipe.settle()
+        self.pipe.finish_epoch()  # tuning's choice if still open; the sharding check after the first epoch
         at.next_epoch()
         if self.pipe.record.end_epoch():  # a resumed epoch's rest is done: this world's own pipeline now
             self.pipe.build()
         if self.pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
-            print(f"dali_pipes: rank {self.shard.rank}: {len(self.bad_samples)} bad samples excluded after epoch "
-                  f"{at.epoch - 1}", file=sys.stderr, flush=True)
+            log.warning("rank %d: %d bad samples excluded after epoch %d", self.shard.rank, len(self.bad_samples),
+                        at.epoch - 1)
         release_free_memory()  # once an epoch: else fragmented heap pages pile up (procfs.py)
 
     def _shape(self, batch: dict, cut: EpochCut) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,6 +254,12 @@ class DaliLoader:
             images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
         return (images.pin_memory(), labels.pin_memory()) if self._pin else (images, labels)
 
+    def stats(self) -> dict:
+        """This epoch's figures so far (the last epoch's once it ended), stats.py: data-wait fraction,
+        seconds inside next() per batch, step rate, CPU; and the pipeline's threads / prefetch depth."""
+        return {**self.pipe.clock.current.summary(), "num_threads": self.pipe.args["num_threads"],
+                "prefetch_queue_depth": self.pipe.args["prefetch_queue_depth"]}
+
     def state_dict(self) -> dict:
         """Where this rank is (resume.py's layout: DALI's checkpoint, counters, bad samples, delivered
         samples). Take it between batches."""
@@ -273,3 +270,10 @@ class DaliLoader:
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
         resume.restore(self, state)
 
+
+
+def _close_quietly(loader: DaliLoader) -> None:
+    try:
+        loader.close()
+    except Exception:  # at garbage collection: nothing to report to
+        pass

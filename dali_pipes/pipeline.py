@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
+import time
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from dali_pipes import elastic
+from dali_pipes import elastic, sharding, tuning
 from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.contract import Position
-from dali_pipes.dist import Shard, usable_cpus
+from dali_pipes.dist import Shard, default_threads, usable_cpus
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, eval_augment, resolve_decode_device, train_augment
 from dali_pipes.reader import READER_NAME, ReaderModel
 from dali_pipes.recovery import BadSamplePolicy
 from dali_pipes.remote_feed import RemoteFeed
 from dali_pipes.source import Source
+from dali_pipes.stats import LoaderClock
 
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline
@@ -91,12 +93,6 @@ def cuda_device_id(shard: Shard) -> int:
         return 0
     raise ValueError(f"local rank {shard.local_rank} but this process sees {visible} GPUs (devices 0-{visible - 1}); "
                      f"call torch.cuda.set_device(...) for this rank before building the loader")
-
-
-def default_threads(shard: Shard) -> int:
-    """CPU threads per pipeline: the CPUs this process may use, shared by the ranks on this node."""
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return max(1, usable_cpus() // local_ranks)
 
 
 class PipelineRun:
@@ -189,23 +185,37 @@ class RankPipeline:
     go to. `position` is the loader's, shared: a fresh build starts DALI's epoch count there."""
 
     def __init__(self, source: Source, args: dict, position: Position, policy: BadSamplePolicy, feed: RemoteFeed,
-                 *, drop: bool) -> None:
-        self.source, self.args, self.position, self.policy, self.feed = source, args, position, policy, feed
+                 *, drop: bool, sharding_check: bool = True) -> None:
+        self.source, self.position, self.policy, self.feed = source, position, policy, feed
+        self.args, self.tuner, self.tuning_key = tuning.plan(args, source.kind, args["shard"].rank,
+                                                             args["shard"].local_rank)
         self.record = elastic.DeliveryRecord(source.num_samples)
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
+        self.epoch_end_due = False  # end_epoch_later
+        self.clock = LoaderClock()
+        if self.tuner is not None:  # its trials on the loader's clock (a trace shows them)
+            self.tuner.on_trial = lambda t: self.clock.event("tuning trial", t.started, time.perf_counter(),
+                                                             settings=str(t.settings), result=t.describe())
+        self.retune: tuning.Settings | None = None  # settings to rebuild with before the next batch
+        self.whole_epoch = False  # this epoch runs from its start on this world's pipeline (sharding check)
+        self.sharding_check = sharding_check
         self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop, keep_checkpoints=policy.skip)
 
     @classmethod
     def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
-               remote_feed: str, cache_dir: str | None, cache_bytes: int, cache_prefetch: int) -> "RankPipeline":
+               remote_feed: str, cache_dir: str | None, cache_bytes: int, cache_prefetch: int,
+               sharding_check: bool = True) -> "RankPipeline":
         """With s3:// data fed through a bounded local shard cache kept ahead of the reader, or DALI's
         own s3:// reads (remote_feed.py); damage found while opening (skip_bad) excluded first."""
+        depth = args["prefetch_queue_depth"]  # "auto": the shard cache keeps ahead of the deepest tried
         feed = RemoteFeed(remote_feed, train=args["train"], batch_size=args["batch_size"], shard=args["shard"],
-                          shuffle_buffer=args["shuffle_buffer"], prefetch_queue_depth=args["prefetch_queue_depth"],
+                          shuffle_buffer=args["shuffle_buffer"],
+                          prefetch_queue_depth=max(tuning.DEPTHS) if depth == tuning.AUTO else depth,
                           cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
-        return cls(policy.take_damaged(source), args, position, policy, feed, drop=drop)
+        return cls(policy.take_damaged(source), args, position, policy, feed, drop=drop, sharding_check=sharding_check)
 
     def build(self, checkpoint: str | None = None) -> None:
+        self.epoch_end_due = False
         self.run.build(checkpoint)
         self.feed.built()
 
@@ -244,11 +254,82 @@ class RankPipeline:
                            a["shuffle_buffer"], a["prefetch_queue_depth"],
                            list_shuffled=a["train"] and self.source.format.SHUFFLES_LIST)
 
+    def begin_epoch(self, batches: int) -> None:
+        """An epoch of `batches` batches starts (at position.batch): its clock, and the tuner's budget
+        when this is the first epoch this loader runs (tuning.py)."""
+        self.clock.begin(self.position.epoch)
+        self.whole_epoch = self.position.batch == 0 and self.record.remainder is None
+        if self.tuner is not None and not self.tuner.done and not self.tuner.trials:
+            self.tuner.begin(batches)
+
     def next(self) -> dict | None:
-        return self.run.next(self._advance)
+        """The next batch, timed (stats.py); while tuning, each batch is the tuner's to judge."""
+        asked = time.perf_counter()
+        if self.retune is not None:
+            self._rebuild(self.retune)
+        batch = self.run.next(self._advance)
+        if batch is not None:
+            wait, wall, cpu = self.clock.batch(asked, time.perf_counter(), len(batch["labels"]))
+            if self.tuner is not None and not self.tuner.done:
+                self.retune = self.tuner.observe(wait, wall, cpu)
+                self._tuned()
+        return batch
+
+    def _rebuild(self, settings: tuning.Settings) -> None:
+        """The same pipeline with other threads / prefetch depth, at the checkpoint of the last batch
+        delivered: the batches go on exactly as before (tuning.py says why)."""
+        started, self.retune = time.perf_counter(), None
+        if self.args["device"] == "gpu":
+            import torch
+            torch.cuda.current_stream().synchronize()  # the last batch's copy out of DALI's buffers is done
+        checkpoint = self.run.checkpoint()
+        self.args = {**self.args, **dataclasses.asdict(settings)}
+        self.run.build(checkpoint)
+        self.clock.event("rebuild", started, time.perf_counter(), settings=str(settings))
+
+    def _tuned(self) -> None:
+        """Once the tuner has chosen: remembered for the next run (by local rank 0 only)."""
+        if self.tuner.done and self.tuning_key is not None:
+            tuning.remember(self.tuning_key, {**dataclasses.asdict(self.tuner.chosen), "source": "online"})
+            self.tuning_key = None
+
+    def finish_epoch(self) -> None:
+        """The epoch's batches are out: its tuning (if the search outlived it) and the sharding check."""
+        if self.tuner is not None and not self.tuner.done and self.tuner.trials:
+            self.retune = self.tuner.epoch_ended()
+            self._tuned()
+        if self.sharding_check and self.whole_epoch:
+            self.sharding_check = False  # once per run
+            sharding.check_delivery(self.record, self.args["shard"], train=self.args["train"],
+                                    location=self.source.location, excluded=len(self.policy.bad_samples),
+                                    name_of=lambda i: str(self.source.refs()[i]))
+
+    def tuning_state(self) -> dict | None:
+        return self.tuner.state() if self.tuner is not None else None
+
+    def restore_tuning(self, chosen: dict | None) -> None:
+        """A state's choice: this loader does not search again (its own fixed values stay fixed)."""
+        if self.tuner is not None and chosen:
+            self.tuner.done, self.tuner.chosen = True, tuning.Settings(**chosen)
+            auto = {k: chosen[k] for k, tuned in (("num_threads", self.tuner.tune_threads),
+                                                  ("prefetch_queue_depth", self.tuner.tune_depth)) if tuned}
+            self.args = {**self.args, **auto}
 
     def drain(self) -> None:
         self.run.drain(self._advance)
+
+    def end_epoch_later(self) -> None:
+        """The epoch's last batch is out: read DALI's rest of the epoch (settle) once the loop comes back
+        for more or asks for a state, not before the yield. The pipeline computes the batches past the
+        contract's while the training step runs on the last one; draining first kept the loop waiting
+        about one batch at every epoch boundary."""
+        self.epoch_end_due = True
+
+    def settle(self) -> None:
+        """Finish an epoch end left for later (end_epoch_later): a checkpoint then starts the next epoch."""
+        if self.epoch_end_due:
+            self.epoch_end_due = False
+            self.drain()
 
     def _advance(self) -> None:
         self.feed.advance(self.position.epoch, self.position.batch)  # s3:// cache: the reader's reach is local

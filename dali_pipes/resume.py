@@ -3,7 +3,8 @@
     {"version": 3,
      "loader":      {"epoch", "position", "rank", "world_size", "batch_size", "train", "num_samples", "seed",
                      "contract"},                     # where the loader is, and what it must match
-     "pipeline":    {"dali", "dali_epoch0"},          # DALI's checkpoint and the epoch its pipeline began at
+     "pipeline":    {"dali", "dali_epoch0", "tuned"}, # DALI's checkpoint, the epoch its pipeline began at,
+                                                      # the tuner's choice once made (tuning.py; absent before 0.3)
      "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
      "record":      {"delivered", "delivered_complete", "elastic_base"}}   # elastic.DeliveryRecord.state()
 
@@ -86,13 +87,15 @@ def identity(loader: Any) -> dict:
 
 def state_of(loader: Any) -> dict:
     """A DaliLoader's state (loader.py), between batches."""
+    loader.pipe.settle()  # after an epoch's last batch: DALI's epoch end first, so the state starts the next
     epoch, batch = loader.next_batch
     done = epoch != loader.position.epoch
     record = loader.pipe.record
     dali = None if done and record.remainder is not None else loader.pipe.run.checkpoint()  # then: afresh
     return pack(loader={"epoch": epoch, "position": batch, **identity(loader),
                         "contract": dataclasses.asdict(loader.contract)},
-                pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0},
+                pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0,
+                          "tuned": loader.pipe.tuning_state()},
                 bad_samples=loader.pipe.policy.state(), record=record.state(epoch_done=done))
 
 
@@ -117,6 +120,7 @@ def restore(loader: Any, state: dict | list[dict]) -> None:
     # The position first: the iterator runs a batch while it is built, and a bad sample there is
     # searched for from this position (and this epoch's shard), not from the start.
     move(loader, Position(state["epoch"], state["position"], state["position"] > 0, state.get("dali_epoch0", 0)))
+    loader.pipe.restore_tuning(state.get("tuned"))
     loader.pipe.build(checkpoint=state["dali"])
 
 

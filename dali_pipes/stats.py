@@ -1,0 +1,70 @@
+"""What a loader's epochs cost the training loop, per rank (`DaliLoader.stats()`).
+
+Timed where the loop feels it: the seconds the loop spends inside next() (its wait for data), and
+the seconds from one batch to the next (the loop's step, wait included). Also the loader's own
+events on the same clock (time.perf_counter): pipeline rebuilds and tuning trials, for a trace.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    batches: int = 0
+    images: int = 0
+    wait_s: float = 0.0      # inside next(): the loop waited for this loader
+    wall_s: float = 0.0      # first batch asked for -> last batch given (the loop's steps included)
+    cpu_s: float = 0.0       # process CPU time over the same span (every thread: DALI's and the model's)
+    events: list = field(default_factory=list)  # (name, start, end, args): rebuilds, tuning trials
+
+    def summary(self) -> dict:
+        """Per-epoch figures: wait fraction, the loader's time per batch inside next(), the step rate."""
+        out = {k: v for k, v in asdict(self).items() if k != "events"}
+        out.update(data_wait_fraction=self.wait_s / self.wall_s if self.wall_s else 0.0,
+                   next_s_per_batch=self.wait_s / self.batches if self.batches else 0.0,
+                   steps_per_s=self.batches / self.wall_s if self.wall_s else 0.0,
+                   images_per_s=self.images / self.wall_s if self.wall_s else 0.0,
+                   cpu_cores=self.cpu_s / self.wall_s if self.wall_s else 0.0)
+        return out
+
+
+class LoaderClock:
+    """Times each next() of a loader and keeps one EpochStats per epoch (the last few)."""
+
+    KEEP = 8  # epochs kept: stats() is read once an epoch; a long run must not grow
+
+    def __init__(self) -> None:
+        self.epochs: list[EpochStats] = []
+        self._last: tuple[float, float] | None = None  # (perf_counter, process_time) of the last batch
+
+    def begin(self, epoch: int) -> None:
+        self.epochs = self.epochs[-(self.KEEP - 1):] + [EpochStats(epoch)]
+        self._last = None
+
+    @property
+    def current(self) -> EpochStats:
+        if not self.epochs:
+            self.begin(0)
+        return self.epochs[-1]
+
+    def batch(self, asked: float, got: float, images: int) -> tuple[float, float, float]:
+        """A batch asked for at `asked`, in hand at `got` (perf_counter): (wait, wall, cpu) of it, where
+        wall and cpu run from the previous batch in hand (from `asked` for the epoch's first)."""
+        cpu_now = time.process_time()
+        since, cpu_since = self._last or (asked, cpu_now)
+        wait, wall, cpu = got - asked, got - since, cpu_now - cpu_since
+        epoch = self.current
+        epoch.batches, epoch.images = epoch.batches + 1, epoch.images + images
+        epoch.wait_s, epoch.wall_s, epoch.cpu_s = epoch.wait_s + wait, epoch.wall_s + wall, epoch.cpu_s + cpu
+        self._last = (got, cpu_now)
+        return wait, wall, cpu
+
+    def event(self, name: str, start: float, end: float, **args) -> None:
+        self.current.events.append((name, start, end, args))
+
+    def summaries(self) -> list[dict]:
+        return [e.summary() for e in self.epochs]

@@ -1,0 +1,279 @@
+"""Settings that fit the machine: DALI's CPU threads and prefetch depth chosen while the first epoch
+runs (`num_threads="auto"`, `prefetch_queue_depth="auto"`), and remembered for the next run.
+
+Why the loader may change them mid-epoch: neither knob changes a sample. DALI draws every random
+number per sample (not per thread) and a checkpoint carries the reader's position and every
+generator, so a pipeline rebuilt at the checkpoint of the last delivered batch with other threads or
+another depth goes on with exactly the batches the old one would have given (tests/test_tuning.py
+checks images and labels against the chosen values fixed, also across a resume and an elastic one).
+What is *not* tuned online: `hw_decoder_load` changes which decoder (hardware or CUDA) makes each
+image of a GPU graph, so its pixels may differ by rounding; it is measured offline only, by
+`dali-pipes profile`. On a mixed decoder the per-thread memory paddings follow the thread count
+(graph.decoder_paddings): memory, not pixels.
+
+The objective is the consumer's, as tf.data's AUTOTUNE: first the time the training loop waits
+inside next(), then the CPU time the process spends per batch (when the loop never waits, fewer
+threads leave cores to the model). Bounded: at most MAX_TRIALS trials and MAX_FRACTION of the
+first epoch's batches; each trial and the choice are logged (logger "dali_pipes").
+
+The memory, a JSON file under the cache root ($DALI_PIPES_CACHE/tuning.json, default
+~/.cache/dali_pipes/tuning.json), is keyed by machine (CPU model, usable cores, GPU, DALI version),
+graph (mode, device, augmentation, batch size, format) and ranks per node. A remembered choice is
+the next run's start, and is only confirmed (one trial) unless the loop then waits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from dali_pipes.dist import default_threads, usable_cpus
+from dali_pipes.files import private_tmp
+
+AUTO = "auto"
+MAX_TRIALS = 8
+MAX_FRACTION = 0.10  # of the first epoch's batches
+DEPTHS = (2, 3, 4)
+SETTLE = 1  # batches after each (re)build not measured: the new pipeline fills its queue
+WAIT_TOLERANCE = 0.02  # of a batch's wall time: waits closer than this are equal (then the lower CPU wins)
+CONFIRM_WAIT = 0.05  # a remembered choice whose loop waits more than this fraction is searched again
+log = logging.getLogger("dali_pipes")
+
+
+@dataclass(frozen=True)
+class Settings:
+    num_threads: int
+    prefetch_queue_depth: int
+
+    def __str__(self) -> str:
+        return f"num_threads={self.num_threads} prefetch_queue_depth={self.prefetch_queue_depth}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The memory
+# ---------------------------------------------------------------------------------------------
+
+def machine() -> dict:
+    """What makes one machine's best settings differ from another's."""
+    import nvidia.dali
+    import torch
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return {"cpu": cpu, "usable_cpus": usable_cpus(), "gpu": gpu, "dali": nvidia.dali.__version__}
+
+
+def graph_key(args: dict, kind: str) -> dict:
+    """The pipeline's graph as far as its speed goes (rank and seed do not matter)."""
+    augment = args["augment"]
+    return {"train": args["train"], "device": args["device"], "decode_device": args.get("decode_device"),
+            "batch_size": args["batch_size"], "format": kind,
+            "augment": dataclasses.asdict(augment) if dataclasses.is_dataclass(augment) else augment}
+
+
+def memory_key(args: dict, kind: str) -> str:
+    ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    text = json.dumps({"machine": machine(), "graph": graph_key(args, kind), "ranks_per_node": ranks_per_node},
+                      sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def memory_path() -> str:
+    from dali_pipes.indexes import cache_root
+    return os.path.join(cache_root(), "tuning.json")
+
+
+def recall(key: str) -> dict | None:
+    """The remembered entry for `key`, or None (no memory, or one this release cannot read)."""
+    try:
+        with open(memory_path()) as f:
+            return json.load(f).get("entries", {}).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def remember(key: str, entry: dict) -> None:
+    """Add or update one entry (atomic rename: concurrent writers never leave a torn file; last wins)."""
+    path = memory_path()
+    try:
+        with open(path) as f:
+            memory = json.load(f)
+    except (OSError, ValueError):
+        memory = {}
+    entries = memory.get("entries") if isinstance(memory.get("entries"), dict) else {}
+    entries[key] = {**entries.get(key, {}), **entry, "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = private_tmp(path)
+        with open(tmp, "w") as f:
+            json.dump({"version": 1, "entries": entries}, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as error:  # a read-only home must not stop training: the next run tunes again
+        log.warning("tuning: could not remember the choice in %s (%s); set DALI_PIPES_CACHE to a writable "
+                    "folder", path, error)
+
+
+# ---------------------------------------------------------------------------------------------
+# The search
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    settings: Settings
+    seen: int = 0       # batches since its build (the first SETTLE not measured)
+    measured: int = 0
+    wait: float = 0.0   # seconds inside next(), summed over measured batches
+    wall: float = 0.0   # seconds from one batch to the next
+    cpu: float = 0.0    # process CPU seconds over the same spans
+    started: float = field(default_factory=time.perf_counter)
+
+    def per_batch(self) -> tuple[float, float, float]:
+        n = max(1, self.measured)
+        return self.wait / n, self.wall / n, self.cpu / n
+
+    def describe(self) -> str:
+        wait, wall, cpu = self.per_batch()
+        return (f"{self.settings}: waits {wait * 1e3:.1f} ms of {wall * 1e3:.1f} ms per batch, "
+                f"{cpu / max(wall, 1e-9):.2f} cores busy")
+
+
+@dataclass
+class Tuner:
+    """One rank's search. `observe` hears every batch of the first epoch and answers the settings to
+    rebuild with, or None. Threads first (from the start down, halving, while the wait does not grow;
+    up to every core when the start waits), then the prefetch depth."""
+    start: Settings
+    tune_threads: bool
+    tune_depth: bool
+    cores: int
+    remembered: bool = False
+    trials: list[Trial] = field(default_factory=list)
+    done: bool = False
+    chosen: Settings | None = None
+    window: int = 0       # measured batches per trial
+    max_trials: int = 0
+    rank: int = 0
+    on_trial: Callable[[Trial], None] | None = None  # hears each trial once it is measured
+
+    @property
+    def current(self) -> Settings:
+        return self.trials[-1].settings if self.trials else self.start
+
+    def begin(self, batches: int) -> None:
+        """The first epoch has `batches` batches: size the trials to MAX_FRACTION of them."""
+        budget = int(MAX_FRACTION * batches)
+        self.window = max(2, min(8, budget // MAX_TRIALS - SETTLE))
+        self.max_trials = min(MAX_TRIALS, budget // (self.window + SETTLE))
+        if self.max_trials < (1 if self.remembered else 2):
+            self._finish(self.start, f"the first epoch's {batches} batches are too few to try settings in "
+                                     f"{MAX_FRACTION:.0%} of them")
+            return
+        self.trials.append(Trial(self.start))
+
+    def observe(self, wait: float, wall: float, cpu: float) -> Settings | None:
+        """One batch of the current trial; the settings of the next trial when this one is done."""
+        if self.done or not self.trials:
+            return None
+        trial = self.trials[-1]
+        trial.seen += 1
+        if trial.seen <= SETTLE:
+            return None
+        trial.measured += 1
+        trial.wait, trial.wall, trial.cpu = trial.wait + wait, trial.wall + wall, trial.cpu + cpu
+        if trial.measured < self.window:
+            return None
+        log.info("tuning rank %d: trial %d: %s", self.rank, len(self.trials), trial.describe())
+        if self.on_trial is not None:
+            self.on_trial(trial)
+        following = self._next() if len(self.trials) < self.max_trials else None
+        if following is None:
+            best = self._best()
+            self._finish(best.settings, f"best of {len(self.trials)} trials: {best.describe()}")
+            return best.settings if best.settings != trial.settings else None
+        self.trials.append(Trial(following))
+        return following
+
+    def epoch_ended(self) -> Settings | None:
+        """The first epoch ended before the search did: settle on the best trial measured."""
+        if self.done:
+            return None
+        measured = [t for t in self.trials if t.measured]
+        best = self._best(measured) if measured else Trial(self.current)
+        self._finish(best.settings, "the epoch ended first")
+        return best.settings if best.settings != self.current else None
+
+    def _tolerance(self, trials: list[Trial]) -> float:
+        return WAIT_TOLERANCE * min(t.per_batch()[1] for t in trials) + 5e-4
+
+    def _best(self, trials: list[Trial] | None = None) -> Trial:
+        trials = [t for t in (trials or self.trials) if t.measured]
+        least_wait = min(t.per_batch()[0] for t in trials)
+        equal = [t for t in trials if t.per_batch()[0] <= least_wait + self._tolerance(trials)]
+        return min(equal, key=lambda t: (t.per_batch()[2], t.settings.num_threads, t.settings.prefetch_queue_depth))
+
+    def _next(self) -> Settings | None:
+        tried = {t.settings for t in self.trials}
+        last, best = self.trials[-1], self._best()
+        if self.remembered and len(self.trials) == 1:
+            wait, wall, _ = last.per_batch()
+            if wait <= CONFIRM_WAIT * wall:
+                return None  # confirmed
+        candidates = self._thread_candidates(best, last) + self._depth_candidates(best)
+        return next((s for s in candidates if s not in tried), None)
+
+    def _thread_candidates(self, best: Trial, last: Trial) -> list[Settings]:
+        if not self.tune_threads:
+            return []
+        worse = last is not best and last.per_batch()[0] > best.per_batch()[0] + self._tolerance(self.trials)
+        threads, depth = best.settings.num_threads, best.settings.prefetch_queue_depth
+        wait, wall, _ = best.per_batch()
+        out = []
+        if wait > CONFIRM_WAIT * wall and threads < self.cores:  # the loop waits: more threads may help
+            out.append(Settings(self.cores, depth))
+        lower = threads // 2
+        if lower >= 1 and not (worse and last.settings.num_threads < threads):
+            out.append(Settings(lower, depth))  # fewer threads until the wait grows
+        return out
+
+    def _depth_candidates(self, best: Trial) -> list[Settings]:
+        if not self.tune_depth:
+            return []
+        threads, depth = best.settings.num_threads, best.settings.prefetch_queue_depth
+        return [Settings(threads, d) for d in DEPTHS if d > depth][:1]
+
+    def _finish(self, settings: Settings, why: str) -> None:
+        self.done, self.chosen = True, settings
+        log.info("tuning rank %d: chose %s (%s)", self.rank, settings, why)
+
+    def state(self) -> dict | None:
+        """For the loader's state: the choice once made (a resumed run does not search again)."""
+        return dataclasses.asdict(self.chosen) if self.done and self.chosen else None
+
+
+def plan(args: dict, kind: str, rank: int, local_rank: int) -> tuple[dict, Tuner | None, str | None]:
+    """(pipeline args with numbers for "auto", the tuner or None, the memory key or None)."""
+    threads, depth = args["num_threads"], args["prefetch_queue_depth"]
+    tune_threads, tune_depth = threads == AUTO, depth == AUTO
+    if not (tune_threads or tune_depth):
+        return args, None, None
+    cores = default_threads(args["shard"])
+    key = memory_key(args, kind)
+    entry = recall(key) or {}
+    start = Settings(entry.get("num_threads", cores) if tune_threads else threads,
+                     entry.get("prefetch_queue_depth", 2) if tune_depth else depth)
+    tuner = Tuner(start, tune_threads, tune_depth, cores, remembered=bool(entry), rank=rank)
+    if entry:
+        log.info("tuning rank %d: starting from the remembered %s (%s, %s)", rank, start, entry.get("source"),
+                 entry.get("date"))
+    return {**args, **dataclasses.asdict(start)}, tuner, key if local_rank == 0 else None

@@ -1,0 +1,148 @@
+"""Online tuning (tuning.py) with real DALI on CPU: num_threads / prefetch_queue_depth "auto" try other
+settings in the first epoch by rebuilding the pipeline at its checkpoint, and the batches (images and
+labels) are exactly those of a loader with the chosen values fixed: plain, after a resume taken while
+the search runs, and after an elastic resume taken then. The choice is remembered per machine."""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dali_pipes import DaliLoader, open_source, tuning
+from dali_pipes.config import auto_or_count
+
+from conftest import write_numbered
+
+N = 240  # 120 batches of 2: a tuning budget of 12 batches, room for 4 trials of 2 measured batches
+KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
+
+
+@pytest.fixture(scope="module")
+def numbered(tmp_path_factory):
+    return open_source(write_numbered(str(tmp_path_factory.mktemp("tuning")), N))
+
+
+@pytest.fixture(autouse=True)
+def private_memory(tmp_path, monkeypatch):
+    """Each test tunes from scratch: its own cache root, so no remembered choice."""
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+
+
+def epochs(loader, count=2, stop_at=None):
+    """Batches (images, labels) as numpy, `count` epochs; with stop_at, the state after that many."""
+    out, state = [], None
+    for _ in range(count):
+        for images, labels in loader:
+            out.append((images.numpy().copy(), labels.numpy().copy()))
+            if stop_at is not None and len(out) == stop_at:
+                return out, loader.state_dict()
+    return out, state
+
+
+def assert_same(got, expected):
+    assert len(got) == len(expected)
+    for i, ((gi, gl), (ei, el)) in enumerate(zip(got, expected)):
+        assert np.array_equal(gl, el), f"batch {i}: labels differ"
+        assert np.array_equal(gi, ei), f"batch {i}: images differ"
+
+
+def fixed(settings: tuning.Settings, source, **kw):
+    return DaliLoader(source, num_threads=settings.num_threads, prefetch_queue_depth=settings.prefetch_queue_depth,
+                      **{**KW, **kw})
+
+
+def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbered, caplog):
+    caplog.set_level(logging.INFO, logger="dali_pipes")
+    auto = DaliLoader(numbered, **KW)  # "auto" is the default
+    got, _ = epochs(auto)
+    tuner = auto.pipe.tuner
+    assert tuner.done and len(tuner.trials) >= 2, "the search ran trials"
+    assert len({t.settings for t in tuner.trials}) == len(tuner.trials) and len(tuner.trials) <= tuning.MAX_TRIALS
+    assert sum(t.seen for t in tuner.trials) <= tuning.MAX_FRACTION * len(auto), "within 10% of the first epoch"
+    assert sum(1 for t in tuner.trials if t.settings != tuner.start) >= 1, "the pipeline was rebuilt"
+    assert "chose num_threads=" in caplog.text and "trial 2:" in caplog.text
+    assert {e[0] for e in auto.pipe.clock.epochs[0].events} >= {"rebuild", "tuning trial"}
+    reference, _ = epochs(fixed(tuner.chosen, numbered))
+    assert_same(got, reference)
+    stats = auto.stats()
+    assert stats["batches"] == len(auto) and stats["images"] == len(auto) * 2 and stats["epoch"] == 1
+    assert 0 <= stats["data_wait_fraction"] <= 1 and stats["num_threads"] == tuner.chosen.num_threads
+
+
+def test_a_resume_taken_while_tuning_gives_the_batches_of_the_fixed_choice(numbered):
+    auto = DaliLoader(numbered, **KW)
+    head, state = epochs(auto, stop_at=7)  # trial 2 (or later) is running: a rebuilt pipeline
+    assert not auto.pipe.tuner.done and len(auto.pipe.tuner.trials) >= 2
+    resumed = DaliLoader(numbered, **KW)
+    resumed.load_state_dict(state)
+    rest, _ = epochs(resumed)
+    chosen = resumed.pipe.tuner.chosen
+    assert chosen is not None
+    reference, _ = epochs(fixed(chosen, numbered), count=3)
+    assert_same(head + rest, reference[:len(head) + len(rest)])
+
+
+def test_an_elastic_resume_taken_while_tuning_matches_one_of_fixed_loaders(numbered):
+    def old_world(**kw):
+        loaders = [DaliLoader(numbered, rank=r, world_size=2, **{**KW, **kw}) for r in range(2)]
+        states = [epochs(loader, stop_at=5)[1] for loader in loaders]
+        return loaders, states
+
+    auto_loaders, auto_states = old_world()
+    assert all(len(l.pipe.tuner.trials) >= 2 and not l.pipe.tuner.done for l in auto_loaders)
+    fixed_loaders, fixed_states = old_world(num_threads=1, prefetch_queue_depth=2)
+    new_auto = DaliLoader(numbered, **KW)
+    new_auto.load_state_dict(auto_states)
+    new_fixed = fixed(tuning.Settings(2, 3), numbered)
+    new_fixed.load_state_dict(fixed_states)
+    assert_same(epochs(new_auto)[0], epochs(new_fixed)[0])
+
+
+def test_the_choice_is_remembered_and_the_next_run_only_confirms_it(numbered, tmp_path):
+    first = DaliLoader(numbered, **KW)
+    epochs(first, count=1)
+    memory = json.load(open(tmp_path / "cache" / "tuning.json"))["entries"]
+    (entry,) = memory.values()
+    assert (entry["num_threads"], entry["prefetch_queue_depth"]) == (first.pipe.tuner.chosen.num_threads,
+                                                                    first.pipe.tuner.chosen.prefetch_queue_depth)
+    second = DaliLoader(numbered, **KW)
+    assert second.pipe.tuner.start == first.pipe.tuner.chosen and second.pipe.tuner.remembered
+    epochs(second, count=1)
+    assert second.pipe.tuner.done and second.pipe.tuner.trials[0].settings == first.pipe.tuner.chosen
+
+
+def test_fixed_values_are_not_tuned_and_one_fixed_knob_leaves_the_other_to_tune(numbered):
+    both = DaliLoader(numbered, num_threads=1, prefetch_queue_depth=2, **KW)
+    assert both.pipe.tuner is None and both.pipe.args["num_threads"] == 1
+    depth_only = DaliLoader(numbered, num_threads=1, **KW)
+    epochs(depth_only, count=1)
+    assert {t.settings.num_threads for t in depth_only.pipe.tuner.trials} == {1}
+
+
+def test_a_short_first_epoch_is_not_tuned_and_says_why(numbered, caplog):
+    caplog.set_level(logging.INFO, logger="dali_pipes")
+    loader = DaliLoader(numbered, **{**KW, "batch_size": 16})  # 15 batches: 1 batch of budget
+    epochs(loader, count=1)
+    assert loader.pipe.tuner.done and not loader.pipe.tuner.trials and "too few" in caplog.text
+
+
+def test_the_flag_takes_auto_or_a_count():
+    assert auto_or_count("auto") == "auto" and auto_or_count("AUTO") == "auto" and auto_or_count("4") == 4
+    with pytest.raises(Exception):
+        auto_or_count("0")
+
+
+def test_the_search_prefers_less_cpu_when_the_loop_never_waits():
+    tuner = tuning.Tuner(tuning.Settings(4, 2), True, True, cores=4)
+    tuner.begin(200)  # budget 20: window 2, at most 6 trials
+    step = 0.1
+    cpu = {4: 0.4, 2: 0.25, 1: 0.2}
+    while not tuner.done:
+        threads = tuner.current.num_threads
+        wait = 0.0 if threads >= 2 else 0.03  # one thread makes the loop wait
+        tuner.observe(wait, step + wait, cpu[threads])
+    assert [t.settings.num_threads for t in tuner.trials][:3] == [4, 2, 1]
+    assert tuner.chosen.num_threads == 2
