@@ -256,9 +256,11 @@ class DaliLoader:
 
     def stats(self) -> dict:
         """This epoch's figures so far (the last epoch's once it ended), stats.py: data-wait fraction,
-        seconds inside next() per batch, step rate, CPU; and the pipeline's threads / prefetch depth."""
-        return {**self.pipe.clock.current.summary(), "num_threads": self.pipe.args["num_threads"],
-                "prefetch_queue_depth": self.pipe.args["prefetch_queue_depth"]}
+        seconds inside next() per batch, step rate, CPU; the pipeline's threads / prefetch depth; its
+        rebuilds and tuning trials as (name, start, end, args) on time.perf_counter's clock."""
+        current = self.pipe.clock.current
+        return {**current.summary(), "num_threads": self.pipe.args["num_threads"],
+                "prefetch_queue_depth": self.pipe.args["prefetch_queue_depth"], "events": list(current.events)}
 
     def state_dict(self) -> dict:
         """Where this rank is (resume.py's layout: DALI's checkpoint, counters, bad samples, delivered

@@ -81,8 +81,10 @@ def labels_by_step(workdir, rank):
 
 @pytest.mark.parametrize("loader", ["dali", "torch"])
 def test_two_rank_ddp_learns_and_counts_val_once(tiny, tmp_path, loader):
-    torchrun(tmp_path, tiny / "train", "--loader", loader, val=tiny / "val")
+    observed = ["--trace", tmp_path / "trace.json", "--tensorboard", tmp_path / "tb"]
+    run = torchrun(tmp_path, tiny / "train", "--loader", loader, *observed, val=tiny / "val")
     history = metrics(tmp_path)
+    check_observed(tmp_path, run.stdout, history)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     assert all(h["world_size"] == 2 and h["val_samples"] == 37 for h in history)  # odd: padding excluded
     assert history[-1]["val_top1"] >= 0.9, history[-1]
@@ -235,3 +237,22 @@ def test_killed_run_resumes_on_another_world_size_each_sample_at_most_once(kille
     samples, total, warmup = 6 * 8 + len(epoch1), 2 * 6 * 8, 3 * 8  # epoch 0: 6 steps of 8; warm-up: 3 steps
     expected = 0.2 * 0.5 * (1 + math.cos(math.pi * (samples - warmup) / (total - warmup)))  # --lr 0.2
     assert abs(last["lr"] - expected) < 1e-9, (last, expected)
+
+
+def check_observed(workdir, stdout, history):
+    """Per-rank data-wait in metrics.jsonl, one verdict line per epoch, the trace, the TensorBoard scalars."""
+    for h in history:
+        assert [r["rank"] for r in h["ranks"]] == [0, 1]
+        assert all(0 <= r["data_wait_fraction"] < 1 and r["steps_per_s"] > 0 for r in h["ranks"])
+        assert h["verdict"].startswith(f"epoch {h['epoch']}: ") and ("input-bound" in h["verdict"])
+        assert h["verdict"] in stdout.splitlines()
+    text = open(workdir / "trace.json").read()
+    assert text.startswith("[")
+    events = json.loads(text.rstrip().rstrip(",") + "]")
+    steps = [e for e in events if e["name"] == "step"]
+    assert {e["tid"] for e in steps} == {0, 1} and len(steps) == 2 * sum(h["steps"] for h in history)
+    assert {e["args"]["name"] for e in events if e["ph"] == "M"} == {"rank 0", "rank 1"}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    board = EventAccumulator(str(workdir / "tb"))
+    board.Reload()
+    assert len(board.Scalars("val_top1")) == len(history) and len(board.Scalars("data_wait_fraction/rank1")) == len(history)

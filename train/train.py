@@ -30,12 +30,12 @@ from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
 from dali_pipes.pipeline import default_threads
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
+from train import observe
 from train.metrics import MemoryMeter
+from train.observe import TensorBoard, Trace
 from train.models import ARCHS, create_model
-from train.utils import Preemption, kill_at_step, mean_over_ranks, param_groups, setup_distributed, sum_over_ranks, warmup_cosine
-
-DEFAULT_DATA = "data/sample/images"
-
+from train.utils import (DEFAULT_DATA, Preemption, count_classes, kill_at_step, mean_over_ranks, param_groups, setup_distributed,
+                         resolve_data, sum_over_ranks, warmup_cosine)
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +65,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
     p.add_argument("--kill-rank", type=int, default=0)
     p.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM", "USR1"], help="crash test: the signal")
+    p.add_argument("--trace", default="", help="write a Chrome/Perfetto trace here: per rank, steps, waits, loader "
+                   "rebuilds and tuning trials")
+    p.add_argument("--tensorboard", default="", help="log the epoch metrics here (pip install 'dali_pipes[tensorboard]')")
     # The loader's options, generated from the library's dataclasses (one config path; saved in config.json).
     add_arguments(p, LoaderConfig, "the DALI loader (bad samples excluded with --skip-bad are recorded in "
                   "WORKDIR/bad_samples-rank<R>.txt)")
@@ -99,6 +102,7 @@ class Run:
     step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
     preemption: Preemption = field(default_factory=Preemption)  # SIGTERM / SIGUSR1: stop at a step boundary
     loaders_built_at: float = 0.0          # perf_counter() before the loaders were constructed
+    trace: Trace = field(default_factory=lambda: Trace(None, 0))
     first_batch_s: float | None = None     # construction -> first batch in hand (this process)
 
     @property
@@ -109,24 +113,6 @@ class Run:
 # ---------------------------------------------------------------------------------------------
 # Set-up
 # ---------------------------------------------------------------------------------------------
-
-def resolve_data(args) -> tuple[str, str]:
-    data = args.data
-    if not data:
-        data = os.path.join(DEFAULT_DATA, "train")
-        if not os.path.isdir(data):
-            from dali_pipes.sample_data import make_sample_dataset
-            if int(os.environ.get("RANK", 0)) == 0:
-                print(f"making the built-in dataset in {DEFAULT_DATA} ...", flush=True)
-                make_sample_dataset(DEFAULT_DATA)
-            if dist.is_initialized():
-                dist.barrier()
-    val = args.val_data
-    if not val:
-        guess = os.path.join(os.path.dirname(os.path.abspath(data.rstrip("/"))), "val")
-        val = guess if os.path.isdir(guess) and os.path.abspath(guess) != os.path.abspath(data) else ""
-    return data, val
-
 
 def build_loader(args, data: str, train: bool, shard: Shard):
     """The one place where the two loaders differ: the constructor."""
@@ -151,7 +137,7 @@ def create_run(args) -> Run:
     built_at = time.perf_counter()
     train_loader = build_loader(args, data, True, shard)
     val_loader = build_loader(args, val, False, shard) if val else None
-    num_classes = args.num_classes or _num_classes(train_loader.source)
+    num_classes = args.num_classes or count_classes(train_loader.source)
     model = create_model(args.arch, num_classes, args.width).to(device)
     if args.device == "gpu":
         model = model.to(memory_format=torch.channels_last)
@@ -165,15 +151,7 @@ def create_run(args) -> Run:
         steps * global_batch, round(args.warmup_epochs * len(train_loader)) * global_batch, global_batch))
     scaler = torch.amp.GradScaler(enabled=False)  # bf16 needs no loss scaling; kept for fp16 and checkpoints
     return Run(args, shard, device, model, optimizer, scheduler, scaler, train_loader, val_loader,
-               loaders_built_at=built_at)
-
-
-def _num_classes(source) -> int:
-    if source.classes:
-        return len(source.classes)
-    if source.labels:
-        return max(source.labels) + 1
-    raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
+               loaders_built_at=built_at, trace=Trace(args.trace or None, shard.rank))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,11 +176,12 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
     total = len(loader) - loader.next_batch[1]  # fewer when resumed mid-epoch
     bar = tqdm(total=total, desc=f"epoch {epoch}", unit="step", disable=not run.is_main, leave=False)
     loss_sum = torch.zeros((), device=run.device)
-    wait, samples = 0.0, 0
+    wait, samples, first_step = 0.0, 0, run.step
     start = tick = time.perf_counter()
     for images, labels in loader:
         got = time.perf_counter()
         wait += got - tick
+        run.trace.span("wait", tick, got)
         if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
             run.first_batch_s = got - run.loaders_built_at
         if label_log:  # asked for: read before the move, so a CPU loader's labels cost no device sync
@@ -225,6 +204,7 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
             hook(run)
         bar.update()
         tick = time.perf_counter()
+        run.trace.span("step", got, tick, step=run.step)
         if run.preemption.stop_now():
             break  # every rank after this same step: checkpointed there by main()
     bar.close()
@@ -232,10 +212,14 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
     seconds = time.perf_counter() - start
     steps = max(1, bar.n)
+    ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, loader))
+    run.trace.flush(loader.stats().get("events", ()) if hasattr(loader, "stats") else ())
     stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
              "images_per_s": sum_over_ranks(samples) / seconds,
              "data_wait_fraction": mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
              "first_batch_s": run.first_batch_s}
+    if ranks is not None:  # rank 0: every rank's figures and the verdict
+        stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.binding_stage(loader)))
     return stats
 
 
@@ -282,7 +266,7 @@ def main(args) -> list[dict]:
             json.dump({k: dataclasses.asdict(v) for k, v in loader_configs(args).items()}, f, indent=1)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)
     label_log = open(os.path.join(args.workdir, f"labels-rank{run.shard.rank}.jsonl"), "a") if args.record_labels else None
-    history = []
+    history, board = [], TensorBoard(args.tensorboard or None, run.is_main)
     while run.train_loader.next_batch[0] < args.epochs:
         epoch = run.train_loader.next_batch[0]
         stats = {"epoch": epoch, **train_one_epoch(run, epoch, criterion, label_log)}
@@ -302,9 +286,12 @@ def main(args) -> list[dict]:
         if run.is_main:
             with open(os.path.join(args.workdir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps(stats) + "\n")
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()), flush=True)
+            board.epoch(stats)
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
+                           if k not in ("ranks", "verdict")) + "\n" + stats["verdict"], flush=True)
     if label_log:
         label_log.close()
+    board.close()
     close_run(run)
     return history
 

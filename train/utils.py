@@ -1,4 +1,5 @@
-"""Distributed set-up, reductions over ranks, and the learning-rate schedule of the training loop."""
+"""Distributed set-up, the data locations, reductions over ranks, and the learning-rate schedule of the
+training loop."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from torch import nn
 from dali_pipes import Shard
 from dali_pipes.loader import resolve_device
 from dali_pipes.pipeline import cuda_device_id
+
+DEFAULT_DATA = "data/sample/images"  # the built-in dataset, made on first use
 
 
 def setup_distributed(args) -> tuple[Shard, torch.device]:
@@ -126,3 +129,30 @@ def kill_at_step(step: int, rank: int, name: str = "KILL"):
         if run.step == step and run.shard.rank == rank:
             os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
     return hook
+
+
+def count_classes(source) -> int:
+    """Classes of a train source: its class list, else the largest label + 1."""
+    if source.classes:
+        return len(source.classes)
+    if source.labels:
+        return max(source.labels) + 1
+    raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
+
+
+def resolve_data(args) -> tuple[str, str]:
+    data = args.data
+    if not data:
+        data = os.path.join(DEFAULT_DATA, "train")
+        if not os.path.isdir(data):
+            from dali_pipes.sample_data import make_sample_dataset
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(f"making the built-in dataset in {DEFAULT_DATA} ...", flush=True)
+                make_sample_dataset(DEFAULT_DATA)
+            if dist.is_initialized():
+                dist.barrier()
+    val = args.val_data
+    if not val:
+        guess = os.path.join(os.path.dirname(os.path.abspath(data.rstrip("/"))), "val")
+        val = guess if os.path.isdir(guess) and os.path.abspath(guess) != os.path.abspath(data) else ""
+    return data, val
