@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from dali_pipes.config import SourceConfig, add_arguments, from_args, option, run_cli
 
 DESCRIPTION = """Image datasets for NVIDIA DALI: make the built-in sample dataset, convert, index and verify
-datasets, run the benchmarks and the doctor. Each COMMAND has --help.
+datasets, run the benchmarks, the profile and the doctor. Each COMMAND has --help.
 
 Bad input ends a command with one line (error: FILE: what was found. What to do) and exit status 1."""
 
@@ -205,6 +205,9 @@ def _add_tool_parsers(commands) -> None:
                    help="the benchmark's flags (see dali-pipes bench NAME --help)")
     commands.add_parser("doctor", help="check this machine's DALI, GPU and data setup (dali-pipes doctor --help)",
                         add_help=False)  # listed for --help only: main passes its flags to dali_pipes.doctor
+    commands.add_parser("profile", help="each stage's speed (read, decode, augment, iterator, copy) at 1, half and "
+                        "all cores; the binding stage; recommended flags (dali-pipes profile DATA --help)",
+                        add_help=False)  # listed for --help only: main runs dali_pipes_bench.profile
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["doctor"]:  # its flags are its own: pass them through untouched
             return run_cli(doctor, argv[1:]) or 0
+        if argv[:1] == ["profile"]:  # a benchmark: in a process of its own, its flags untouched
+            return subprocess.run([sys.executable, "-m", "dali_pipes_bench.profile", *argv[1:]]).returncode
         args = build_parser().parse_args(argv)
         return run_cli(args.run, args) or 0
     except (ValueError, ImportError) as e:  # bad settings (DatasetError is caught by run_cli), missing extras

@@ -221,6 +221,16 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
     return _normalize(images, cfg, mirror=mirror)
 
 
+def decode_only(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None) -> DataNode:
+    """The whole image decoded, nothing else (uint8 HWC on `device`): `dali-pipes profile`'s decode
+    stage, timed without the augmentation after it. Train's graph decodes only its crop's region, so
+    this is the upper bound of its decode cost."""
+    from nvidia.dali import fn
+    images = fn.decoders.image(jpegs, **decoder_args(resolve_decode_device(device, decode_device), cfg,
+                                                     _pipeline_threads()))
+    return images.gpu() if device == "gpu" else images
+
+
 def _auto_augment(images: DataNode, policy: str) -> DataNode:
     # DALI's auto_aug needs the pipeline built with enable_conditionals=True (pipeline.py does).
     from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment

@@ -230,6 +230,15 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
                        decode_device="cpu", augment=AugmentConfig(auto_augment="randaugment", color_jitter=0.4,
                                                                   float16=True, channels_last=True)))
     out.append(variant("rank 1 of 2", first, True, shard=Shard(1, 2, 1), device_id=1))
+    # dali-pipes profile's decode stage (the whole image, nothing after), and DaliLoader's online tuning:
+    # a thread count sets the mixed decoder's per-thread memory paddings (graph.decoder_paddings).
+    out.append(variant("profile's decode stage", first, True, stage="decode"))
+    out.append(variant("profile's decode stage, hybrid", first, True, "cpu", decode_device="cpu", stage="decode"))
+    for threads in (2, 8, 64):
+        out.append(replace(variant(f"num_threads={threads} (tuning)", first, True),
+                           define=lambda t=threads: build_pipeline(first, train=True, batch_size=batch_size,
+                                                                   device="gpu", num_threads=t, device_id=0,
+                                                                   shuffle_buffer=4)))
     out.append(GraphVariant("bad-sample search decode (recovery.decode_pipeline)",
                             lambda: decode_pipeline([placeholder_jpeg()] * 2, "gpu", device_id=0)))
     return out

@@ -13,7 +13,7 @@ from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.contract import Position
 from dali_pipes.dist import Shard, default_threads, usable_cpus
 from dali_pipes.errors import DatasetError
-from dali_pipes.graph import AugmentConfig, eval_augment, resolve_decode_device, train_augment
+from dali_pipes.graph import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
 from dali_pipes.reader import READER_NAME, ReaderModel
 from dali_pipes.recovery import BadSamplePolicy
 from dali_pipes.remote_feed import RemoteFeed
@@ -37,7 +37,7 @@ def build_pipeline(source: Source, *, train: bool, batch_size: int, device: str 
                    seed: int = 0, shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2,
                    checkpoint: str | None = None, enable_checkpointing: bool = True,
                    decode_device: str | None = None, device_id: int | None = None, sample_ids: bool = False,
-                   max_pixels: int | None = None) -> Pipeline:
+                   max_pixels: int | None = None, stage: str = "augment") -> Pipeline:
     """An unbuilt DALI pipeline yielding (images, labels) for one rank.
 
     Train: the reader shuffles through a buffer of `shuffle_buffer` samples and moves to the
@@ -49,7 +49,9 @@ def build_pipeline(source: Source, *, train: bool, batch_size: int, device: str 
     labels too, as DALI's own examples return them: a CPU output of a GPU pipeline arrives in
     pageable host memory and its copy to the GPU would sync. `decode_device` (None: `device`) "cpu"
     with device="gpu" decodes on the CPU threads and augments on the GPU (graph.py). `max_pixels`: a
-    batch with an image whose header claims more pixels fails before decoding (reader.guard_pixels)."""
+    batch with an image whose header claims more pixels fails before decoding (reader.guard_pixels).
+    `stage` "read" (encoded bytes) or "decode" (whole images, graph.decode_only) stops the graph early:
+    `dali-pipes profile` times each stage alone."""
     from nvidia.dali import pipeline_def
     resolve_decode_device(device, decode_device)  # refuse a bad combination before DALI sees it
     if device == "gpu" and device_id is None:
@@ -65,7 +67,10 @@ def build_pipeline(source: Source, *, train: bool, batch_size: int, device: str 
             initial_fill=shuffle_buffer, pad_last_batch=True, stick_to_shard=not train, max_pixels=max_pixels)
         # After a decode error the loader finds the culprit from the reader's position (recovery.py);
         # sample_ids=True adds each sample's identity (elastic.py: what an elastic resume must skip).
-        images = (train_augment if train else eval_augment)(jpegs, augment, device, decode_device)
+        if stage == "read":
+            return jpegs, labels
+        augment_images = {"augment": train_augment if train else eval_augment, "decode": decode_only}[stage]
+        images = augment_images(jpegs, augment, device, decode_device)
         if sample_ids:
             from dali_pipes.elastic import sample_ids as identity_rows
             return images, labels.gpu() if device == "gpu" else labels, identity_rows(jpegs)

@@ -107,8 +107,8 @@ def _images_per_s(make: Callable, seconds: float) -> tuple[float, float]:
         loader.close()
 
 
-def plot(out: str, rows: list[dict]) -> str | None:
-    """throughput.png in `out`: a bar per case; None without matplotlib or rows."""
+def plot(out: str, rows: list[dict], name: str = "throughput.png", xlabel: str = "images/s (train, 224 px)") -> str | None:
+    """`name` (a PNG) in `out`: a bar per case; None without matplotlib or rows."""
     try:
         import matplotlib
     except ImportError:
@@ -120,9 +120,9 @@ def plot(out: str, rows: list[dict]) -> str | None:
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.5))
     ax.barh([r["case"] for r in rows], [r["images_per_s"] for r in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("images/s (train, 224 px)")
+    ax.set_xlabel(xlabel)
     fig.tight_layout()
-    path = os.path.join(out, "throughput.png")
+    path = os.path.join(out, name)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

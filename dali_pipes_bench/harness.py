@@ -303,6 +303,8 @@ class LoaderOverhead:
     def __init__(self, source: Source, *, batch_size: int, train: bool, device: str, num_threads: int,
                  augment: AugmentConfig, seed: int = 0, loader_args: dict | None = None) -> None:
         loader_args = {k: v for k, v in (loader_args or {}).items() if k not in ("device", "num_threads")}
+        if loader_args.get("prefetch_queue_depth") in (None, "auto"):  # both sides alike, fixed: no tuning here
+            loader_args["prefetch_queue_depth"] = 2
         self.loader = DaliLoader(source, batch_size=batch_size, train=train, device=device, num_threads=num_threads,
                                  augment=augment, seed=seed, **loader_args)
         pipeline_args = {k: loader_args[k] for k in ("shuffle_buffer", "prefetch_queue_depth", "decode_device")

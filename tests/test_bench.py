@@ -47,3 +47,32 @@ def test_preloaded_loader_delivers_each_sample_once(jpeg_folder):
     labels = [l for _, batch in zip(range(3), loader) for l in batch[1].tolist()]
     assert sorted(labels) == sorted(source.labels)  # 12 samples, 3 batches of 4
     loader.close()
+
+
+def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkeypatch):
+    """dali-pipes profile on CPU: every stage at 1, half and all cores, the binding stage, the flags,
+    the results files, and the tuning memory that num_threads="auto" then starts from."""
+    from dali_pipes import DaliLoader
+    from dali_pipes.dist import Shard, default_threads
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(24, 24, 24))
+    env = {**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.cli", "profile", str(data), "--rounds", "1", "--batches",
+                          "2", "--batch-size", "8", "--image-size", "32", "--device", "cpu", "--out",
+                          str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(tmp_path / "out" / "profile.json"))
+    cores = default_threads(Shard())
+    levels = sorted({1, max(1, cores // 2), cores})
+    assert [(r["stage"], r["threads"]) for r in result["rows"]] == [
+        (stage, t) for t in levels for stage in ("read", "decode", "augment", "iterator")]
+    assert all(r["images_per_s"] > 0 and r["cpu_cores"] >= 0 for r in result["rows"])
+    assert result["binding_stage"].split(" ")[0] in ("read", "decode", "augment", "into")
+    threads = result["recommended"]["num_threads"]
+    assert threads in levels and f"--num-threads {threads}" in run.stdout and "binding stage:" in run.stdout
+    assert "Not measured without a GPU" in (tmp_path / "out" / "profile.md").read_text()
+    assert (tmp_path / "out" / "profile.png").stat().st_size > 0
+    monkeypatch.setenv("DALI_PIPES_CACHE", env["DALI_PIPES_CACHE"])
+    loader = DaliLoader(str(data), batch_size=8, train=True, device="cpu", image_size=32)
+    assert loader.pipe.tuner.remembered and loader.pipe.tuner.start.num_threads == threads
+    loader.close()
