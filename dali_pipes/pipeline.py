@@ -14,7 +14,7 @@ from dali_pipes.dist import Shard, usable_cpus
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, eval_augment, resolve_decode_device, train_augment
 from dali_pipes.reader import READER_NAME, ReaderModel
-from dali_pipes.recovery import BadSamplePolicy
+from dali_pipes.recovery import BadSamplePolicy, StoreOutage, network_fault
 from dali_pipes.remote_feed import RemoteFeed
 from dali_pipes.source import Source
 
@@ -193,7 +193,10 @@ class RankPipeline:
         self.source, self.args, self.position, self.policy, self.feed = source, args, position, policy, feed
         self.record = elastic.DeliveryRecord(source.num_samples)
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
-        self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop, keep_checkpoints=policy.skip)
+        self.outage = StoreOutage()
+        # The last good batch is kept when an error may need a rebuild there: bad samples, network faults.
+        self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop,
+                               keep_checkpoints=policy.skip or source.remote is not None)
 
     @classmethod
     def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
@@ -229,7 +232,10 @@ class RankPipeline:
         elastic.remove_subset_indexes(self.__dict__.pop("_subset", self.source), self.source)
 
     def _recover(self, error: RuntimeError) -> None:
-        """To the bad-sample policy: it raises naming the culprits, or excludes them from the source."""
+        """A network fault of s3:// data waits for the store (then the run rebuilds at its last good batch),
+        never a culprit search; else to the bad-sample policy: it raises naming the culprits, or excludes them."""
+        if network_fault(error, self.source):
+            return self.outage.wait(error, self.source)
         try:
             self.source = self.policy.handle_failure(error, self.source, self.reader(), self.position.batch,
                                                      self.position.pipeline_epoch)
@@ -245,7 +251,9 @@ class RankPipeline:
                            list_shuffled=a["train"] and self.source.format.SHUFFLES_LIST)
 
     def next(self) -> dict | None:
-        return self.run.next(self._advance)
+        batch = self.run.next(self._advance)
+        self.outage.delivered()
+        return batch
 
     def drain(self) -> None:
         self.run.drain(self._advance)
