@@ -303,7 +303,8 @@ def retrying(url: str, client, call: Callable[[], T], expected: ObjectInfo | Non
             if delay is None and retryable(error):
                 raise UnreachableError(
                     f"{url}: cannot reach the S3 endpoint {endpoint_of(client)} after {attempt} attempts in "
-                    f"{time.monotonic() - started:.0f} s ({error}); {ENDPOINT_HINT}; {RETRY_HINT}") from error
+                    f"{time.monotonic() - started:.0f} s ({error.__cause__ or error}); {ENDPOINT_HINT}; "
+                    f"{RETRY_HINT}") from error
             if delay is None:
                 raise
             if attempt == 1:

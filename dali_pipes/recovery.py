@@ -194,7 +194,8 @@ class StoreOutage:
         options = object_store.current_options()
         named = [u for u in S3_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
         url = named[0] if named else source.remote[0].url
-        detail = str(error).strip().splitlines()[-1][:300] if str(error).strip() else repr(error)
+        lines = [line for line in str(error).splitlines() if NETWORK_MESSAGE.search(line)] or [repr(error)]
+        detail = lines[0].strip(" :")[:300]
         self.rebuilds += 1
         if self.rebuilds > options.attempts:
             raise object_store.UnreachableError(
