@@ -135,7 +135,8 @@ class LoaderConfig:
 def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
     """Run a command's main; bad data ends it with the one-line message, not a traceback."""
     from dali_pipes.errors import DatasetError
+    from dali_pipes.files import DiskFullError
     try:
         return main(args)
-    except (DatasetError, FileNotFoundError) as e:
+    except (DatasetError, FileNotFoundError, DiskFullError) as e:
         sys.exit(f"error: {e}")
