@@ -112,7 +112,8 @@ def moved_by(flag: str, path: str) -> Iterator[None]:
     except OSError as error:
         if not disk_full(error):
             raise
-        raise DiskFullError(getattr(error, "filename", None) or path, flag) from error
+        where = str(getattr(error, "filename", None) or path)
+        raise DiskFullError(_OWNER.sub("", where) if is_temp(where) else where, flag) from error
 
 
 @contextlib.contextmanager

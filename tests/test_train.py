@@ -235,3 +235,16 @@ def test_killed_run_resumes_on_another_world_size_each_sample_at_most_once(kille
     samples, total, warmup = 6 * 8 + len(epoch1), 2 * 6 * 8, 3 * 8  # epoch 0: 6 steps of 8; warm-up: 3 steps
     expected = 0.2 * 0.5 * (1 + math.cos(math.pi * (samples - warmup) / (total - warmup)))  # --lr 0.2
     assert abs(last["lr"] - expected) < 1e-9, (last, expected)
+
+
+def test_a_full_disk_during_a_checkpoint_names_workdir_and_keeps_the_old_one(tmp_path, disk_full):
+    import torch
+    from dali_pipes.files import DiskFullError
+    from train.metrics import atomic_save
+    path = str(tmp_path / "checkpoint.pt")
+    atomic_save({"step": 1}, path)
+    disk_full(tmp_path)
+    with pytest.raises(DiskFullError, match=f"{path}: no space left on the device.*--workdir"):
+        atomic_save({"step": 2}, path)
+    disk_full(None)
+    assert torch.load(path)["step"] == 1 and os.listdir(tmp_path) == ["checkpoint.pt"]
