@@ -30,6 +30,7 @@ from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
 from dali_pipes.pipeline import default_threads
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
+from train.lock import hold as hold_workdir
 from train.metrics import MemoryMeter
 from train.models import ARCHS, create_model
 from train.utils import Preemption, kill_at_step, mean_over_ranks, param_groups, setup_distributed, sum_over_ranks, warmup_cosine
@@ -268,6 +269,7 @@ def main(args) -> list[dict]:
     if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
         raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
     os.makedirs(args.workdir, exist_ok=True)
+    hold_workdir(args.workdir)  # rank 0: one live job per workdir (lock.py), refused naming the holder
     run = create_run(args)
     if (args.resume or args.resume_if_present) and os.path.exists(checkpoint):
         load_checkpoint(run, checkpoint)
