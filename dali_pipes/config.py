@@ -137,6 +137,12 @@ class LoaderConfig:
                                    "~/.cache/dali_pipes/shards); each run uses a private subfolder", type=str)
     cache_bytes: int = option(8 << 30, "s3:// shard cache bound in bytes per rank; a larger shard is refused")
     cache_prefetch: int = option(4, "s3:// shards fetched in parallel ahead of the reader")
+    s3_attempts: int = option(8, "s3://: tries per request (and per rebuild of a --remote-feed native reader) on a "
+                              "connection error, timeout or 5xx reply, waiting 1, 2, 4, 8, 16, 16 ... s (x0.5-1 "
+                              "jitter) between; 8 rides out at least 30 s of outage. A network fault never "
+                              "excludes a sample")
+    s3_timeout: float = option(20.0, "s3://: seconds a request may wait to connect (at most 5) or for its next bytes "
+                               "before that try fails")
     sharding_check: bool = option(True, "at the end of the first epoch, the ranks compare what they delivered "
                                   "(train: no sample on two ranks; val: each exactly once) and fail naming the "
                                   "mistake; needs an initialised process group")
@@ -145,7 +151,8 @@ class LoaderConfig:
 def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
     """Run a command's main; bad data ends it with the one-line message, not a traceback."""
     from dali_pipes.errors import DatasetError
+    from dali_pipes.files import DiskFullError
     try:
         return main(args)
-    except (DatasetError, FileNotFoundError) as e:
+    except (DatasetError, FileNotFoundError, DiskFullError) as e:
         sys.exit(f"error: {e}")

@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes.files import private_tmp
+from dali_pipes.files import moved_by, private_tmp, remove_own_temps
 from dali_pipes.dist import process_pool
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
@@ -116,16 +116,23 @@ def _run(source: Source, out: str, shards: int, seed: int, workers: int | None, 
 
 def _remote_out(write):
     """Let a writer take an s3:// `out`: it writes into a temporary folder, then every file it
-    wrote (shards, indexes, classes.json) is uploaded below the prefix, checked by size."""
+    wrote (shards, indexes, classes.json) is uploaded below the prefix, checked by size. A write that
+    fails leaves none of its temp files; a full disk is one line naming the file and where to write."""
     import functools
 
     @functools.wraps(write)
     def wrapper(source: Source, out: str, **kwargs) -> ConvertStats:
         from dali_pipes import object_store
         if not object_store.is_remote(out):
-            return write(source, out, **kwargs)
+            try:
+                with moved_by("convert's output argument (a folder on a disk with room, or an s3:// prefix)", out):
+                    return write(source, out, **kwargs)
+            except BaseException:
+                remove_own_temps(out)
+                raise
         import tempfile
-        with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder:
+        with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder, \
+                moved_by("TMPDIR (convert stages s3:// output there: a folder on a disk with room)", folder):
             stats = write(source, folder, **kwargs)
             for name in sorted(os.listdir(folder)):
                 object_store.upload(os.path.join(folder, name), object_store.join(out.rstrip("/") + "/", name))

@@ -24,9 +24,10 @@ from tqdm import tqdm
 
 from dali_pipes.formats import format_of
 from dali_pipes.errors import DatasetError
-from dali_pipes.files import private_tmp
+from dali_pipes.files import moved_by, private_tmp, remove_stale_temps
 
 INDEX_SUFFIX = ".idx"
+INDEX_FLAG = "--index-cache-dir (DaliLoader's index_cache_dir; or DALI_PIPES_CACHE)"
 
 
 def cache_root() -> str:
@@ -89,9 +90,11 @@ def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: 
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         target = cached
     found: list = []
+    remove_stale_temps(os.path.dirname(target))  # left by a writer that died (a full disk, a kill)
     tmp = private_tmp(target)
     try:
-        format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
+        with moved_by(INDEX_FLAG, target):
+            format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -152,7 +155,7 @@ def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = private_tmp(target)
     try:
-        with object_store.open_object(info) as f:
+        with object_store.open_object(info) as f, moved_by(INDEX_FLAG, target):
             format_of(kind).build_index_stream(f, info.url, tmp, label_ext)
             f.read()  # to the end: the download's size and ETag checks run there
         os.replace(tmp, target)

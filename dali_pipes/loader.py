@@ -31,7 +31,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
 
-from dali_pipes import resume
+from dali_pipes import object_store, resume
 from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.contract import Contract, EpochCut, Position
 from dali_pipes.dataloader_args import (LOCATION_TYPES, DatasetView, EpochRequests, SamplerView,
@@ -84,8 +84,10 @@ def resolve_device(device: str) -> str:
 
 
 def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool) -> Source:
-    """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location."""
+                 skip_bad: bool, s3_attempts: int, s3_timeout: float) -> Source:
+    """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location. The
+    process's S3 retries are set first (object_store.configure): opening lists and reads objects."""
+    object_store.configure(attempts=s3_attempts, timeout=s3_timeout)
     if call.location is None:
         return samples_source(call.root, call.samples, call.classes, skip_bad)
     if isinstance(call.location, Source):
@@ -115,7 +117,8 @@ class DaliLoader:
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
-                 cache_prefetch: int = _LOADER.cache_prefetch, sharding_check: bool = _LOADER.sharding_check,
+                 cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
+                 s3_timeout: float = _LOADER.s3_timeout, sharding_check: bool = _LOADER.sharding_check,
                  **augment_args) -> None:
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
@@ -131,7 +134,7 @@ class DaliLoader:
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad)
+        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, s3_attempts, s3_timeout)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from dali_pipes import object_store
 from dali_pipes.errors import DatasetError
+from dali_pipes.files import remove_stale_temps
 from dali_pipes.formats import SNIFF_BYTES, UNNAMED_SHARD_KIND, not_a_shard, shard_kind_by_name, shard_kind_of
 from dali_pipes.formats.image_files import looks_like_file_list_line
 from dali_pipes.object_store import ObjectInfo
@@ -69,6 +70,7 @@ def classify(location: Location) -> tuple[str, list[str]]:
         return _classify_list([str(p) for p in location], describe(location))
     location = str(location)
     if glob.has_magic(location) and not os.path.exists(location):
+        remove_stale_temps(os.path.dirname(location) if not glob.has_magic(os.path.dirname(location)) else "")
         shards = sorted(p for p in glob.glob(location) if os.path.isfile(p) and not p.endswith(NOT_SHARDS))
         if not shards:
             raise FileNotFoundError(f"{location}: no files match this pattern")
@@ -93,6 +95,7 @@ def _classify_list(shards: list[str], where: str) -> tuple[str, list[str]]:
 
 
 def _classify_folder(location: str) -> tuple[str, list[str]]:
+    remove_stale_temps(location)  # a write that died here (a full disk, a kill) leaves no litter for good
     entries = [e for e in sorted(os.scandir(location), key=lambda e: e.name) if not e.name.startswith(".")]
     files = [e.path for e in entries if e.is_file() and not e.name.endswith(NOT_SHARDS)]
     if any(local_shard_kind(p) for p in files):

@@ -3,7 +3,10 @@
 Everything goes through one boto3 client per process (`s3_client`), configured from the standard
 AWS chain: credentials, region, profile and endpoint (AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, which
 botocore >= 1.31 reads itself) come from the environment and ~/.aws files, never from here. The
-client has explicit connect/read timeouts and a bounded number of attempts, so that no call hangs.
+client has explicit connect/read timeouts (`s3_timeout`) and every request is tried up to `s3_attempts`
+times (`retrying`), backing off with jitter, so that no call hangs and a short outage is ridden out:
+the defaults wait at least 30 s in all before a request fails (`configure` sets both for the process;
+the flags --s3-attempts / --s3-timeout reach it through DaliLoader).
 
 Failures come back as built-in exception types with a message that names the bucket, the key, the
 endpoint and the fix (botocore's own messages name none of the three):
@@ -20,15 +23,20 @@ silently different data.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import functools
 import hashlib
 import io
+import itertools
+import logging
 import os
 import posixpath
+import random
 import threading
+import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from dali_pipes.files import private_tmp
 from dali_pipes.errors import DatasetError
@@ -38,6 +46,12 @@ WILDCARDS = "*?["
 CHUNK_BYTES = 1 << 20  # streaming reads: large enough for throughput, small enough to stop promptly
 DOWNLOAD_ATTEMPTS = 3  # whole-object retries after a cut-off body (botocore retries requests, not bodies)
 ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or endpoint_url in the AWS config) and that the server is up"
+RETRY_HINT = "--s3-attempts / --s3-timeout (DaliLoader's s3_attempts / s3_timeout) set how long to keep trying"
+BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 16.0  # waits 1, 2, 4, 8, 16, 16 ... s, each times a jitter in [0.5, 1)
+RETRIED_STATUSES = (500, 502, 503, 504)  # a store restarting or throttling: worth another try
+RETRIED_CODES = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling")
+log = logging.getLogger("dali_pipes")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -113,12 +127,47 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """Timeouts and retries of the one S3 client. Defaults fail an unreachable endpoint in
-    seconds and survive a busy store; the AWS chain still decides endpoint and credentials."""
-    connect_timeout: float = 5.0  # seconds per connection attempt
-    read_timeout: float = 60.0  # seconds without a byte from the server
-    max_attempts: int = 3  # botocore "standard" mode: 1 try + 2 retries, jittered backoff (<= 1 s, 2 s)
+    """Timeouts and retries of the one S3 client; the AWS chain still decides endpoint and credentials.
+    botocore tries each request once: `retrying` tries it `attempts` times with backoff, so that the
+    total wait is known (the defaults: at least 31.5 s over 8 attempts) and the error says it."""
+    connect_timeout: float = 5.0  # seconds per connection attempt (at most `timeout`)
+    read_timeout: float = 20.0  # seconds without a byte from the server: --s3-timeout
+    attempts: int = 8  # tries per request: --s3-attempts
     max_pool_connections: int = 32  # >= parallel downloads, else they queue for a connection
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.read_timeout <= 0:
+            raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, got {self.attempts} and {self.read_timeout}")
+
+    def min_wait(self) -> float:
+        """The least time, in seconds, spent waiting between tries before a request fails."""
+        return sum(min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** k) / 2 for k in range(self.attempts - 1))
+
+
+_options = ClientOptions()
+
+
+def configure(attempts: int | None = None, timeout: float | None = None) -> ClientOptions:
+    """This process's S3 retries (`attempts` tries per request) and timeout (seconds to connect, capped at
+    5, or to wait for the next bytes); None keeps the current value. Returns the options now in force."""
+    global _options
+    changes = {k: v for k, v in (("attempts", attempts), ("read_timeout", timeout)) if v is not None}
+    if changes:
+        options = dataclasses.replace(_options, **changes)
+        _options = dataclasses.replace(options, connect_timeout=min(5.0, options.read_timeout))
+    return _options
+
+
+def current_options() -> ClientOptions:
+    return _options
+
+
+def backoff_delays(attempts: int, rng: random.Random | None = None) -> Iterator[float]:
+    """The waits between `attempts` tries: 1, 2, 4, 8, 16, 16 ... s, each times a jitter in [0.5, 1)
+    (ranks that lost the store together do not come back in step)."""
+    draw = (rng or random).random
+    for k in range(attempts - 1):
+        yield min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** k) * (0.5 + draw() / 2)
 
 
 # Variables that select the endpoint or identity: a client made under other values is not reused.
@@ -127,13 +176,13 @@ _CHAIN_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "A
                     "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
 
-def s3_client(options: ClientOptions = ClientOptions()):
-    """The process's boto3 S3 client for these options and the current AWS environment.
+def s3_client(options: ClientOptions | None = None):
+    """The process's boto3 S3 client for these options (default: `configure`'s) and the current AWS environment.
 
     boto3 clients are thread-safe but not fork-safe and slow to make (~50 ms): one per
     (process, options, AWS variables)."""
     environment = tuple(os.environ.get(name) for name in _CHAIN_VARIABLES)
-    return _cached_client(os.getpid(), options, environment)
+    return _cached_client(os.getpid(), options or _options, environment)
 
 
 @functools.lru_cache(maxsize=8)
@@ -144,7 +193,7 @@ def _cached_client(pid: int, options: ClientOptions, environment: tuple):
     except ImportError as e:
         raise ImportError("s3:// locations need boto3: pip install 'dali_pipes[s3]'") from e
     config = Config(connect_timeout=options.connect_timeout, read_timeout=options.read_timeout,
-                    retries={"max_attempts": options.max_attempts, "mode": "standard"},
+                    retries={"total_max_attempts": 1, "mode": "standard"},  # `retrying` retries
                     max_pool_connections=options.max_pool_connections)
     # A fresh session per client: the default session caches credentials across env changes.
     return boto3.session.Session().client("s3", config=config)
@@ -175,9 +224,7 @@ def translate_error(error: Exception, url: str, client, expected: ObjectInfo | N
             f"AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a profile in ~/.aws/credentials")
     if isinstance(error, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
                           bx.ConnectionClosedError)):
-        attempts = (client.meta.config.retries or {}).get("max_attempts", "several")
-        return ConnectionError(f"{url}: cannot reach the S3 endpoint {endpoint} after {attempts} attempts ({error}); "
-                               f"{ENDPOINT_HINT}")
+        return ConnectionError(f"{url}: cannot reach the S3 endpoint {endpoint} ({error}); {ENDPOINT_HINT}")
     code, status = _error_code(error)
     bucket = S3Url.parse(url).bucket
     if code == "NoSuchBucket":
@@ -227,6 +274,45 @@ def _translated(url: str, client, expected: ObjectInfo | None = None) -> Iterato
         raise clear from error
 
 
+class UnreachableError(ConnectionError):
+    """A request that failed on every one of its attempts: the store is down or unreachable."""
+
+
+def retryable(error: BaseException) -> bool:
+    """A network fault or a store that is restarting or throttling (5xx): another try may succeed.
+    Missing objects, denied access and changed objects are not: they would not come back."""
+    if isinstance(error, ConnectionError):
+        return True
+    from botocore.exceptions import ClientError
+    if isinstance(error, ClientError):
+        code, status = _error_code(error)
+        return status in RETRIED_STATUSES or code in RETRIED_CODES
+    return False
+
+
+def retrying(url: str, client, call: Callable[[], T], expected: ObjectInfo | None = None) -> T:
+    """call() under `_translated`, tried up to `configure`'s attempts while it fails retryably, with
+    backoff_delays between; then ConnectionError naming the object, the endpoint and the flags."""
+    delays, started = backoff_delays(_options.attempts), time.monotonic()
+    for attempt in itertools.count(1):
+        try:
+            with _translated(url, client, expected):
+                return call()
+        except Exception as error:
+            delay = next(delays, None) if retryable(error) else None
+            if delay is None and retryable(error):
+                raise UnreachableError(
+                    f"{url}: cannot reach the S3 endpoint {endpoint_of(client)} after {attempt} attempts in "
+                    f"{time.monotonic() - started:.0f} s ({error.__cause__ or error}); {ENDPOINT_HINT}; "
+                    f"{RETRY_HINT}") from error
+            if delay is None:
+                raise
+            if attempt == 1:
+                log.warning("%s; trying again, %d attempts in all", error, _options.attempts)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 # ---------------------------------------------------------------------------------------------
 # Listing and metadata
 # ---------------------------------------------------------------------------------------------
@@ -246,14 +332,18 @@ def _info(bucket: str, key: str, size: int, etag: str, modified) -> ObjectInfo:
 
 
 def _list_prefix(client, bucket: str, prefix: str, url: str, page_size: int) -> Iterator[ObjectInfo]:
-    """Every object under `prefix`, recursively, in key order (S3 lists in UTF-8 binary order)."""
-    pages = client.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
-    with _translated(url, client):
-        for page in pages:
-            for item in page.get("Contents", []):
-                if not item["Key"].endswith("/"):  # "folder" marker objects made by consoles
-                    yield _info(bucket, item["Key"], item["Size"], item["ETag"], item["LastModified"])
+    """Every object under `prefix`, recursively, in key order (S3 lists in UTF-8 binary order); each
+    page is one request, retried on its own."""
+    token: dict = {}
+    while True:
+        page = retrying(url, client, lambda: client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size,
+                                                                     **token))
+        for item in page.get("Contents", []):
+            if not item["Key"].endswith("/"):  # "folder" marker objects made by consoles
+                yield _info(bucket, item["Key"], item["Size"], item["ETag"], item["LastModified"])
+        if not page.get("IsTruncated"):
+            return
+        token = {"ContinuationToken": page["NextContinuationToken"]}
 
 
 def list_objects(url_or_glob: str, client=None, page_size: int = 1000) -> list[ObjectInfo]:
@@ -292,8 +382,7 @@ def head(url: str, client=None) -> ObjectInfo:
     client = client or s3_client()
     parsed = S3Url.parse(url)
     try:
-        with _translated(url, client):
-            reply = client.head_object(Bucket=parsed.bucket, Key=parsed.key)
+        reply = retrying(url, client, lambda: client.head_object(Bucket=parsed.bucket, Key=parsed.key))
     except FileNotFoundError:
         _check_bucket(client, parsed.bucket, url)
         raise
@@ -301,12 +390,11 @@ def head(url: str, client=None) -> ObjectInfo:
 
 
 def _check_bucket(client, bucket: str, url: str) -> None:
-    from botocore.exceptions import ClientError
     try:
-        client.head_bucket(Bucket=bucket)
-    except ClientError as error:
-        if _error_code(error)[1] == 404:
-            raise translate_error(_no_such_bucket(error), url, client) from error
+        retrying(url, client, lambda: client.head_bucket(Bucket=bucket))
+    except FileNotFoundError as error:  # translated from a bare 404, which names no bucket
+        cause = error.__cause__
+        raise translate_error(_no_such_bucket(cause), url, client) from cause
 
 
 def _no_such_bucket(error: Exception) -> Exception:
@@ -337,10 +425,12 @@ def read_range(where: ObjectInfo | str, start: int, length: int, client=None) ->
         return b""
     client = client or s3_client()
     parsed = S3Url.parse(info.url)
-    with _translated(info.url, client, info):
+
+    def get() -> bytes:
         reply = client.get_object(Bucket=parsed.bucket, Key=parsed.key, IfMatch=info.etag,
                                   Range=f"bytes={start}-{start + length - 1}")
-        data = reply["Body"].read()
+        return reply["Body"].read()
+    data = retrying(info.url, client, get, info)
     if len(data) != length:
         raise truncated_error(info, len(data), expected=length)
     return data
@@ -372,8 +462,9 @@ def iter_chunks(info: ObjectInfo, *, client=None, stop: threading.Event | None =
     client = client or s3_client()
     parsed = S3Url.parse(info.url)
     got = 0
+    reply = retrying(info.url, client, lambda: client.get_object(Bucket=parsed.bucket, Key=parsed.key,
+                                                                 IfMatch=info.etag), info)
     with _translated(info.url, client, info):
-        reply = client.get_object(Bucket=parsed.bucket, Key=parsed.key, IfMatch=info.etag)
         if reply.get("ETag", info.etag) != info.etag:  # stores that ignore If-Match
             raise changed_error(info.url, info, f"its ETag is now {reply['ETag']}")
         body = reply["Body"]
@@ -428,13 +519,17 @@ def download(info: ObjectInfo, path: str, *, client=None, stop: threading.Event 
              attempts: int = DOWNLOAD_ATTEMPTS, on_bytes: Callable[[int], None] | None = None) -> str:
     """Fetch the whole object to `path`: written to a temporary file beside it, checked against
     info.size and info.etag, then renamed into place, so `path` never holds a partial or a changed
-    object. A cut-off body is retried `attempts` times in all; a changed or deleted object is not
-    (it would not come back). Returns `path`."""
+    object. A body cut off or stalled midway is retried `attempts` times in all (each GET itself is
+    `retrying`'s); a changed or deleted object is not (it would not come back). Returns `path`."""
     for attempt in range(1, attempts + 1):
         try:
             return _download_once(info, path, client or s3_client(), stop, on_bytes)
-        except TruncatedDownloadError as error:
+        except (TruncatedDownloadError, ConnectionError) as error:
+            if isinstance(error, UnreachableError):
+                raise  # its GET was tried `configure`'s attempts already
             if attempt == attempts:
+                if not isinstance(error, TruncatedDownloadError):
+                    raise
                 raise TruncatedDownloadError(f"{error} ({attempts} attempts)") from error
     raise ValueError(f"attempts must be >= 1, got {attempts}")
 
@@ -475,8 +570,7 @@ def upload(path: str, url: str, client=None) -> ObjectInfo:
     """Upload a local file (multipart when large) and return the stored object's info."""
     client = client or s3_client()
     parsed = S3Url.parse(url)
-    with _translated(url, client):
-        client.upload_file(path, parsed.bucket, parsed.key)
+    retrying(url, client, lambda: client.upload_file(path, parsed.bucket, parsed.key))
     info = head(url, client)
     if info.size != os.path.getsize(path):
         raise DatasetError(f"{url}: stored {info.size} bytes but {path} has {os.path.getsize(path)}; upload again")

@@ -15,7 +15,7 @@ from dali_pipes.dist import Shard, default_threads, usable_cpus
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
 from dali_pipes.reader import READER_NAME, ReaderModel
-from dali_pipes.recovery import BadSamplePolicy
+from dali_pipes.recovery import BadSamplePolicy, StoreOutage, network_fault
 from dali_pipes.remote_feed import RemoteFeed
 from dali_pipes.source import Source
 from dali_pipes.stats import LoaderClock
@@ -204,7 +204,10 @@ class RankPipeline:
         self.retune: tuning.Settings | None = None  # settings to rebuild with before the next batch
         self.whole_epoch = False  # this epoch runs from its start on this world's pipeline (sharding check)
         self.sharding_check = sharding_check
-        self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop, keep_checkpoints=policy.skip)
+        self.outage = StoreOutage()
+        # The last good batch is kept when an error may need a rebuild there: bad samples, network faults.
+        self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop,
+                               keep_checkpoints=policy.skip or source.remote is not None)
 
     @classmethod
     def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
@@ -244,7 +247,10 @@ class RankPipeline:
         elastic.remove_subset_indexes(self.__dict__.pop("_subset", self.source), self.source)
 
     def _recover(self, error: RuntimeError) -> None:
-        """To the bad-sample policy: it raises naming the culprits, or excludes them from the source."""
+        """A network fault of s3:// data waits for the store (then the run rebuilds at its last good batch),
+        never a culprit search; else to the bad-sample policy: it raises naming the culprits, or excludes them."""
+        if network_fault(error, self.source):
+            return self.outage.wait(error, self.source)
         try:
             self.source = self.policy.handle_failure(error, self.source, self.reader(), self.position.batch,
                                                      self.position.pipeline_epoch)
@@ -273,6 +279,7 @@ class RankPipeline:
         if self.retune is not None:
             self._rebuild(self.retune)
         batch = self.run.next(self._advance)
+        self.outage.delivered()
         if batch is not None:
             wait, wall, cpu = self.clock.batch(asked, time.perf_counter(), len(batch["labels"]))
             if self.tuner is not None and not self.tuner.done:

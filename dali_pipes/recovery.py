@@ -13,6 +13,13 @@ fewer samples. So the loader hands every pipeline error to `BadSamplePolicy.hand
      Label -1 is ignored by CrossEntropyLoss(ignore_index=-1) and by `labels >= 0` masks, like val
      padding;
   3. raises once more samples than the budget (`max_bad`) have been excluded.
+
+A network fault is not a bad sample. Before any culprit search, an error of an s3:// source's
+reader that reads as one (`network_fault`: curl's and the AWS SDK's connection errors, timeouts,
+5xx replies) goes to `StoreOutage` instead, which waits for the store with backoff and has the
+pipeline rebuilt at its last good batch, or raises ConnectionError naming the endpoint and the
+object: nothing is excluded, even with skip=True. A read that fails on the network during a
+culprit search raises the same way (object_store retries it first).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import dataclasses
 import hashlib
 import io
 import os
+import re
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -28,6 +37,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
+from dali_pipes import object_store
 from dali_pipes._dali import shutdown_pipeline
 from dali_pipes.dist import usable_cpus
 from dali_pipes.errors import DatasetError
@@ -40,6 +50,12 @@ from dali_pipes.source import Source
 from dali_pipes.verify import check_image, oversized
 
 SHOWN = 5  # bad samples named in a message; the rest are counted
+# What DALI's S3 reader (libcurl under the AWS SDK) says when the store, not a sample, failed.
+NETWORK_MESSAGE = re.compile(
+    r"curlCode: \d+|could not connect|couldn't connect|failed to connect|connection (refused|reset|timed out)|"
+    r"timeout was reached|couldn't resolve host|network_connection|unable to connect|RequestTimeout|SlowDown|"
+    r"ServiceUnavailable|InternalError|response code: 5\d\d", re.IGNORECASE)
+S3_URL = re.compile(r"s3://[^\s'\"]+")
 
 
 @dataclass(frozen=True)
@@ -159,6 +175,45 @@ class BadSamplePolicy:
         return source
 
 
+def network_fault(error: BaseException, source: Source) -> bool:
+    """Whether a pipeline error of `source` is the network's: an s3:// source whose reader's message
+    reads as a connection error, a timeout or a 5xx reply of the store."""
+    return source.remote is not None and bool(NETWORK_MESSAGE.search(str(error)))
+
+
+class StoreOutage:
+    """Network faults of an s3:// source's reader, ridden out: `wait` probes the store (a HEAD of the
+    object the error names, retried with backoff by object_store) and returns once it answers, so the
+    caller rebuilds at its last good batch; it raises ConnectionError once the store stays away for
+    object_store's attempts, or after that many rebuilds in a row that delivered nothing."""
+
+    def __init__(self) -> None:
+        self.rebuilds = 0  # in a row, since the last delivered batch
+
+    def wait(self, error: BaseException, source: Source) -> None:
+        options = object_store.current_options()
+        named = [u for u in S3_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
+        url = named[0] if named else source.remote[0].url
+        lines = [line for line in str(error).splitlines() if NETWORK_MESSAGE.search(line)] or [repr(error)]
+        detail = lines[0].strip(" :")[:300]
+        self.rebuilds += 1
+        if self.rebuilds > options.attempts:
+            raise object_store.UnreachableError(
+                f"{url}: DALI's S3 reader failed {self.rebuilds} times in a row on network errors ({detail}), "
+                f"although the store answers; {object_store.ENDPOINT_HINT}; {object_store.RETRY_HINT}") from error
+        warnings.warn(f"{source.location}: a network fault, not a bad sample ({detail}); waiting for the store "
+                      f"and going on from the last good batch")
+        if self.rebuilds > 1:  # the store answered last time, yet the reader failed again: back off
+            time.sleep(min(object_store.BACKOFF_CAP_S, object_store.BACKOFF_BASE_S * 2 ** (self.rebuilds - 2)))
+        try:
+            object_store.head(url)
+        except ConnectionError as unreachable:
+            raise unreachable from error
+
+    def delivered(self) -> None:
+        self.rebuilds = 0
+
+
 def placeholder_jpeg() -> bytes:
     out = io.BytesIO()
     Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(out, "JPEG", quality=90)
@@ -221,6 +276,8 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
             try:
                 data = read_sample(ref).data
             except (DatasetError, OSError) as e:  # an unreadable record is bad too, whatever DALI thinks
+                if isinstance(e, (ConnectionError, TimeoutError)):
+                    raise  # the store, not the sample: object_store retried it already
                 datas.append(b"")
                 reasons.append(e.problem if isinstance(e, DatasetError) else str(e))
                 continue

@@ -44,7 +44,10 @@ from typing import Iterable, Sequence
 from tqdm import tqdm
 
 from dali_pipes import object_store
+from dali_pipes.files import moved_by
 from dali_pipes.object_store import ObjectInfo
+
+CACHE_FLAG = "--cache-dir (another disk; DaliLoader's cache_dir) or a smaller --cache-bytes"
 
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: dozens of typical 100-500 MB shards, small beside a dataset
 DEFAULT_PREFETCH = 4  # shards ahead of the reader; with parallel GETs this hides request latency
@@ -356,8 +359,9 @@ def _worker(state: _State) -> None:
 
 def _fetch(state: _State, entry: _Entry) -> BaseException | None:
     try:
-        object_store.download(entry.info, entry.path, client=state.client, stop=state.stop,
-                              on_bytes=state.progress.update)
+        with moved_by(CACHE_FLAG, entry.path):
+            object_store.download(entry.info, entry.path, client=state.client, stop=state.stop,
+                                  on_bytes=state.progress.update)
         return None
     except Exception as error:  # handed to the consumer by path(), not lost in this thread
         return error

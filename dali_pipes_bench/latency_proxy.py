@@ -314,14 +314,14 @@ class ProxyProcess:
     counts over HTTP. The child exits when stopped, and on its own when this process dies
     (it watches its stdin)."""
 
-    def __init__(self, upstream: str, delay_ms: float = 0.0, start_timeout: float = 30.0) -> None:
-        self.upstream, self.delay_ms, self.start_timeout = upstream, delay_ms, start_timeout
+    def __init__(self, upstream: str, delay_ms: float = 0.0, start_timeout: float = 30.0, port: int = 0) -> None:
+        self.upstream, self.delay_ms, self.start_timeout, self.port = upstream, delay_ms, start_timeout, port
         self._process: subprocess.Popen | None = None
         self.url = ""
 
     def __enter__(self) -> "ProxyProcess":
         command = [sys.executable, "-m", "dali_pipes_bench.latency_proxy", "--upstream", self.upstream,
-                   "--delay-ms", str(self.delay_ms), "--exit-on-stdin-eof"]
+                   "--delay-ms", str(self.delay_ms), "--port", str(self.port), "--exit-on-stdin-eof"]
         # The child imports this package from the same checkout, installed or not.
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import io
 import os
 
@@ -39,6 +40,51 @@ def write_folder(root, counts=(4, 3, 5)) -> dict[str, int]:
             expected[path] = label
             level += 1
     return expected
+
+
+class _FullDiskFile:
+    """A file opened for writing on a "full disk": every write fails with ENOSPC, as the kernel's would."""
+
+    def __init__(self, file, path: str) -> None:
+        self._file, self._path = file, path
+
+    def write(self, data) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._path)
+
+    def writelines(self, lines) -> None:
+        self.write(b"")
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    """fill(folder): from now on, a file opened for writing below `folder` fails at its first write with
+    OSError(ENOSPC) (an injected full disk: a size-limited mount needs root). fill(None) frees it again."""
+    import builtins
+    real_open, full = builtins.open, []
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        path = os.path.abspath(os.fspath(file)) if isinstance(file, (str, os.PathLike)) else ""
+        if full and any(c in mode for c in "wax+") and any(path.startswith(f + os.sep) for f in full):
+            return _FullDiskFile(opened, path)
+        return opened
+
+    def fill(folder) -> None:
+        full.clear()
+        if folder is not None:
+            full.append(os.path.abspath(folder))
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    return fill
 
 
 def write_numbered(root, n: int) -> str:

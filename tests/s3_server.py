@@ -61,6 +61,12 @@ def point_aws_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, empty_file: str
     monkeypatch.setenv("NO_PROXY", HOST)
 
 
+def keep_s3_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries and timeouts a test sets (object_store.configure, DaliLoader's s3_attempts) end with it."""
+    from dali_pipes import object_store
+    monkeypatch.setattr(object_store, "_options", object_store.current_options())
+
+
 @dataclass
 class S3Bucket:
     """One empty bucket on the test server, and the boto3 client the test environment makes."""
@@ -118,6 +124,7 @@ def aws_empty_file(tmp_path_factory) -> str:
 def s3(moto_endpoint, monkeypatch, aws_empty_file) -> S3Bucket:
     """An empty bucket, with the test's AWS environment pointed at the server."""
     point_aws_at(monkeypatch, moto_endpoint, aws_empty_file)
+    keep_s3_options(monkeypatch)
     return make_bucket(moto_endpoint)
 
 
@@ -146,6 +153,7 @@ def restricted_s3(monkeypatch, aws_empty_file) -> Iterator[RestrictedReader]:
     a user who may list the bucket but not read its object (real 403 AccessDenied replies)."""
     with restricted_reader() as server:
         point_aws_at(monkeypatch, server.endpoint, aws_empty_file)
+        keep_s3_options(monkeypatch)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_access_key)
         yield server

@@ -35,3 +35,18 @@ def test_webdataset_members_and_labels(jpeg_folder, tmp_path):
     names = [n for shard in sorted(glob.glob(f"{out}/*.tar")) for n in tarfile.open(shard).getnames()]
     assert len(names) == 24 and all(n.endswith((".jpg", ".cls")) for n in names)
     assert all(n.count(".") == 1 for n in names)  # the key ends at the first dot
+
+
+def test_a_full_disk_during_convert_is_one_line_naming_the_output_and_leaves_no_temp(tmp_path, disk_full):
+    import pytest
+    from dali_pipes.config import run_cli
+    write_folder(tmp_path / "images")
+    out = tmp_path / "out"
+    disk_full(out)
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda _: write_tfrecords(open_source(str(tmp_path / "images")), str(out), shards=2,
+                                          progress=False), None)
+    message = str(ended.value.code)
+    assert "\n" not in message and message.startswith(f"error: {out}/train-0000")
+    assert "no space left on the device" in message and "convert's output argument" in message
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]

@@ -39,3 +39,43 @@ def test_pool_sees_the_environment_of_now(monkeypatch):
     monkeypatch.setenv("DALI_PIPES_TEST_VALUE", "seen")
     with process_pool(1) as pool:
         assert list(pool.map(os.getenv, ["DALI_PIPES_TEST_VALUE"])) == ["seen"]
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_pool_workers_die_with_their_parent(how, tmp_path):
+    import signal
+    import time
+    script = (
+        "import os, sys, time\n"
+        "from dali_pipes.dist import process_pool\n"
+        "def pid(_): return os.getpid()\n"
+        "def nap(_): time.sleep(600)\n"
+        "if __name__ == '__main__':\n"
+        "    pool = process_pool(2)\n"
+        "    pids = set(pool.map(pid, range(8)))\n"
+        "    futures = [pool.submit(nap, i) for i in range(2)]\n"
+        "    print(' '.join(map(str, pids)), flush=True)\n"
+        "    time.sleep(600)\n")
+    (tmp_path / "parent.py").write_text(script)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+    workers = [int(p) for p in parent.stdout.readline().split()]
+    assert workers and all(_alive(p) for p in workers)
+    parent.send_signal(getattr(signal, how))
+    parent.wait(30)
+    deadline = time.monotonic() + 30  # a wait, not a timing check: the watchdog polls every second
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    orphans = [p for p in workers if _alive(p)]
+    for pid in orphans:  # a failed test leaves no process behind
+        os.kill(pid, signal.SIGKILL)
+    assert orphans == []
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie, dead but not yet reaped by init, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

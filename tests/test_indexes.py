@@ -103,3 +103,36 @@ def test_tar_index_rebuilt_after_change(jpeg_folder, tmp_path):
     source = open_source(out)
     assert source.num_samples == 6
     assert sum(dali_read_epoch(source).values()) == 6
+
+
+def test_a_full_disk_during_an_index_write_names_the_flag_and_leaves_the_folder_readable(shards, disk_full):
+    from dali_pipes.files import DiskFullError
+    folder = os.path.dirname(shards[0])
+    for shard in shards:
+        os.remove(shard + ".idx")
+    disk_full(folder)
+    with pytest.raises(DiskFullError, match=r"\.tfrecord\.idx: no space left on the device.*--index-cache-dir"):
+        open_source(folder)
+    assert not [n for n in os.listdir(folder) if ".tmp" in n]  # removed on error: nothing nested, nothing left
+    disk_full(None)  # space freed: the folder opens as if nothing happened
+    assert open_source(folder).num_samples == 12
+
+
+def test_stale_temp_files_are_ignored_then_removed_and_live_ones_kept(shards):
+    import socket
+    import subprocess
+    import sys
+    folder = os.path.dirname(shards[0])
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    host = socket.gethostname()
+    left = [f"{shards[0]}.idx.tmp-{host}-{dead}-1.tmp",  # its writer died on this host
+            f"{shards[1]}.tmp-otherhost-123-4.tmp"]  # another host's, hours old
+    live = f"{shards[1]}.idx.tmp-{host}-{os.getppid()}-1.tmp"  # a writer still at work
+    for path in left + [live, os.path.join(folder, "train-00009-of-00002.tfrecord.tmp")]:
+        with open(path, "wb") as f:
+            f.write(b"partial")
+    os.utime(left[1], (time.time() - 7 * 3600,) * 2)
+    assert open_source(folder).num_samples == 12  # the temp files are no shards and no indexes
+    assert open_source(f"{folder}/*-of-*").num_samples == 12
+    assert not any(os.path.exists(p) for p in left) and os.path.exists(live)

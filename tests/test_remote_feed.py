@@ -3,6 +3,8 @@ is local before the reader opens it. The case it got wrong before: an s3:// file
 DALI's file reader reads in its once-shuffled list order, not in storage order (a wrong guess is a file
 the reader cannot open: DALI fails the batch)."""
 
+import re
+
 import pytest
 
 from dali_pipes import DaliLoader
@@ -33,3 +35,43 @@ def test_train_file_list_from_s3_through_a_small_cache(s3, tmp_path, monkeypatch
     finally:
         for loader in ranks:
             loader.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Network faults are not bad samples: an outage of the store mid-epoch, in both feeds
+# ---------------------------------------------------------------------------------------------
+# DALI's S3 reader keeps the endpoint it first used for the life of the process, so each case runs in
+# a process of its own (tests/s3_outage_job.py), with a proxy in front of this session's moto server
+# that the job stops and starts.
+
+def outage_job(s3, moto_endpoint, tmp_path, feed: str, outage: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    job = os.path.join(os.path.dirname(__file__), "s3_outage_job.py")
+    env = {**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, job, moto_endpoint, s3.bucket, feed, outage], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("feed", ["cache", "native"])
+def test_a_2_s_outage_mid_epoch_is_ridden_out_with_the_same_batches(s3, moto_endpoint, tmp_path, feed):
+    result = outage_job(s3, moto_endpoint, tmp_path, feed, "2s")
+    assert result["error"] is None
+    assert result["got"] == result["expected"] and len(result["got"]) == 12
+    # the outage was met, and taken for what it is: the client retried, or the native reader waited
+    assert result["met"] and all("cannot reach" in m or "a network fault, not a bad sample" in m
+                                 for m in result["met"])
+    assert result["bad_samples"] == [] and result["state_bad_samples"] == {"bad_samples": [], "excluded": []}
+
+
+@pytest.mark.parametrize("feed", ["cache", "native"])
+def test_a_long_outage_is_a_connection_error_that_excludes_no_sample(s3, moto_endpoint, tmp_path, feed):
+    result = outage_job(s3, moto_endpoint, tmp_path, feed, "long")
+    assert result["error_type"] == "UnreachableError"
+    assert re.search(f"s3://{s3.bucket}/train/train-.*cannot reach the S3 endpoint http://127.0.0.1:\\d+ "
+                     f"after 2 attempts.*--s3-attempts", result["error"]), result["error"]
+    assert result["bad_samples"] == [] and result["state_bad_samples"] == {"bad_samples": [], "excluded": []}

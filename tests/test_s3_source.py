@@ -11,7 +11,6 @@ import io
 import json
 import os
 import tarfile
-import time
 
 import pytest
 
@@ -296,13 +295,11 @@ def test_access_denied_on_read(proxy, s3, cache_dirs):
         open_source(s3.url("train/"))
 
 
-def test_unreachable_endpoint_fails_fast_and_names_it(s3, cache_dirs, monkeypatch):
+def test_unreachable_endpoint_fails_after_the_set_attempts_and_names_it(s3, cache_dirs, monkeypatch):
     closed = closed_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
-    start = time.monotonic()
-    with pytest.raises(ConnectionError, match=f"cannot reach the S3 endpoint {closed}"):
-        DaliLoader("s3://any-bucket/train/", batch_size=2, train=False, **KW)
-    assert time.monotonic() - start < 15
+    with pytest.raises(ConnectionError, match=f"cannot reach the S3 endpoint {closed} after 2 attempts"):
+        DaliLoader("s3://any-bucket/train/", batch_size=2, train=False, s3_attempts=2, s3_timeout=1, **KW)
 
 
 def _read_all(location, **kw):

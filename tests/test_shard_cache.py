@@ -271,3 +271,13 @@ def test_dali_reads_every_record_once_through_bounded_caches_at_two_ranks(s3, tm
         assert stats["downloads"] >= 3
         labels += got
     assert sorted(labels) == list(range(48))  # exactly once across ranks
+
+
+def test_a_full_cache_disk_is_one_error_naming_the_file_and_the_flags(s3, tmp_path, disk_full):
+    from dali_pipes.files import DiskFullError
+    info = object_store.head(s3.put("train/a.tfrecord", b"x" * 1000))
+    disk_full(tmp_path / "cache")
+    with ShardCache([info], folder=str(tmp_path / "cache")) as cache:
+        with pytest.raises(DiskFullError, match=r"a\.tfrecord: no space left on the device.*--cache-dir .*--cache-bytes"):
+            cache.path(0)
+        assert os.listdir(cache.folder) == []  # the partial download is gone

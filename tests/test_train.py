@@ -256,3 +256,44 @@ def check_observed(workdir, stdout, history):
     board = EventAccumulator(str(workdir / "tb"))
     board.Reload()
     assert len(board.Scalars("val_top1")) == len(history) and len(board.Scalars("data_wait_fraction/rank1")) == len(history)
+
+
+def test_a_full_disk_during_a_checkpoint_names_workdir_and_keeps_the_old_one(tmp_path, disk_full):
+    import torch
+    from dali_pipes.files import DiskFullError
+    from train.metrics import atomic_save
+    path = str(tmp_path / "checkpoint.pt")
+    atomic_save({"step": 1}, path)
+    disk_full(tmp_path)
+    with pytest.raises(DiskFullError, match=f"{path}: no space left on the device.*--workdir"):
+        atomic_save({"step": 2}, path)
+    disk_full(None)
+    assert torch.load(path)["step"] == 1 and os.listdir(tmp_path) == ["checkpoint.pt"]
+
+
+def test_a_second_live_job_on_a_workdir_is_refused_and_a_stale_lock_taken_over(tmp_path, capsys):
+    import time
+    from train import lock
+    work = str(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom train.lock import hold\n"
+                               f"hold({work!r}, 0)\nprint('held', flush=True)\ntime.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(lock.WorkdirBusy, match=f"{work} is in use by pid {holder.pid} on {socket.gethostname()}"):
+            lock.hold(work, 0)
+        assert lock.hold(work, 1) is None  # only rank 0 takes it
+    finally:
+        holder.kill()  # as SIGKILL leaves it: the lock stays, its pid dead on this host
+        holder.wait()
+    path = lock.hold(work, 0)
+    assert f"taking over a stale lock of pid {holder.pid}" in capsys.readouterr().out
+    assert lock.holder_of(path)["pid"] == os.getpid()
+    lock.release(path)
+    with open(path, "w") as f:  # another host's lock, not refreshed for long: that job is gone
+        json.dump({"host": "elsewhere", "pid": 1, "started": "then"}, f)
+    assert lock.WorkdirBusy and not lock.stale(lock.holder_of(path), path)  # fresh: that host may still run it
+    os.utime(path, (time.time() - 2 * lock.STALE_S,) * 2)
+    assert lock.hold(work, 0) == path and "pid 1 on elsewhere" in capsys.readouterr().out
+    lock.release(path)
+    assert not os.path.exists(path)

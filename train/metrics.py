@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from dali_pipes.files import private_tmp
+from dali_pipes.files import moved_by, private_tmp, remove_stale_temps
 from dali_pipes.procfs import PeakSampler
 
 
@@ -34,9 +34,10 @@ class MemoryMeter:
 def atomic_save(obj, path: str) -> None:
     """torch.save to a temporary file in the same folder, fsync, then rename over `path`: a crash
     leaves the old checkpoint or the new one, never half of one."""
+    remove_stale_temps(os.path.dirname(path))  # of a save that a SIGKILL or a full disk cut short
     tmp = private_tmp(path)
     try:
-        with open(tmp, "wb") as f:
+        with moved_by("--workdir (a folder on a disk with room)", path), open(tmp, "wb") as f:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())

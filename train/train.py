@@ -31,6 +31,7 @@ from dali_pipes.loader import Loader
 from dali_pipes.pipeline import default_threads
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train import observe
+from train.lock import hold as hold_workdir
 from train.metrics import MemoryMeter
 from train.observe import TensorBoard, Trace
 from train.models import ARCHS, create_model
@@ -252,6 +253,7 @@ def main(args) -> list[dict]:
     if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
         raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
     os.makedirs(args.workdir, exist_ok=True)
+    hold_workdir(args.workdir)  # rank 0: one live job per workdir (lock.py), refused naming the holder
     run = create_run(args)
     if (args.resume or args.resume_if_present) and os.path.exists(checkpoint):
         load_checkpoint(run, checkpoint)

@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator
 import google_crc32c
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.files import private_tmp
+from dali_pipes.files import atomic_write
 from dali_pipes.protobuf import fields, read_varint
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
 
@@ -385,10 +385,8 @@ def tfrecord_index_matches(path: str, index_path: str, spot_checks: int = 16) ->
 
 
 def _atomic_write_text(path: str, text: str) -> None:
-    tmp = private_tmp(path)
-    with open(tmp, "w") as f:
+    with atomic_write(path, "w") as f:
         f.write(text)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -532,12 +530,11 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: PADDING_LABEL + keys.label_offset}))
     entries, offset = [], 0
     from dali_pipes.object_store import local_copy
-    with local_copy(shard) as local, open(local, "rb") as f, open(tmp := private_tmp(target), "wb") as out:
+    with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as out:
         for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
             f.seek(start)
             frame = stand_in if str(i) in bad else f.read(size)
             out.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)
-    os.replace(tmp, target)
     write_tfrecord_index(entries, target + ".idx")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.files import private_tmp
+from dali_pipes.files import atomic_write, private_tmp
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
 
 SHARD_NAME = "a .tar shard"  # in messages
@@ -164,10 +164,8 @@ def build_index_stream(f, where: str, index_path: str, label_ext: str = "cls") -
 def write_tar_index(samples: list[list[Member]], index_path: str) -> None:
     lines = [f"{INDEX_VERSION} {len(samples)}\n"]
     lines += [" ".join(f"{m.key_ext[1]} {m.offset} {m.size} {m.name}" for m in s) + "\n" for s in samples]
-    tmp = private_tmp(index_path)
-    with open(tmp, "w") as f:
+    with atomic_write(index_path, "w") as f:
         f.writelines(lines)
-    os.replace(tmp, index_path)
 
 
 def read_tar_index(index_path: str) -> list[list[Member]]:

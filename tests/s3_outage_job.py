@@ -1,0 +1,120 @@
+"""One loader over s3:// TFRecord shards while the store goes away mid-epoch, in a process of its own
+(DALI's S3 reader keeps the endpoint of its first use for the process's life), for
+tests/test_remote_feed.py. Not a test.
+
+    python tests/s3_outage_job.py MOTO_ENDPOINT BUCKET cache|native 2s|long
+
+The AWS chain points at a proxy process in front of the moto server. "2s": an uninterrupted epoch, then
+one with skip_bad=True during which the proxy is down for 2 s after batch 1. "long": the proxy goes
+down after batch 1 and stays down (s3_attempts=2, s3_timeout=1). Prints one JSON line: the batches
+(labels, image sums) of both epochs, the error, what the loader logged or warned about the outage,
+its bad samples and those in its state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from conftest import jpeg_bytes  # noqa: E402
+from dali_pipes_bench.latency_proxy import ProxyProcess  # noqa: E402
+from s3_server import admin_client  # noqa: E402
+
+
+class Endpoint:
+    """The proxy: `stop` takes it down (connections refused), `start` brings it back on the same port."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream, self.port, self.proxy = upstream, 0, None
+
+    def start(self) -> None:
+        self.proxy = ProxyProcess(self.upstream, port=self.port).__enter__()
+        self.port = int(self.proxy.url.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.__exit__()
+            self.proxy = None
+
+
+def put_shards(moto: str, bucket: str, shards: int = 6, per_shard: int = 4) -> int:
+    from dali_pipes.formats import tfrecord
+    sizes = []
+    for s in range(shards):
+        body = b"".join(tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(i),
+                                                                       "image/class/label": i}))
+                        for i in range(s * per_shard, (s + 1) * per_shard))
+        admin_client(moto).put_object(Bucket=bucket, Key=f"train/train-{s:05d}-of-{shards:05d}", Body=body)
+        sizes.append(len(body))
+    return max(sizes)
+
+
+def epoch(loader, endpoint: Endpoint, down_s: float | None) -> list:
+    """(labels, image sum) per batch; after batch 1 the endpoint goes down for `down_s` (inf: for good)."""
+    got, thread = [], None
+    for i, (images, labels) in enumerate(loader):
+        got.append([labels.tolist(), round(float(images.double().sum()), 3)])
+        if i == 1 and down_s is not None:
+            endpoint.stop()
+            if down_s != float("inf"):
+                thread = threading.Thread(target=lambda: (time.sleep(down_s), endpoint.start()))
+                thread.start()
+    if thread is not None:
+        thread.join()
+    return got
+
+
+def main() -> None:
+    moto, bucket, feed, outage = sys.argv[1:5]
+    endpoint = Endpoint(moto)
+    endpoint.start()
+    os.environ.update(AWS_ENDPOINT_URL=endpoint.proxy.url, AWS_ACCESS_KEY_ID="testing",
+                      AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1", AWS_REGION="us-east-1",
+                      AWS_EC2_METADATA_DISABLED="true", NO_PROXY="127.0.0.1")
+    empty = tempfile.NamedTemporaryFile(delete=False)
+    os.environ.update(AWS_CONFIG_FILE=empty.name, AWS_SHARED_CREDENTIALS_FILE=empty.name)
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        os.environ.pop(name, None)
+    from dali_pipes import DaliLoader
+    shard_bytes = put_shards(moto, bucket)
+    kw = dict(batch_size=2, train=True, seed=3, image_size=16, device="cpu", num_threads=1, shuffle_buffer=4,
+              prefetch_queue_depth=1, remote_feed=feed, cache_bytes=4 * shard_bytes, cache_prefetch=1)
+    if outage == "long":
+        kw.update(s3_attempts=2, s3_timeout=1.0)
+    url = f"s3://{bucket}/train/"
+    met: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: met.append(record.getMessage())
+    logging.getLogger("dali_pipes").addHandler(handler)
+    result: dict = {"expected": None, "error": None, "error_type": None}
+    if outage == "2s":
+        reference = DaliLoader(url, **kw)
+        result["expected"] = epoch(reference, endpoint, None)
+        reference.close()
+    loader = DaliLoader(url, skip_bad=True, **kw)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            result["got"] = epoch(loader, endpoint, 2.0 if outage == "2s" else float("inf"))
+        except ConnectionError as error:
+            result["error"], result["error_type"] = str(error), type(error).__name__
+    met += [str(w.message) for w in warned if "network fault" in str(w.message)]
+    result.update(met=[m for m in met if "cannot reach" in m or "network fault" in m],
+                  bad_samples=[str(b) for b in loader.bad_samples],
+                  state_bad_samples=loader.state_dict()["bad_samples"])
+    loader.close()
+    endpoint.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
