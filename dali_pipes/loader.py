@@ -25,6 +25,7 @@ Epoch contract (contract.py), DataLoader + DistributedSampler's unless asked oth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, Iterator, Protocol, runtime_checkable
@@ -83,14 +84,14 @@ def resolve_device(device: str) -> str:
 
 
 def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool) -> Source:
+                 skip_bad: bool, allow_duplicates: bool = False) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location."""
     if call.location is None:
         return samples_source(call.root, call.samples, call.classes, skip_bad)
     if isinstance(call.location, Source):
         return call.location
     return open_source(call.location, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir,
-                       skip_bad=skip_bad)
+                       skip_bad=skip_bad, allow_duplicates=allow_duplicates)
 
 
 class DaliLoader:
@@ -112,6 +113,7 @@ class DaliLoader:
                  keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
                  max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
+                 allow_duplicates: bool = _SOURCE.allow_duplicates,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
                  cache_prefetch: int = _LOADER.cache_prefetch, **augment_args) -> None:
@@ -129,7 +131,7 @@ class DaliLoader:
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad)
+        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, allow_duplicates)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start
@@ -171,10 +173,8 @@ class DaliLoader:
             self.pipe.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # at interpreter exit, anything may be gone already
             self.close()
-        except Exception:
-            pass
 
     @property
     def epoch(self) -> int:
