@@ -9,6 +9,7 @@ count is refused, naming the shard and the manifest. It is a `.json` file: no re
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import posixpath
@@ -77,10 +78,11 @@ def _base(name: str) -> str:
 
 
 def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[int],
-             counts: list[int] | None, complete: bool) -> list[DatasetError]:
+             counts: list[int] | None, complete: bool, pattern: str = "*") -> list[DatasetError]:
     """What is wrong with `shards` (their sizes, and sample counts where known) by the manifest: a listed
-    shard missing (only when `complete`: found through a folder, prefix or glob), of another size, or of
-    another count. Shards the manifest does not list are not its business; nor is a set it shares none with."""
+    shard missing (only when `complete`: found through a folder, prefix or glob; of a glob, the listed
+    names that match its last part, `pattern`), of another size, or of another count. Shards the manifest
+    does not list are not its business; nor is a set it shares none with."""
     listed = {s["name"]: s for s in manifest.get("shards", [])}
     found = {_base(shard): i for i, shard in enumerate(shards)}
     if not set(found) & set(listed):
@@ -90,7 +92,8 @@ def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[
     if complete:
         out += [DatasetError(folder + name, f"missing: {manifest_path} lists it ({entry['bytes']} bytes, "
                              f"{entry['samples']} samples), as after a copy or an upload cut short",
-                             "Copy it again, or convert again") for name, entry in listed.items() if name not in found]
+                             "Copy it again, or convert again") for name, entry in listed.items()
+                if name not in found and fnmatch.fnmatchcase(name, pattern)]
     for name, i in found.items():
         entry = listed.get(name)
         if entry is None:
@@ -105,9 +108,9 @@ def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[
 
 
 def check(manifest: dict, manifest_path: str, shards: list[str], sizes: list[int], counts: list[int] | None,
-          complete: bool) -> None:
+          complete: bool, pattern: str = "*") -> None:
     """Raise the first of `problems`, counting the rest."""
-    found = problems(manifest, manifest_path, shards, sizes, counts, complete)
+    found = problems(manifest, manifest_path, shards, sizes, counts, complete, pattern)
     if found:
         first = found[0]
         more = f" ({len(found) - 1} more problems by the manifest)" if len(found) > 1 else ""
@@ -122,3 +125,9 @@ def label_range(manifest: dict, shards: list[str]) -> tuple[int, int] | None:
     if not ranges:
         return None
     return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
+def name_pattern(location: str) -> str:
+    """The names a folder, prefix or glob location finds, for `problems`: its last part if it is a glob."""
+    last = location.rstrip("/").rsplit("/", 1)[-1]
+    return last if location and not location.endswith("/") and any(c in last for c in "*?[") else "*"

@@ -301,7 +301,8 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
         return
     sizes = [info.size for info in source.remote] if source.remote is not None else \
         [os.path.getsize(f) for f in source.files]
-    problems = manifest.problems(found, path, source.files, sizes, source.counts, complete)
+    problems = manifest.problems(found, path, source.files, sizes, source.counts, complete,
+                                 manifest.name_pattern(source.location))
     for error in problems:
         if not skip_bad or error.problem.startswith("missing"):
             raise error

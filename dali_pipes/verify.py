@@ -166,7 +166,8 @@ def _check_manifest(report: Report, shards: list[str], sizes: list[int], counts:
     found = manifest.read(path)
     if found is not None:
         report.problems += [Problem(e.where, e.problem) for e in
-                            manifest.problems(found, path, shards, sizes, counts, complete)]
+                            manifest.problems(found, path, shards, sizes, counts, complete,
+                                              manifest.name_pattern(report.location))]
     classes = classes_beside(shards[0]) or (found or {}).get("classes")
     return len(classes) if classes else None
 

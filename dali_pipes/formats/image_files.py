@@ -31,6 +31,8 @@ def list_folder(root: str, skip_bad: bool = False) -> tuple[list[str], list[int]
     classes = sorted([e.name for e in entries if e.is_dir()] + [os.path.basename(p) for p in dangling])
     files, labels = [], []
     for label, name in enumerate(classes):
+        if os.path.join(root, name) in dangling:
+            continue  # named above
         def refuse(error: OSError) -> None:
             _unreadable(error.filename or os.path.join(root, name), f"a class folder that cannot be listed "
                         f"({error.strerror or error})", skip_bad)
