@@ -256,7 +256,7 @@ def _check_files(source: Source, skip_bad: bool) -> None:
         sizes, unreadable = [info.size for info in source.remote], {}
         source.fingerprint = fingerprint.of_files(source.files, sizes, [info.etag for info in source.remote])
     else:
-        sizes, unreadable = _local_sizes(source.files)
+        sizes, unreadable = _local_sizes(source.files, check_read=not source.format.SHARDED)  # shards: read by now
         source.fingerprint = fingerprint.of_files(source.files, sizes)
     empty = {path: "zero-byte file" for path, size in zip(source.files, sizes) if size == 0}
     bad = {**unreadable, **empty}
@@ -273,7 +273,7 @@ def _check_files(source: Source, skip_bad: bool) -> None:
                            f"--write-clean-list clean.txt (or: dali-pipes verify ...)")
 
 
-def _local_sizes(paths: list[str]) -> tuple[list[int], dict[str, str]]:
+def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], dict[str, str]]:
     """(size of each file, -1 where unreadable; {path: what is wrong} of the unreadable ones)."""
     sizes, unreadable = [], {}
     for path in paths:
@@ -285,7 +285,7 @@ def _local_sizes(paths: list[str]) -> tuple[list[int], dict[str, str]]:
             sizes.append(-1)
             unreadable[path] = f"unreadable ({'a dangling link' if os.path.islink(path) else e.strerror})"
             continue
-        if not os.access(path, os.R_OK):
+        if check_read and not os.access(path, os.R_OK):
             unreadable[path] = "unreadable (no read permission)"
     return sizes, unreadable
 
