@@ -101,12 +101,14 @@ class SourceConfig:
     label_ext: str = option("cls", "WebDataset member extension holding the label as ASCII digits")
     index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
                                          "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)", type=str)
+    allow_duplicates: bool = option(False, "a file list may name a sample more than once (each repeat is warned of "
+                                    "and read as often as listed); else a repeat is refused naming both lines")
 
     def open_kwargs(self) -> dict:
         """Keywords for open_source."""
         from dali_pipes.samples import TFRecordKeys
         return dict(keys=TFRecordKeys(self.image_key, self.label_key, self.label_offset), label_ext=self.label_ext,
-                    index_cache_dir=self.index_cache_dir)
+                    index_cache_dir=self.index_cache_dir, allow_duplicates=self.allow_duplicates)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Converters: any Source -> TFRecord shards or WebDataset tar shards, with their indexes.
+"""Converters: any Source -> TFRecord shards or WebDataset tar shards, with their indexes, classes.json
+and, written last, manifest.json (manifest.py): a conversion cut short leaves no manifest.
 
 Samples are shuffled across shards (a seeded permutation dealt round-robin, so shard sizes
 differ by at most one). Worker processes read and encode samples; the parent process alone
@@ -19,6 +20,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from dali_pipes import manifest
 from dali_pipes.files import moved_by, private_tmp, remove_own_temps
 from dali_pipes.dist import process_pool
 from dali_pipes.formats import tfrecord, webdataset
@@ -71,7 +73,7 @@ def _class_text(label: int) -> str:
     return _classes[label] if _classes and 0 <= label < len(_classes) else str(label)
 
 
-def _encode_tfrecord(ref: SampleRef) -> bytes:
+def _encode_tfrecord(ref: SampleRef) -> tuple[bytes, int]:
     sample = read_sample(ref)
     height, width, fmt = _image_info(sample.data, sample.origin)
     example = tfrecord.encode_example({
@@ -80,7 +82,7 @@ def _encode_tfrecord(ref: SampleRef) -> bytes:
         "image/channels": 3, "image/colorspace": "RGB",
         "image/filename": os.path.basename(sample.origin.split("#")[0]),
     })
-    return tfrecord.frame_record(example)
+    return tfrecord.frame_record(example), sample.label
 
 
 def _encode_tar_sample(ref: SampleRef) -> tuple[str, bytes, int]:
@@ -131,11 +133,16 @@ def _remote_out(write):
                 remove_own_temps(out)
                 raise
         import tempfile
+        prefix = out.rstrip("/") + "/"
         with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder, \
                 moved_by("TMPDIR (convert stages s3:// output there: a folder on a disk with room)", folder):
             stats = write(source, folder, **kwargs)
-            for name in sorted(os.listdir(folder)):
-                object_store.upload(os.path.join(folder, name), object_store.join(out.rstrip("/") + "/", name))
+            ours = manifest.read(os.path.join(folder, manifest.MANIFEST_NAME))
+            manifest.write(folder, manifest.merged(manifest.read(object_store.join(prefix, manifest.MANIFEST_NAME)),
+                                                   ours, kwargs.get("prefix", "train")))
+            names = sorted(os.listdir(folder), key=lambda n: n == manifest.MANIFEST_NAME)  # the manifest last
+            for name in names:
+                object_store.upload(os.path.join(folder, name), object_store.join(prefix, name))
         return stats
     return wrapper
 
@@ -151,10 +158,13 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
     tmps = [private_tmp(p) for p in paths]
     files = [open(t, "wb") for t in tmps]
     entries: list[list[tuple[int, int]]] = [[] for _ in paths]
+    labels: list[list[int]] = [[] for _ in paths]
     total = 0
     try:
-        for shard, _, frame in _run(source, out, shards, seed, workers, progress, _encode_tfrecord, "to_tfrecord"):
+        for shard, _, (frame, label) in _run(source, out, shards, seed, workers, progress, _encode_tfrecord,
+                                             "to_tfrecord"):
             entries[shard].append((files[shard].tell(), len(frame)))
+            labels[shard].append(label)
             files[shard].write(frame)
             total += len(frame)
     finally:
@@ -164,6 +174,7 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
         os.replace(tmp, path)  # shard complete: only now does it get its final name
         tfrecord.write_tfrecord_index(shard_entries, path + INDEX_SUFFIX)
     _write_classes_json(out, source, shards, [len(e) for e in entries])
+    _write_manifest(out, "tfrecord", source, prefix, paths, labels)
     return ConvertStats(sum(len(e) for e in entries), shards, total, time.perf_counter() - start)
 
 
@@ -177,14 +188,14 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
     paths = [os.path.join(out, shard_name(prefix, i, shards, ".tar")) for i in range(shards)]
     tmps = [private_tmp(p) for p in paths]
     tars = [tarfile.open(t, "w", format=tarfile.GNU_FORMAT) for t in tmps]
-    counts = [0] * shards
+    labels: list[list[int]] = [[] for _ in paths]
     try:
         for shard, position, (ext, data, label) in _run(source, out, shards, seed, workers, progress,
                                                         _encode_tar_sample, "to_webdataset"):
             key = f"{prefix}_{position:08d}"  # unique, and free of dots (the key ends at the first dot)
             webdataset.add_member(tars[shard], f"{key}.{ext}", data)
             webdataset.add_member(tars[shard], f"{key}.cls", str(label).encode())
-            counts[shard] += 1
+            labels[shard].append(label)
     finally:
         for t in tars:
             t.close()
@@ -193,8 +204,9 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
         os.replace(tmp, path)
         webdataset.write_tar_index(webdataset.build_tar_index(path), path + INDEX_SUFFIX)
         total += os.path.getsize(path)
-    _write_classes_json(out, source, shards, counts)
-    return ConvertStats(sum(counts), shards, total, time.perf_counter() - start)
+    _write_classes_json(out, source, shards, [len(l) for l in labels])
+    _write_manifest(out, "webdataset", source, prefix, paths, labels)
+    return ConvertStats(sum(len(l) for l in labels), shards, total, time.perf_counter() - start)
 
 
 def _write_classes_json(out: str, source: Source, shards: int, counts: list[int]) -> None:
@@ -202,6 +214,15 @@ def _write_classes_json(out: str, source: Source, shards: int, counts: list[int]
             "shards": shards, "samples_per_shard": counts}
     with open(os.path.join(out, "classes.json"), "w") as f:
         json.dump(info, f, indent=1)
+
+
+def _write_manifest(out: str, kind: str, source: Source, prefix: str, paths: list[str],
+                    labels: list[list[int]]) -> None:
+    """manifest.json, last: every shard with its size, sample count and label range (manifest.py)."""
+    shards = [{"name": os.path.basename(p), "bytes": os.path.getsize(p), "samples": len(l),
+               "labels": [min(l), max(l)] if l else None} for p, l in zip(paths, labels)]
+    previous = manifest.read(os.path.join(out, manifest.MANIFEST_NAME))
+    manifest.write(out, manifest.merged(previous, manifest.build(kind, source.classes, shards), prefix))
 
 
 def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:

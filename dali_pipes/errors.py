@@ -20,3 +20,8 @@ class DatasetError(ValueError):
 
     def __reduce__(self):  # picklable across worker processes with its fields
         return type(self), (self.where, self.problem, self.fix)
+
+
+class LabelError(DatasetError):
+    """A label out of range: negative after the label offset, or at or above the known number of classes.
+    A wrong --label-offset or a bad conversion, not a damaged sample: skip_bad never excludes it."""

@@ -84,7 +84,7 @@ def resolve_device(device: str) -> str:
 
 
 def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool, s3_attempts: int, s3_timeout: float) -> Source:
+                 skip_bad: bool, s3_attempts: int, s3_timeout: float, allow_duplicates: bool = False) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location. The
     process's S3 retries are set first (object_store.configure): opening lists and reads objects."""
     object_store.configure(attempts=s3_attempts, timeout=s3_timeout)
@@ -93,7 +93,7 @@ def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_di
     if isinstance(call.location, Source):
         return call.location
     return open_source(call.location, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir,
-                       skip_bad=skip_bad)
+                       skip_bad=skip_bad, allow_duplicates=allow_duplicates)
 
 
 class DaliLoader:
@@ -115,6 +115,7 @@ class DaliLoader:
                  keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
                  max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
+                 allow_duplicates: bool = _SOURCE.allow_duplicates,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
                  cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
@@ -134,7 +135,8 @@ class DaliLoader:
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, s3_attempts, s3_timeout)
+        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, s3_attempts, s3_timeout,
+                              allow_duplicates)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start

@@ -40,12 +40,13 @@ from PIL import Image
 from dali_pipes import object_store
 from dali_pipes._dali import shutdown_pipeline
 from dali_pipes.dist import usable_cpus
-from dali_pipes.errors import DatasetError
+from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.files import private_tmp
 from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, cache_root
+from dali_pipes.labels import check_label
 from dali_pipes.reader import ReaderModel
-from dali_pipes.samples import SampleRef
+from dali_pipes.samples import PADDING_LABEL, SampleRef
 from dali_pipes.source import Source
 from dali_pipes.verify import check_image, oversized
 
@@ -269,12 +270,18 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
     Headers are checked against `max_pixels` first: an oversized image never reaches a decoder."""
     every = source.refs()
     refs = [every[i] for i in indices]
+    num_classes = len(source.classes) if source.classes and source.format.SHARDED else None  # files: checked at open
     for end in range(len(refs), 0, -window):
         chunk = refs[max(0, end - window):end]
         datas, reasons = [], []
         for ref in chunk:
             try:
-                data = read_sample(ref).data
+                sample = read_sample(ref)  # a label out of range raises LabelError: never a bad sample to skip
+                if sample.label != PADDING_LABEL:  # a placeholder (read_sample refuses every other negative)
+                    check_label(sample.label, sample.origin, num_classes=num_classes, classes_from=source.location)
+                data = sample.data
+            except LabelError:
+                raise
             except (DatasetError, OSError) as e:  # an unreadable record is bad too, whatever DALI thinks
                 if isinstance(e, (ConnectionError, TimeoutError)):
                     raise  # the store, not the sample: object_store retried it already
@@ -313,7 +320,8 @@ def exclude(source: Source, bad_refs: list[SampleRef], cache_dir: str | None = N
         by_shard.setdefault(ref.path, set()).add(ref.key)  # record number (tfrecord) or sample key (tar)
     for shard, bad in by_shard.items():
         i = files.index(shard)
-        tag = hashlib.sha1(f"{os.path.abspath(shard)}|{sorted(bad)}".encode()).hexdigest()[:16]
+        # "|2": placeholders store labels.EXCLUDED_LABEL since 0.3 (copies made before stored -1)
+        tag = hashlib.sha1(f"{os.path.abspath(shard)}|{sorted(bad)}|2".encode()).hexdigest()[:16]
         target = os.path.join(folder, f"{tag}-{os.path.basename(shard)}")
         if not os.path.exists(target + INDEX_SUFFIX):
             source.format.rewrite_without(shard, index_files[i], target, bad, jpeg, source)

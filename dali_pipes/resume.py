@@ -2,7 +2,7 @@
 
     {"version": 3,
      "loader":      {"epoch", "position", "rank", "world_size", "batch_size", "train", "num_samples", "seed",
-                     "contract"},                     # where the loader is, and what it must match
+                     "contract", "fingerprint"},      # where the loader is, and what it must match
      "pipeline":    {"dali", "dali_epoch0", "tuned"}, # DALI's checkpoint, the epoch its pipeline began at,
                                                       # the tuner's choice once made (tuning.py; absent before 0.3)
      "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
@@ -10,6 +10,9 @@
 
 Version 2 (dali_pipes 0.2.0) kept the same fields flat at the top; it is read as it is and resumes
 exactly (its graph and cut are today's). Any other version is refused naming both versions.
+
+"fingerprint" (fingerprint.py: the data's file names and sizes, as opened) came after 0.2.0; a state that
+has one resumes only on data with the same fingerprint (check_data), a state without one as before.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from dali_pipes import elastic
+from dali_pipes import elastic, fingerprint
 from dali_pipes.contract import Position
+from dali_pipes.errors import DatasetError
 
 STATE_VERSION = 3
 OWNERS = ("loader", "pipeline", "bad_samples", "record")
@@ -55,6 +59,19 @@ def check_fits(state: dict, identity: dict, contract: dict) -> None:
     if differ:
         raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
                          f"the same data, rank, world size, batch size, seed, drop_last and val_padding")
+
+
+def check_data(state: dict, source: Any) -> None:
+    """Raise DatasetError when the data differs from the data `state` was taken on: same count or not,
+    resuming mid-epoch on other files would deliver other samples than the interrupted epoch's rest."""
+    saved, now = state.get("fingerprint"), getattr(source, "fingerprint", None)
+    if not saved or not now:
+        return  # a 0.2.0 state, or a Source made by hand: nothing to compare
+    changed = fingerprint.changes(saved, now)
+    if changed:
+        raise DatasetError(source.location, f"the data differs from the data this loader state was taken on: "
+                           f"{changed}", "Resume on the data the run was started with, or start afresh "
+                           "(without the state; python -m train: a new --workdir)")
 
 
 def merged_bad_samples(states: list[dict]) -> dict:
@@ -93,7 +110,7 @@ def state_of(loader: Any) -> dict:
     record = loader.pipe.record
     dali = None if done and record.remainder is not None else loader.pipe.run.checkpoint()  # then: afresh
     return pack(loader={"epoch": epoch, "position": batch, **identity(loader),
-                        "contract": dataclasses.asdict(loader.contract)},
+                        "contract": dataclasses.asdict(loader.contract), "fingerprint": loader.source.fingerprint},
                 pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0,
                           "tuned": loader.pipe.tuning_state()},
                 bad_samples=loader.pipe.policy.state(), record=record.state(epoch_done=done))
@@ -109,6 +126,7 @@ def restore(loader: Any, state: dict | list[dict]) -> None:
         state = states[rank]
     else:
         state = flat(state)
+    check_data(state, loader.source)
     check_fits(state, identity(loader), dataclasses.asdict(loader.contract))
     loader.pipe.source = loader.pipe.policy.restore(state, loader.source)
     record, n = loader.pipe.record, loader.num_samples
@@ -127,6 +145,8 @@ def restore(loader: Any, state: dict | list[dict]) -> None:
 def restore_elastic(loader: Any, states: list[dict]) -> None:
     """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's share of
     what they had not delivered, then this world's own pipeline from the next epoch."""
+    for state in states:
+        check_data(state, loader.source)
     epoch, base, plan = elastic_plan(states, {"version": STATE_VERSION, **identity(loader)},
                                      dataclasses.asdict(loader.contract), rank=loader.shard.rank,
                                      world_size=loader.shard.world_size, batch_size=loader.batch_size,

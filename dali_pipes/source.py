@@ -10,19 +10,26 @@ An s3:// location gives a Source whose `files` are s3:// URLs and whose `remote`
 ObjectInfo as listed (size, ETag, last-modified); its indexes are local, in the index cache, keyed
 by that version (indexes.ensure_remote_indexes). The loader reads such a source through the shard
 cache or DALI's own s3:// reading (loader.py, remote_feed.py).
+
+Opening also checks what can be checked without reading the data: labels where they are listed (labels.py),
+a conversion's manifest.json beside shards (manifest.py), and takes one stat per file, which gives the
+data's fingerprint (fingerprint.py) that a resumed loader state is checked against.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import posixpath
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from dali_pipes import indexes, object_store
-from dali_pipes.errors import DatasetError
+from dali_pipes import fingerprint, indexes, manifest, object_store
+from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.formats import format_of, image_files, read_sample
+from dali_pipes.labels import check_label, offset_fix
 from dali_pipes.location import Location, classify, classify_remote, describe, is_remote
 from dali_pipes.object_store import ObjectInfo
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys
@@ -44,6 +51,8 @@ class Source:
     # Damage found while opening with skip_bad=True: (ref of a sample to exclude in place, or None
     # when the damaged sample is simply not in the index; what is wrong). BadSamplePolicy takes it.
     damaged: list[tuple[SampleRef | None, DatasetError]] = field(default_factory=list)
+    # Of the files as opened (fingerprint.py): kept through exclusions, checked by a resume (resume.py).
+    fingerprint: dict | None = None
 
     @property
     def num_samples(self) -> int:
@@ -72,29 +81,34 @@ class Source:
 
 def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls",
                 index_cache_dir: str | None = None, build_indexes: bool = True, progress: bool = True,
-                check_keys: bool = True, skip_bad: bool = False) -> Source:
+                check_keys: bool = True, skip_bad: bool = False, allow_duplicates: bool = False) -> Source:
     """Recognise what `location` is, check it, build missing indexes, and return a Source.
 
     Raises FileNotFoundError for paths that do not exist and DatasetError (a ValueError) for
-    anything DALI could not read correctly, each naming the file and the fix. With skip_bad=True,
-    damage confined to samples (a zero-byte image, a truncated last record or tar member, an
-    incomplete tar sample) is listed in `source.damaged` instead; damage that leaves nothing
-    readable (a compressed or foreign shard) still raises."""
+    anything DALI could not read correctly, each naming the file and the fix; LabelError for a label
+    out of range where labels are known (a file list, a manifest, the first record of a shard). With
+    skip_bad=True, damage confined to samples (a zero-byte or unreadable image, a truncated last record
+    or tar member, an incomplete tar sample) is listed in `source.damaged` instead; damage that leaves
+    nothing readable (a compressed or foreign shard) still raises. A file list naming a sample twice is
+    refused unless allow_duplicates (then each repeat is warned of)."""
     keys = keys or TFRecordKeys()
     if is_remote(location):
-        source = _remote_source(location, keys, label_ext, index_cache_dir, build_indexes, progress)
+        source = _remote_source(location, keys, label_ext, index_cache_dir, build_indexes, progress, allow_duplicates)
     else:
         kind, shards = classify(location)
         if kind == "folder":
-            source = folder_source(str(location))
+            source = folder_source(str(location), skip_bad)
         elif kind == "file_list":
-            source = file_list_source(str(location))
+            source = file_list_source(str(location), allow_duplicates=allow_duplicates)
         else:
+            searched = isinstance(location, (str, os.PathLike)) and (os.path.isdir(location) or (
+                glob.has_magic(str(location)) and not os.path.exists(location)))  # not named one by one
             source = _shard_source(kind, describe(location), shards, keys, label_ext, index_cache_dir,
                                    build_indexes, progress, skip_bad)
+            _check_manifest(source, searched, skip_bad)
+    _check_files(source, skip_bad)
     if check_keys:
         source.format.check_source(source, keys)  # the format's own check, before DALI sees the data
-    _check_nonempty_files(source, skip_bad)
     return source
 
 
@@ -107,19 +121,23 @@ def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, 
     index_files = indexes.ensure_indexes(shards, kind, cache_dir=index_cache_dir, build=build, progress=progress,
                                          label_ext=label_ext, damaged=damaged)
     return Source(kind, where, shards, index_files=index_files,
-                  counts=[fmt.count_samples(idx) for idx in index_files], classes=_read_classes_json(shards[0]),
+                  counts=[fmt.count_samples(idx) for idx in index_files], classes=classes_beside(shards[0]),
                   keys=keys, label_ext=label_ext, damaged=[(None, e) for e in damaged or []])
 
 
 def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
-                   build: bool, progress: bool) -> Source:
+                   build: bool, progress: bool, allow_duplicates: bool = False) -> Source:
     """open_source for s3:// locations: listed through object_store, indexes built by streaming."""
     kind, infos = classify_remote(location)
     if kind == "folder":
         return remote_folder_source(str(location))
     if kind == "file_list":
-        return remote_list_source(str(location), keys, label_ext, index_cache_dir, build, progress)
-    return _remote_shard_source(kind, describe(location), infos, keys, label_ext, index_cache_dir, build, progress)
+        return remote_list_source(str(location), keys, label_ext, index_cache_dir, build, progress,
+                                  allow_duplicates=allow_duplicates)
+    source = _remote_shard_source(kind, describe(location), infos, keys, label_ext, index_cache_dir, build, progress)
+    searched = isinstance(location, (str, os.PathLike)) and [o.url for o in infos] != [str(location)]
+    _check_manifest(source, searched, False)  # a prefix or glob: the manifest's every shard must be there
+    return source
 
 
 def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: TFRecordKeys, label_ext: str,
@@ -129,7 +147,7 @@ def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: T
     fmt = format_of(kind)
     return Source(kind, where, [info.url for info in infos], index_files=index_files,
                   counts=[fmt.count_samples(idx) for idx in index_files],
-                  classes=_read_remote_classes_json(infos[0].url), keys=keys, label_ext=label_ext, remote=infos)
+                  classes=_classes_json_beside_object(infos[0].url), keys=keys, label_ext=label_ext, remote=infos)
 
 
 def remote_folder_source(prefix: str) -> Source:
@@ -151,7 +169,8 @@ def remote_folder_source(prefix: str) -> Source:
 
 
 def remote_list_source(list_url: str, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
-                       build: bool, progress: bool) -> Source:
+                       build: bool, progress: bool, *, allow_duplicates: bool = False,
+                       problems: list | None = None) -> Source:
     """A text object: a file list ("relative/key label" lines) or a list of shards, entries
     relative to the list's prefix. One listing of that prefix finds every entry's object."""
     try:
@@ -168,8 +187,9 @@ def remote_list_source(list_url: str, keys: TFRecordKeys, label_ext: str, index_
         from dali_pipes.location import remote_shard_kind
         return _remote_shard_source(remote_shard_kind(infos, list_url), list_url, infos, keys, label_ext,
                                     index_cache_dir, build, progress)
-    infos, labels = [], []
-    for number, line in enumerate(lines, 1):
+    infos, labels, wheres = [], [], []
+    numbered = [(n, l) for n, l in enumerate(text.splitlines(), 1) if l.strip() and not l.startswith("#")]
+    for number, line in numbered:
         if not image_files.looks_like_file_list_line(line):
             raise DatasetError(f"{list_url}:{number}", f"expected 'relative/key label', got {line.strip()!r}")
         relative, label = line.strip().rsplit(maxsplit=1)
@@ -178,7 +198,12 @@ def remote_list_source(list_url: str, keys: TFRecordKeys, label_ext: str, index_
                                "Keys must be relative to it")
         infos.append(_listed(listed, object_store.join(base, posixpath.normpath(relative)), list_url))
         labels.append(int(label))
-    return Source("file_list", list_url, [o.url for o in infos], labels=labels, remote=infos)
+        wheres.append(f"{list_url}:{number}")
+    classes = _classes_json_beside_object(list_url)
+    image_files.check_listed([o.url for o in infos], labels, wheres, num_classes=len(classes) if classes else None,
+                             classes_from=object_store.join(base, "classes.json"), allow_duplicates=allow_duplicates,
+                             problems=problems)
+    return Source("file_list", list_url, [o.url for o in infos], labels=labels, classes=classes, remote=infos)
 
 
 def _listed(listed: dict[str, ObjectInfo], url: str, list_url: str) -> ObjectInfo:
@@ -187,7 +212,8 @@ def _listed(listed: dict[str, ObjectInfo], url: str, list_url: str) -> ObjectInf
     return listed[url]
 
 
-def _read_remote_classes_json(shard_url: str) -> list[str] | None:
+def _classes_json_beside_object(shard_url: str) -> list[str] | None:
+    """The classes of classes.json beside an object, or None."""
     try:
         return json.loads(object_store.read_bytes(object_store.join(object_store.dirname(shard_url),
                                                                     "classes.json"))).get("classes")
@@ -198,43 +224,106 @@ def _read_remote_classes_json(shard_url: str) -> list[str] | None:
 def samples_source(root: str, samples: list[tuple[str, int]], classes: list[str] | None,
                    skip_bad: bool = False) -> Source:
     """A Source over a given list of (image path, label), as a torchvision dataset lists them: its
-    sample list and class mapping are taken, the folder is not scanned again."""
+    sample list and class mapping are taken, the folder is not scanned again. A negative label is refused
+    (LabelError naming the sample); the count is not checked, as a target_transform may map labels anywhere."""
     source = Source("folder", root, [path for path, _ in samples], labels=[label for _, label in samples],
                     classes=classes)
-    _check_nonempty_files(source, skip_bad)  # a missing file fails here, naming it
+    for i, (path, label) in enumerate(samples):
+        check_label(label, f"{root}: sample {i} ({path})")
+    _check_files(source, skip_bad)  # a missing file fails here, naming it
     return source
 
 
-def folder_source(root: str) -> Source:
-    files, labels, classes = image_files.list_folder(root)
+def folder_source(root: str, skip_bad: bool = False) -> Source:
+    files, labels, classes = image_files.list_folder(root, skip_bad)
     return Source("folder", root, files, labels=labels, classes=classes)
 
 
-def file_list_source(list_path: str, missing_ok: bool = False) -> Source:
-    files, labels = image_files.read_file_list(list_path, missing_ok)
-    return Source("file_list", list_path, files, labels=labels)
+def file_list_source(list_path: str, missing_ok: bool = False, *, allow_duplicates: bool = False,
+                     problems: list | None = None) -> Source:
+    """A file list; a classes.json beside it gives the classes, which its labels must be below."""
+    classes = classes_beside(list_path)
+    files, labels = image_files.read_file_list(list_path, missing_ok, allow_duplicates=allow_duplicates,
+                                               num_classes=len(classes) if classes else None, problems=problems)
+    return Source("file_list", list_path, files, labels=labels, classes=classes)
 
 
-def _check_nonempty_files(source: Source, skip_bad: bool) -> None:
-    """DALI's file reader dies on a 0-byte file (its default mmap fails), naming nothing useful:
-    refuse them, or (skip_bad, image files) list them for exclusion."""
+def _check_files(source: Source, skip_bad: bool) -> None:
+    """One stat per file (sizes are listed for s3:// objects): the source's fingerprint, and its files
+    checked. DALI's file reader dies on a 0-byte file (its default mmap fails) and on an unreadable one,
+    naming nothing useful: refuse them, or (skip_bad, image files) list them for exclusion."""
     if source.remote is not None:
-        empty = [info.url for info in source.remote if info.size == 0]
+        sizes, unreadable = [info.size for info in source.remote], {}
+        source.fingerprint = fingerprint.of_files(source.files, sizes, [info.etag for info in source.remote])
     else:
-        empty = [p for p in source.files if os.path.getsize(p) == 0]
-    if empty and skip_bad and not source.format.SHARDED:
-        empty_set = set(empty)
-        source.damaged += [(ref, DatasetError(ref.path, "zero-byte file")) for ref in source.refs()
-                           if ref.path in empty_set]
+        sizes, unreadable = _local_sizes(source.files, check_read=not source.format.SHARDED)  # shards: read by now
+        source.fingerprint = fingerprint.of_files(source.files, sizes)
+    empty = {path: "zero-byte file" for path, size in zip(source.files, sizes) if size == 0}
+    bad = {**unreadable, **empty}
+    if bad and skip_bad and not source.format.SHARDED:
+        source.damaged += [(ref, DatasetError(ref.path, bad[ref.path])) for ref in source.refs() if ref.path in bad]
+    elif unreadable:
+        path, problem = next(iter(unreadable.items()))
+        raise DatasetError(path, f"{problem}; {len(unreadable)} files in {source.location} cannot be read",
+                           "Fix them (permissions, links), remove them, or pass skip_bad=True (--skip-bad)")
     elif empty:
         what = "images" if source.kind in ("folder", "file_list") else "shards"
-        raise DatasetError(empty[0], f"empty (0-byte) file; {len(empty)} {what} in {source.location} are empty",
+        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} are empty",
                            f"Remove them, or train from a clean list: python scripts/verify_dataset.py {source.location} "
                            f"--write-clean-list clean.txt (or: dali-pipes verify ...)")
 
 
-def _read_classes_json(shard: str) -> list[str] | None:
-    path = os.path.join(os.path.dirname(os.path.abspath(shard)), "classes.json")
+def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], dict[str, str]]:
+    """(size of each file, -1 where unreadable; {path: what is wrong} of the unreadable ones)."""
+    sizes, unreadable = [], {}
+    for path in paths:
+        try:
+            sizes.append(os.path.getsize(path))
+        except OSError as e:
+            if not os.path.islink(path) and isinstance(e, FileNotFoundError):
+                raise FileNotFoundError(f"{path}: no such file") from None
+            sizes.append(-1)
+            unreadable[path] = f"unreadable ({'a dangling link' if os.path.islink(path) else e.strerror})"
+            continue
+        if check_read and not os.access(path, os.R_OK):
+            unreadable[path] = "unreadable (no read permission)"
+    return sizes, unreadable
+
+
+def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
+    """The shards against a manifest.json beside them (manifest.py), when there is one: a missing shard
+    (`complete`: shards found by a folder, prefix or glob, not named one by one)
+    is refused; one of another size or count too, or with skip_bad (whose index build named the damage)
+    warned of. The manifest's classes and label ranges are checked against the label offset."""
+    path = manifest.path_beside(source.files[0])
+    found = manifest.read(path)
+    if found is None:
+        return
+    sizes = [info.size for info in source.remote] if source.remote is not None else \
+        [os.path.getsize(f) for f in source.files]
+    problems = manifest.problems(found, path, source.files, sizes, source.counts, complete,
+                                 manifest.name_pattern(source.location))
+    for error in problems:
+        if not skip_bad or error.problem.startswith("missing"):
+            raise error
+        warnings.warn(f"{error}")
+    if source.classes is None:
+        source.classes = found.get("classes")
+    span = manifest.label_range(found, source.files)
+    offset = source.keys.label_offset if source.kind == "tfrecord" else 0
+    if span and span[0] - offset < 0:
+        raise LabelError(source.location, f"{path} lists labels from {span[0]}: label offset {offset} makes "
+                         f"them negative", offset_fix(offset))
+    if span and source.classes:
+        check_label(span[1] - offset, source.location, offset=offset, num_classes=len(source.classes),
+                    classes_from=path)
+
+
+def classes_beside(beside: str) -> list[str] | None:
+    """The classes of classes.json beside a shard or a file list (local or s3://), or None."""
+    if object_store.is_remote(beside):
+        return _classes_json_beside_object(beside)
+    path = os.path.join(os.path.dirname(os.path.abspath(beside)), "classes.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:

@@ -4,7 +4,9 @@ DALI never checks TFRecord CRCs and cannot skip an image that fails to decode, s
 must be found before training. Checks: zero-byte, truncated and non-image files; TFRecord
 frames and CRCs; Examples without the image or label key; tar members cut short; classes with
 no images; images whose header claims more pixels than a limit (a decompression-bomb guard,
-checked before any pixel is decoded).
+checked before any pixel is decoded); labels out of range (negative after the label offset, or at or
+above the classes of classes.json or the manifest); file-list lines naming a sample twice; and, where
+a conversion's manifest.json sits beside shards, every shard it lists: present, of its size and count.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from dataclasses import dataclass, field
 from PIL import Image
 from tqdm import tqdm
 
+from dali_pipes import manifest
 from dali_pipes.dist import process_pool
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import format_of, read_sample
+from dali_pipes.labels import PADDING_LABEL, check_label
 from dali_pipes.location import classify, classify_remote, is_remote
 from dali_pipes.samples import SampleRef, TFRecordKeys
-from dali_pipes.source import file_list_source, folder_source
+from dali_pipes.source import classes_beside, file_list_source, folder_source
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own bomb threshold (~ 9459 x 9459)
 
@@ -112,10 +116,12 @@ def _lift_pil_limit() -> None:
     Image.MAX_IMAGE_PIXELS = None
 
 
-def _check_ref(task: tuple[SampleRef, int]) -> tuple[str, int | None, str | None]:
-    ref, max_pixels = task
+def _check_ref(task: tuple[SampleRef, int, int | None]) -> tuple[str, int | None, str | None]:
+    ref, max_pixels, num_classes = task
     try:
-        sample = read_sample(ref)
+        sample = read_sample(ref)  # a negative label (after the offset) raises LabelError
+        if sample.label != PADDING_LABEL:
+            check_label(sample.label, sample.origin, num_classes=num_classes)
     except FileNotFoundError:
         return ref.path, None, "missing file"
     except DatasetError as e:
@@ -140,10 +146,30 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
                             for label, name in enumerate(source.classes) if label not in seen]
         refs = source.refs()
     elif kind == "file_list":
-        refs = file_list_source(str(location), missing_ok=True).refs()
+        listed: list[DatasetError] = []
+        refs = file_list_source(str(location), missing_ok=True, problems=listed).refs()
+        report.problems += [Problem(e.where, e.problem) for e in listed]
     else:
         refs = _shard_refs(kind, shards, keys, label_ext, report)
+        counts = [sum(1 for ref in refs if ref.path == shard) for shard in shards] if len(shards) < 1000 else None
+        num_classes = _check_manifest(report, shards, [os.path.getsize(s) for s in shards], counts,
+                                      complete=isinstance(location, (str, os.PathLike)) and not os.path.isfile(location))
+        return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress, num_classes))
     return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress))
+
+
+def _check_manifest(report: Report, shards: list[str], sizes: list[int], counts: list[int] | None,
+                    complete: bool) -> int | None:
+    """The shards against a manifest.json beside them (manifest.py), each problem into the report; returns
+    the number of classes (classes.json, else the manifest's), which labels must be below."""
+    path = manifest.path_beside(shards[0])
+    found = manifest.read(path)
+    if found is not None:
+        report.problems += [Problem(e.where, e.problem) for e in
+                            manifest.problems(found, path, shards, sizes, counts, complete,
+                                              manifest.name_pattern(report.location))]
+    classes = classes_beside(shards[0]) or (found or {}).get("classes")
+    return len(classes) if classes else None
 
 
 def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int, workers: int | None,
@@ -156,17 +182,22 @@ def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int
     kind, infos = classify_remote(location)
     report = Report(str(location), kind)
     if kind in ("folder", "file_list"):
+        listed: list[DatasetError] = []
         source = remote_folder_source(str(location)) if kind == "folder" else remote_list_source(
-            str(location), keys, label_ext, None, True, progress)
+            str(location), keys, label_ext, None, True, progress, problems=listed)
+        report.problems += [Problem(e.where, e.problem) for e in listed]
         refs = source.refs()
         return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress))
+
+    complete = isinstance(location, (str, os.PathLike)) and [o.url for o in infos] != [str(location)]
+    num_classes = _check_manifest(report, [o.url for o in infos], [o.size for o in infos], None, complete)
     with tempfile.TemporaryDirectory(prefix="dali_pipes-verify-") as folder:
         for i, info in enumerate(infos):
             local = os.path.join(folder, f"{i:06d}-{os.path.basename(object_store.S3Url.parse(info.url).key)}")
             object_store.download(info, local)
             shard_report = Report(info.url, kind)
             refs = _shard_refs(kind, [local], keys, label_ext, shard_report)
-            _record(shard_report, refs, _parallel_checks(refs, max_pixels, workers, False))
+            _record(shard_report, refs, _parallel_checks(refs, max_pixels, workers, False, num_classes))
             report.checked += shard_report.checked
             report.problems += [Problem(p.where.replace(local, info.url), p.message.replace(local, info.url))
                                 for p in shard_report.problems]
@@ -205,11 +236,12 @@ def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str
     return all_refs
 
 
-def _parallel_checks(refs: list[SampleRef], max_pixels: int, workers: int | None, progress: bool) -> list:
+def _parallel_checks(refs: list[SampleRef], max_pixels: int, workers: int | None, progress: bool,
+                     num_classes: int | None = None) -> list:
     if not refs:
         return []
     with process_pool(workers, initializer=_lift_pil_limit) as pool:
-        results = pool.map(_check_ref, [(ref, max_pixels) for ref in refs], chunksize=16)
+        results = pool.map(_check_ref, [(ref, max_pixels, num_classes) for ref in refs], chunksize=16)
         return list(tqdm(results, total=len(refs), desc="verifying", unit="img", file=sys.stderr,
                          disable=None if progress else True))
 

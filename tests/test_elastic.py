@@ -238,7 +238,8 @@ def test_repeated_files_are_marked_once_per_listing(tmp_path):
     for name in ("a", "b"):
         (tmp_path / f"{name}.jpg").write_bytes(jpeg_bytes(1))
     (tmp_path / "list.txt").write_text("a.jpg 0\nb.jpg 1\na.jpg 2\n")
-    source = open_source(str(tmp_path / "list.txt"))
+    with pytest.warns(UserWarning, match="listed twice"):
+        source = open_source(str(tmp_path / "list.txt"), allow_duplicates=True)
     table, marked = IdentityTable(source), np.zeros(3, bool)
     a, b = source.files[0], source.files[1]
     assert table.mark([a], marked) == [] and marked.tolist() == [True, False, False]

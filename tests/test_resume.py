@@ -48,3 +48,72 @@ def test_state_is_nested_by_owner_and_versioned(numbered):
     with pytest.raises(ValueError, match="version 9 .* reads versions 2 and 3"):
         DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16).load_state_dict(
             {**state, "version": 9})
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 19: a resume checks a fingerprint of the data (names and sizes, nothing read) and says what changed
+# ---------------------------------------------------------------------------------------------
+
+def _state_after_one_batch(location, **kw):
+    loader = DaliLoader(location, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, **kw)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    return state
+
+
+def _resume(location, state, **kw):
+    loader = DaliLoader(location, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, **kw)
+    try:
+        loader.load_state_dict(state)
+        return [labels.tolist() for _, labels in loader]
+    finally:
+        loader.close()
+
+
+def test_a_resume_on_changed_files_of_the_same_count_is_refused_naming_the_file(tmp_path):
+    from dali_pipes import DatasetError
+    from conftest import jpeg_bytes
+    (tmp_path / "d").mkdir()
+    data = write_numbered(tmp_path / "d", 23)
+    state = _state_after_one_batch(data)
+    assert state["loader"]["fingerprint"]["files"] == 23
+    assert len(_resume(data, state)) == 6  # the same data: resumes (7 batches of 3, one taken)
+    (tmp_path / "d" / "007.jpg").write_bytes(jpeg_bytes(99, 40, 40))  # same name, other bytes and size
+    with pytest.raises(DatasetError, match=r"list.txt: the data differs from the data this loader state was taken "
+                                           r"on: file 007.jpg changed \(\d+ bytes then, \d+ bytes now\)"):
+        _resume(data, state)
+    os.rename(tmp_path / "d" / "007.jpg", tmp_path / "d" / "007b.jpg")  # same count, another name
+    with open(data) as f:
+        text = f.read().replace("007.jpg", "007b.jpg")
+    with open(data, "w") as f:
+        f.write(text)
+    with pytest.raises(DatasetError, match=r"file 007.jpg was removed \(23 files then, 23 now\)"):
+        _resume(data, state)
+
+
+def test_a_resume_in_another_folder_with_the_same_files_goes_on(tmp_path):
+    import shutil
+    (tmp_path / "d").mkdir()
+    data = write_numbered(tmp_path / "d", 23)
+    state = _state_after_one_batch(data)
+    shutil.copytree(tmp_path / "d", tmp_path / "moved")  # names are relative to the data's folder
+    assert _resume(str(tmp_path / "moved" / "list.txt"), state) == _resume(data, state)
+
+
+def test_a_dataset_object_is_fingerprinted_too(tmp_path, torchvision):
+    from torchvision import datasets, transforms as T
+    from conftest import jpeg_bytes, write_folder
+    from dali_pipes import DatasetError
+    write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
+    dataset = lambda: datasets.ImageFolder(str(tmp_path / "images"), T.Compose([T.RandomResizedCrop(16), T.ToTensor()]))
+    state = _state_after_one_batch(dataset())
+    (tmp_path / "images" / "dog" / "dog_000.jpg").write_bytes(jpeg_bytes(50, 50, 50))
+    with pytest.raises(DatasetError, match=r"file dog/dog_000.jpg changed"):
+        _resume(dataset(), state)
+
+
+def test_a_state_without_a_fingerprint_still_loads(numbered):
+    state = _state_after_one_batch(numbered)
+    del state["loader"]["fingerprint"]  # as 0.2.0 and hand-made states have none
+    assert len(_resume(numbered, state)) == 6

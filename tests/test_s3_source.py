@@ -366,14 +366,33 @@ def test_convert_writes_shards_to_s3_that_verify_and_the_loader_read(s3, cache_d
     assert main(["convert", fmt, str(tmp_path / "images"), s3.url("out/"), "--shards", "2", "--workers", "1"]) == 0
     keys = sorted(object_store.S3Url.parse(o.url).key for o in object_store.list_objects(s3.url("out/")))
     ext = ".tfrecord" if fmt == "tfrecord" else ".tar"
-    assert keys == sorted(["out/classes.json"] + [f"out/train-{i:05d}-of-00002{ext}{idx}" for i in range(2)
-                                                  for idx in ("", ".idx")])
+    assert keys == sorted(["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002{ext}{idx}"
+                                                                       for i in range(2) for idx in ("", ".idx")])
     loader = DaliLoader(s3.url("out/"), batch_size=4, train=False, **KW)
     assert collections.Counter(val_labels([loader])) == collections.Counter(expected.values())
     assert loader.source.classes == ["cat", "dog", "fish"]
     loader.close()
     assert main(["verify", s3.url("out/"), "--workers", "1"]) == 0
     assert f"{len(expected)} samples checked, 0 problems" in capsys.readouterr().out
+
+
+def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs, tmp_path, capsys):
+    """Issue 19: the manifest convert uploads last names each shard's size; a shard object of another size
+    (a partial re-upload) is refused by open_source and verify, naming it and the manifest."""
+    from dali_pipes.cli import main
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1"]) == 0
+    manifest = json.loads(object_store.read_bytes(s3.url("m/manifest.json")))
+    assert [s["name"] for s in manifest["shards"]] == [f"train-{i:05d}-of-00002.tfrecord" for i in range(2)]
+    shard = s3.url("m/train-00001-of-00002.tfrecord")
+    extra = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(3), "image/class/label": 1}))
+    s3.put("m/train-00001-of-00002.tfrecord", object_store.read_bytes(shard) + extra)
+    s3.client.delete_object(Bucket=s3.bucket, Key="m/train-00001-of-00002.tfrecord.idx")
+    with pytest.raises(DatasetError, match=r"train-00001-of-00002.tfrecord: \d+ bytes, but s3://.*/m/manifest.json lists"):
+        open_source(s3.url("m/"))
+    assert main(["verify", s3.url("m/"), "--workers", "1"]) == 1
+    assert "manifest.json lists" in capsys.readouterr().out
 
 
 def test_verify_names_a_bad_image_by_its_url(s3, cache_dirs, capsys):

@@ -35,7 +35,7 @@ def test_make_convert_index_verify(tmp_path, script):
     out = script("to_tfrecord.py", tmp_path / "d" / "train", tmp_path / "tfr", "--shards", 2)
     assert "6 samples -> 2 shards" in out and "MB/s" in out
     assert sorted(os.listdir(tmp_path / "tfr")) == [
-        "classes.json", "train-00000-of-00002.tfrecord", "train-00000-of-00002.tfrecord.idx",
+        "classes.json", "manifest.json", "train-00000-of-00002.tfrecord", "train-00000-of-00002.tfrecord.idx",
         "train-00001-of-00002.tfrecord", "train-00001-of-00002.tfrecord.idx"]
     assert json.load(open(tmp_path / "tfr" / "classes.json"))["classes"] == ["0000_astronaut", "0001_chelsea"]
     out = script("to_webdataset.py", tmp_path / "d" / "train", tmp_path / "wds", "--shards", 3, "--prefix", "val")

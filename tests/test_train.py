@@ -297,3 +297,23 @@ def test_a_second_live_job_on_a_workdir_is_refused_and_a_stale_lock_taken_over(t
     assert lock.hold(work, 0) == path and "pid 1 on elsewhere" in capsys.readouterr().out
     lock.release(path)
     assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_a_label_offset_that_makes_class_0_negative_ends_the_run_in_one_line(tiny, tmp_path, manifest):
+    """Issue 19: --label-offset 1 on 0-based TFRecords turned class 0 into the padding marker and trained on.
+    Now refused, with one line naming the offset (at open from the manifest; without one, from a shard's
+    first record or in the graph with the first batch holding class 0: test_labels.py), exit status 1."""
+    from dali_pipes import open_source
+    from dali_pipes.convert import write_tfrecords
+    write_tfrecords(open_source(str(tiny / "train")), str(tmp_path / "tfr"), shards=2, progress=False)
+    if not manifest:
+        os.remove(tmp_path / "tfr" / "manifest.json")
+    cmd = [sys.executable, "-m", "train", "--data", str(tmp_path / "tfr"), "--device", "cpu", "--arch", "resnet10",
+           "--width", "16", "--image-size", "32", "--batch-size", "8", "--epochs", "1", "--threads", "1",
+           "--workdir", str(tmp_path / "run"), "--label-offset", "1"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    line = run.stderr.strip().splitlines()[-1].split("step/s]")[-1]  # after a progress bar, when one started
+    assert line.startswith("error: ") and "label offset 1" in line and "negative. Check --label-offset" in line
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")

@@ -76,7 +76,8 @@ def test_tfrecord_crc_and_keys(jpeg_folder, tmp_path):
     assert problems[f"{name}#2"] == "data CRC mismatch (the record's bytes are corrupt)"
     assert problems[f"{name}#12"].startswith("no feature 'image/encoded'; keys present: jpeg, label")
     assert problems[f"{name}#13"].startswith("not an image")
-    assert len(problems) == 3 and report.checked == 14
+    assert problems[name].startswith(f"{len(data) + len(extra) + len(garbage)} bytes, but ")  # the manifest's size
+    assert len(problems) == 4 and report.checked == 14
 
 
 def test_truncated_tfrecord_and_tar(jpeg_folder, tmp_path):
@@ -85,8 +86,9 @@ def test_truncated_tfrecord_and_tar(jpeg_folder, tmp_path):
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) - 10)
     report = verify(str(tmp_path / "tfr"), progress=False)
-    [problem] = report.problems
+    problem, by_manifest = report.problems
     assert problem.where.endswith(".tfrecord#5") and "truncated" in problem.message
+    assert by_manifest.where == shard and "bytes, but" in by_manifest.message and "manifest.json" in by_manifest.message
     assert report.checked == 11  # the 5 records before the cut, and the other shard
 
     write_webdataset(open_source(jpeg_folder), str(tmp_path / "wds"), shards=2, progress=False)
@@ -94,7 +96,7 @@ def test_truncated_tfrecord_and_tar(jpeg_folder, tmp_path):
     with open(tar, "r+b") as f:
         f.truncate(3000)
     report = verify(str(tmp_path / "wds"), progress=False)
-    assert len(report.problems) == 1 and report.problems[0].where == tar
+    assert len(report.problems) == 2 and {p.where for p in report.problems} == {tar}  # the scan's, the manifest's
 
 
 def test_script_exit_codes_and_output(jpeg_folder, tmp_path):

@@ -8,8 +8,10 @@ files checked here (not file_root walking), so it reads exactly what was checked
 from __future__ import annotations
 
 import os
+import warnings
 
-from dali_pipes.errors import DatasetError
+from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.labels import check_label
 from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord
 
 SHARDED = False
@@ -17,13 +19,24 @@ SHUFFLES_LIST = True  # DALI's file reader shuffles its list once in train (read
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 
 
-def list_folder(root: str) -> tuple[list[str], list[int], list[str]]:
+def list_folder(root: str, skip_bad: bool = False) -> tuple[list[str], list[int], list[str]]:
     """(files, labels, classes) of ROOT/<class>/**/<image>: classes are the sorted subfolder names
-    (empty ones included, so labels do not shift when a class is empty)."""
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    (empty ones included, so labels do not shift when a class is empty). A class entry that is a dangling
+    link, or a folder that cannot be listed, is an error naming it (a class must never vanish silently);
+    with skip_bad a warning, and the class stays, with the images that could be listed."""
+    entries = [e for e in os.scandir(root) if not e.name.startswith(".")]
+    dangling = [e.path for e in entries if e.is_symlink() and not os.path.exists(e.path)]
+    for path in dangling:
+        _unreadable(path, "a dangling link (its target does not exist), taken for a class folder", skip_bad)
+    classes = sorted([e.name for e in entries if e.is_dir()] + [os.path.basename(p) for p in dangling])
     files, labels = [], []
     for label, name in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name)):
+        if os.path.join(root, name) in dangling:
+            continue  # named above
+        def refuse(error: OSError) -> None:
+            _unreadable(error.filename or os.path.join(root, name), f"a class folder that cannot be listed "
+                        f"({error.strerror or error})", skip_bad)
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), onerror=refuse):
             dirnames.sort()
             for filename in sorted(filenames):
                 if filename.lower().endswith(IMAGE_EXTENSIONS):
@@ -35,15 +48,52 @@ def list_folder(root: str) -> tuple[list[str], list[int], list[str]]:
     return files, labels, classes
 
 
+def _unreadable(path: str, problem: str, skip_bad: bool) -> None:
+    error = DatasetError(path, problem, "Fix it (permissions, the link), or pass skip_bad=True (--skip-bad) "
+                         "to go on without its images")
+    if not skip_bad:
+        raise error
+    warnings.warn(f"{error.where}: {error.problem}; its images are left out (skip_bad)")
+
+
+def check_listed(paths: list[str], labels: list[int], wheres: list[str], *, num_classes: int | None = None,
+                 classes_from: str = "", allow_duplicates: bool = False, problems: list | None = None) -> None:
+    """The labels of a file list (never negative, below `num_classes` when known: LabelError naming the
+    file and line), and each sample once: a path listed twice is refused naming both lines, or warned of
+    with allow_duplicates. With a `problems` list (verification), what is wrong goes there instead."""
+    first: dict[str, str] = {}
+    for path, label, where in zip(paths, labels, wheres):
+        try:
+            check_label(label, where, num_classes=num_classes, classes_from=classes_from)
+        except LabelError as e:
+            if problems is None:
+                raise
+            problems.append(e)
+        if path not in first:
+            first[path] = where
+            continue
+        error = DatasetError(where, f"{path} is listed twice, first at {first[path]}: it would be read twice "
+                             f"per epoch", "Remove the repeat, or allow it with allow_duplicates=True "
+                             "(--allow-duplicates)")
+        if allow_duplicates:
+            warnings.warn(f"{error.where}: {error.problem} (allowed: allow_duplicates)")
+        elif problems is not None:
+            problems.append(error)
+        else:
+            raise error
+
+
 def looks_like_file_list_line(line: str) -> bool:
     parts = line.rsplit(maxsplit=1)
     return len(parts) == 2 and parts[1].lstrip("-").isdigit()
 
 
-def read_file_list(list_path: str, missing_ok: bool = False) -> tuple[list[str], list[int]]:
-    """(files, labels) of a file list; listed files that do not exist are an error unless missing_ok."""
+def read_file_list(list_path: str, missing_ok: bool = False, *, allow_duplicates: bool = False,
+                   num_classes: int | None = None, problems: list | None = None) -> tuple[list[str], list[int]]:
+    """(files, labels) of a file list; listed files that do not exist are an error unless missing_ok.
+    Labels and repeats are checked (check_listed; `num_classes` from a classes.json beside the list)."""
     base = os.path.dirname(os.path.abspath(list_path))
-    files, labels, missing = [], [], []
+    files, labels, wheres, missing = [], [], [], []
     with open(list_path) as f:
         for number, line in enumerate(f, 1):
             if not line.strip() or line.startswith("#"):
@@ -60,12 +110,15 @@ def read_file_list(list_path: str, missing_ok: bool = False) -> tuple[list[str],
                 missing.append(f"{where}: {path}")
             files.append(path)
             labels.append(int(label))
+            wheres.append(where)
     if missing and not missing_ok:
         raise FileNotFoundError(f"{len(missing)} listed files do not exist, first: {missing[0]}. "
                                 f"Remove them from the list, or regenerate it with "
                                 f"python scripts/verify_dataset.py DATA --write-clean-list {list_path} (or: dali-pipes verify ...)")
     if not files:
         raise DatasetError(list_path, "empty file list")
+    check_listed(files, labels, wheres, num_classes=num_classes, classes_from=os.path.join(base, "classes.json"),
+                 allow_duplicates=allow_duplicates, problems=problems)
     return files, labels
 
 

@@ -23,8 +23,9 @@ import google_crc32c
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.files import atomic_write
+from dali_pipes.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, stored_to_label
 from dali_pipes.protobuf import fields, read_varint
-from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
+from dali_pipes.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
 HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
 FOOTER_BYTES = 4  # uint32 crc of the data
@@ -451,39 +452,39 @@ def read_sample(ref: SampleRef) -> Sample:
     missing = [k for k in (keys.image, keys.label) if k not in example]
     if missing:
         raise DatasetError(where, f"no feature {missing[0]!r}; keys present: {', '.join(sorted(example))}")
-    return Sample(where, example[keys.image][0], example[keys.label][0] - keys.label_offset)
+    return Sample(where, example[keys.image][0], stored_to_label(example[keys.label][0], where, keys.label_offset))
 
 
 def dali_reader(source: SourceRecord, reader_args: dict):
-    """(encoded images, labels) from DALI's TFRecord reader; labels shifted by label_offset."""
+    """(encoded images, labels) from DALI's TFRecord reader; labels shifted by label_offset and checked."""
     from nvidia.dali import fn
     from nvidia.dali import tfrecord as tfrec
-    from nvidia.dali import types
     keys = source.keys
     features = {keys.image: tfrec.FixedLenFeature((), tfrec.string, ""),
                 keys.label: tfrec.FixedLenFeature([1], tfrec.int64, MISSING_LABEL)}
     out = fn.readers.tfrecord(path=source.files, index_path=source.index_files, features=features, **reader_args)
-    labels = out[keys.label]
-    # A record without the label key gets MISSING_LABEL; fail the batch (a reshape to a wrong
-    # volume) rather than train on it, so the bad-sample search names the record. A record without
-    # the image key fails in the decoder (its default is empty) and is found the same way.
-    missing = fn.cast(labels[0] == MISSING_LABEL, dtype=types.INT32)
-    labels = fn.reshape(labels, shape=fn.stack(1 + missing))
-    return out[keys.image], (labels - keys.label_offset if keys.label_offset else labels)
+    # A record without the label key gets MISSING_LABEL, negative: like a label out of range it fails
+    # its batch (labels.dali_checked_labels) rather than train on it, so the bad-sample search names the
+    # record. A record without the image key fails in the decoder (its default is empty), found the same way.
+    num_classes = len(source.classes) if source.classes else None
+    return out[keys.image], dali_checked_labels(out[keys.label][0], keys.label_offset, num_classes)
 
 
 def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     """The first record of the first and last shards has the image and label keys (check_keys): one
     ranged read each, local or s3://, from the index."""
+    num_classes = len(source.classes) if source.classes else None
     for i in sorted({0, len(source.files) - 1}):
         entries = read_tfrecord_index(source.index_files[i])
         if entries:  # an empty shard is named by the empty-file check
-            check_keys(source.files[i], keys, first_frame=entries[0])
+            label = check_keys(source.files[i], keys, first_frame=entries[0])
+            check_label(label - keys.label_offset, f"{source.files[i]}#0", offset=keys.label_offset,
+                        num_classes=num_classes, classes_from="classes.json")
 
 
-def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> None:
+def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> int:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
-    the first record before DALI ever sees the shard. `first_frame` (offset, size) from the index
+    the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size) from the index
     reads just that record (an s3:// shard: one ranged GET)."""
     if first_frame is not None:
         from dali_pipes.object_store import read_range
@@ -507,7 +508,8 @@ def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | No
             if len(values) != 1 or not isinstance(values[0], kind):
                 raise DatasetError(f"{shard}#0", f"feature {key!r} should hold one {kind.__name__} value, "
                                    f"holds {len(values)} value(s) of another type")
-        return
+        return example[keys.label][0]
+    raise DatasetError(shard, "empty TFRecord file (0 records)")
 
 
 def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
@@ -527,7 +529,7 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     """Copy `shard` to `target` with the records numbered in `bad` replaced by a placeholder
     record (the placeholder image, label PADDING_LABEL), and write the copy's index."""
     keys = source.keys
-    stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: PADDING_LABEL + keys.label_offset}))
+    stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: EXCLUDED_LABEL}))  # reads as PADDING_LABEL
     entries, offset = [], 0
     from dali_pipes.object_store import local_copy
     with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as out:

@@ -20,7 +20,8 @@ import numpy as np
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.files import atomic_write, private_tmp
-from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys, SourceRecord
+from dali_pipes.labels import EXCLUDED_LABEL, dali_checked_labels, stored_to_label
+from dali_pipes.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
 SHARD_NAME = "a .tar shard"  # in messages
 SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
@@ -223,10 +224,12 @@ def read_member(f, member: Member) -> bytes:
 
 
 def parse_label(data: bytes, where: str) -> int:
+    """The label a .cls member holds: never negative (LabelError), a placeholder's reads as PADDING_LABEL."""
     try:
-        return int(data.decode().strip())
+        stored = int(data.decode().strip())
     except (UnicodeDecodeError, ValueError):
         raise DatasetError(where, f"label {data[:20]!r} is not an integer") from None
+    return stored_to_label(stored, where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,7 +300,8 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     images, cls = fn.readers.webdataset(
         paths=source.files, index_paths=source.index_files, ext=[";".join(IMAGE_EXTS), source.label_ext],
         missing_component_behavior="error", **reader_args)
-    return images, ascii_to_int64(cls)
+    num_classes = len(source.classes) if source.classes else None
+    return images, dali_checked_labels(ascii_to_int64(cls), 0, num_classes)  # out of range: the batch fails
 
 
 def ascii_to_int64(cls):
@@ -305,7 +309,7 @@ def ascii_to_int64(cls):
 
     The bytes are padded (then cut) to LABEL_DIGITS, each digit is weighted as if the number
     filled the whole width, and the sum is divided by 10 ** (unused width). An optional leading
-    '-' negates (placeholders for excluded samples carry -1); trailing whitespace is ignored."""
+    '-' negates (placeholders for excluded samples carry labels.EXCLUDED_LABEL); trailing whitespace is ignored."""
     from nvidia.dali import fn, types
     width = LABEL_DIGITS
     chars = fn.cast(fn.pad(cls, axes=(0,), shape=(width,), fill_value=0)[0:width], dtype=types.INT64)
@@ -340,7 +344,7 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
 
 def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: SourceRecord) -> None:
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
-    placeholder image, label PADDING_LABEL), and write the copy's index."""
+    placeholder image, label EXCLUDED_LABEL), and write the copy's index."""
     from dali_pipes.object_store import local_copy
     with local_copy(shard) as local, open(local, "rb") as f, \
             tarfile.open(tmp := private_tmp(target), "w", format=tarfile.GNU_FORMAT) as out:
@@ -350,7 +354,7 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
                 if key not in bad:
                     data = read_member(f, m)
                 elif m.key_ext[1] == source.label_ext:
-                    data = str(PADDING_LABEL).encode()
+                    data = str(EXCLUDED_LABEL).encode()  # reads as PADDING_LABEL
                 else:
                     data = jpeg
                 add_member(out, m.name, data)
