@@ -29,6 +29,9 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "soak": ("dali_pipes_bench.soak", "many epochs of one DaliLoader, memory per epoch; exit 1 on growth"),
     "formats": ("dali_pipes_bench.formats", "one val epoch as image folder, TFRecord and WebDataset"),
     "s3": ("dali_pipes_bench.s3_feed", "TFRecords from disk, DALI's s3:// reader, the shard cache; with delay"),
+    "epochs": ("dali_pipes_bench.epochs", "whole epochs: DaliLoader vs DALIGenericIterator on the same graph"),
+    "auto": ("dali_pipes_bench.auto_settings", "num_threads=auto vs fixed counts: training and the loader alone"),
+    "sharding": ("dali_pipes_bench.sharding_cost", "the sharding check's cost on 1.28 M samples, 2 gloo ranks"),
 }
 
 

@@ -215,10 +215,12 @@ class RankPipeline:
                sharding_check: bool = True) -> "RankPipeline":
         """With s3:// data fed through a bounded local shard cache kept ahead of the reader, or DALI's
         own s3:// reads (remote_feed.py); damage found while opening (skip_bad) excluded first."""
-        depth = args["prefetch_queue_depth"]  # "auto": the shard cache keeps ahead of the deepest tried
+        if args["prefetch_queue_depth"] == tuning.AUTO and source.remote is not None and remote_feed == "cache":
+            # The shard cache's bound is sized to the reader's reach, which the depth sets: kept at DALI's 2
+            args = {**args, "prefetch_queue_depth": 2}
         feed = RemoteFeed(remote_feed, train=args["train"], batch_size=args["batch_size"], shard=args["shard"],
-                          shuffle_buffer=args["shuffle_buffer"],
-                          prefetch_queue_depth=max(tuning.DEPTHS) if depth == tuning.AUTO else depth,
+                          shuffle_buffer=args["shuffle_buffer"], prefetch_queue_depth=max(tuning.DEPTHS)
+                          if args["prefetch_queue_depth"] == tuning.AUTO else args["prefetch_queue_depth"],
                           cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
         return cls(policy.take_damaged(source), args, position, policy, feed, drop=drop, sharding_check=sharding_check)
 

@@ -1,0 +1,109 @@
+"""num_threads="auto" against fixed thread counts, in one run, alternating the cases:
+
+  * training: `python -m train` (ResNet-18 by default, the built-in data, 2 epochs, 128 px) with
+    --num-threads auto and each fixed count; the second epoch's images/s (auto has chosen by then) and
+    the first epoch's (what the search costs);
+  * the loader alone (no model): a DaliLoader epoch after epoch, the same cases, in this process.
+
+Every auto case starts with an empty tuning memory (its own DALI_PIPES_CACHE), so the search runs in
+full each time. Prints medians and auto / best fixed; writes JSON with --out.
+Run: dali-pipes bench auto [flags] (or python -m dali_pipes_bench.auto_settings)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+from dali_pipes_bench.cli import command, data_or_builtin, run_main
+
+
+def train_run(data: str, threads: str, args: argparse.Namespace) -> dict:
+    """One `python -m train` run: images/s of each epoch, and the threads the loader ran with."""
+    with tempfile.TemporaryDirectory(prefix="dali_pipes-auto-") as work:
+        cmd = [sys.executable, "-m", "train", "--data", data, "--arch", args.arch, "--image-size", str(args.image_size),
+               "--epochs", "2", "--batch-size", str(args.batch_size), "--num-threads", threads, "--device", "cpu",
+               "--workdir", os.path.join(work, "run")]
+        env = {**os.environ, "DALI_PIPES_CACHE": os.path.join(work, "cache")}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr[-2000:]}")
+        history = [json.loads(line) for line in open(os.path.join(work, "run", "metrics.jsonl"))]
+    return {"images_per_s": [h["images_per_s"] for h in history], "epoch_seconds": [h["epoch_seconds"] for h in history],
+            "num_threads": [h["ranks"][0].get("num_threads") for h in history]}
+
+
+def loader_run(data: str, threads: str, args: argparse.Namespace) -> dict:
+    """The loader alone, no model: two epochs, images/s of each."""
+    from dali_pipes import DaliLoader
+    old = os.environ.get("DALI_PIPES_CACHE")
+    with tempfile.TemporaryDirectory(prefix="dali_pipes-auto-") as cache:
+        os.environ["DALI_PIPES_CACHE"] = cache  # read when the loader is built: an empty memory
+        try:
+            loader = DaliLoader(data, batch_size=args.batch_size, train=True, device="cpu", image_size=args.image_size,
+                                num_threads=threads if threads == "auto" else int(threads))
+        finally:
+            os.environ.pop("DALI_PIPES_CACHE") if old is None else os.environ.update(DALI_PIPES_CACHE=old)
+        rates = []
+        for _ in range(2):
+            start, images = time.perf_counter(), 0
+            for batch, _labels in loader:
+                images += batch.shape[0]
+            rates.append(images / (time.perf_counter() - start))
+        chosen = loader.stats()["num_threads"]
+        loader.close()
+    return {"images_per_s": rates, "num_threads": chosen}
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict:
+    second = {case: statistics.median(r["images_per_s"][1] for r in rs) for case, rs in runs.items()}
+    first = {case: statistics.median(r["images_per_s"][0] for r in rs) for case, rs in runs.items()}
+    best = max((c for c in second if c != "auto"), key=second.get)
+    return {"second_epoch_images_per_s": second, "first_epoch_images_per_s": first, "best_fixed": best,
+            "auto_over_best_fixed": second["auto"] / second[best],
+            "auto_first_epoch_over_best_fixed": first["auto"] / first[best]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="dali-pipes bench auto", description=__doc__)
+    p.add_argument("--data", default="", help="train data (default: the built-in train split)")
+    p.add_argument("--arch", default="resnet18")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--threads", nargs="+", default=["1", "2", "4"], help="the fixed counts")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of every case")
+    p.add_argument("--skip-training", action="store_true", help="the loader alone only")
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    data = data_or_builtin(args.data)
+    cases = ["auto", *args.threads]
+    result = {"command": command("auto", argv)}
+    for name, one_run in (("loader", loader_run), ("training", train_run)):
+        if name == "training" and args.skip_training:
+            continue
+        runs: dict[str, list[dict]] = {c: [] for c in cases}
+        for _ in range(args.rounds):
+            for case in cases:
+                runs[case].append(one_run(data, case, args))
+                print(f"{name} {case}: {runs[case][-1]}", flush=True)
+        result[name] = {"runs": runs, **summarise(runs)}
+        s = result[name]
+        print(f"{name}: auto {s['second_epoch_images_per_s']['auto']:.1f} images/s in epoch 2, best fixed "
+              f"({s['best_fixed']} threads) {s['second_epoch_images_per_s'][s['best_fixed']]:.1f}: "
+              f"{s['auto_over_best_fixed']:.3f}x; epoch 1 (the search): {s['auto_first_epoch_over_best_fixed']:.3f}x")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,90 @@
+"""What the sharding check (dali_pipes/sharding.py) costs on a large dataset: N samples (default
+1.28 million, ImageNet's train set) split over W processes of a gloo group on 127.0.0.1, each with a
+synthetic delivery bitmap of its own shard; the check is timed on every rank, repeated, and compared
+with one all_gather_into_tensor of the same N/8 bytes per rank. Prints medians; --out writes JSON.
+Run: dali-pipes bench sharding [flags] (or python -m dali_pipes_bench.sharding_cost)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dali_pipes_bench.cli import command, run_main
+
+
+@dataclass
+class Delivered:  # the part of elastic.DeliveryRecord the check reads
+    delivered: np.ndarray
+    complete: bool = True
+
+
+def rank_main(rank: int, world: int, port: int, samples: int, repeats: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+    from dali_pipes.dist import Shard
+    from dali_pipes.sharding import check_delivery
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    record = Delivered(np.arange(samples) % world == rank)  # a train epoch: each rank its own samples
+    check, gather = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        check_delivery(record, Shard(rank, world), train=True, location="synthetic", excluded=0)
+        check.append(time.perf_counter() - start)
+        bits = torch.from_numpy(np.packbits(record.delivered))
+        out = torch.empty(world * bits.numel(), dtype=torch.uint8)
+        dist.barrier()
+        start = time.perf_counter()
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, bits)  # renamed in torch 2.1x
+        gather.append(time.perf_counter() - start)
+    queue.put({"rank": rank, "check_s": check, "all_gather_s": gather})
+    dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import torch.multiprocessing as mp
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="dali-pipes bench sharding", description=__doc__)
+    p.add_argument("--samples", type=int, default=1_281_167)
+    p.add_argument("--world", type=int, default=2, help="processes (all on this machine)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default="", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=rank_main, args=(r, args.world, port, args.samples, args.repeats, queue))
+             for r in range(args.world)]
+    for proc in procs:
+        proc.start()
+    ranks = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
+    for proc in procs:
+        proc.join()
+    check = statistics.median(max(r["check_s"][i] for r in ranks) for i in range(args.repeats))
+    gather = statistics.median(max(r["all_gather_s"][i] for r in ranks) for i in range(args.repeats))
+    result = {"command": command("sharding", argv), "samples": args.samples, "world": args.world,
+              "bytes_per_rank": (args.samples + 7) // 8, "check_s_median": check, "all_gather_s_median": gather,
+              "ranks": ranks}
+    print(f"sharding check, {args.samples:,} samples, {args.world} ranks ({result['bytes_per_rank']:,} bytes each): "
+          f"{check * 1e3:.1f} ms (slowest rank, median of {args.repeats}); one all_gather of the same bytes: "
+          f"{gather * 1e3:.1f} ms")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
