@@ -41,6 +41,7 @@ from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import RankPipeline, cuda_device_id
 from dali_pipes.procfs import release_free_memory
 from dali_pipes.recovery import BadSample, BadSamplePolicy
+from dali_pipes.resolution import ImageSize
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source, samples_source
 
@@ -55,6 +56,7 @@ class Loader(Protocol):
     source: Source
     bad_samples: list
     supports_elastic: bool  # load_state_dict takes every old rank's state on another world size
+    image_size: int  # the side of the images of the epoch the next batch is in
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
     def __len__(self) -> int: ...
@@ -106,7 +108,7 @@ class DaliLoader:
                  prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, train: bool | None = None, val_padding: str = "repeat",
                  device: str = _LOADER.device, rank: int | None = None, world_size: int | None = None,
-                 local_rank: int | None = None, image_size: int | None = None, seed: int | None = None,
+                 local_rank: int | None = None, image_size: ImageSize | None = None, seed: int | None = None,
                  num_threads: int | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
                  prefetch_queue_depth: int = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
                  keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
@@ -176,15 +178,13 @@ class DaliLoader:
         except Exception:
             pass
 
-    @property
-    def epoch(self) -> int:
-        """Epochs completed."""
-        return self.position.epoch
+    epoch = property(lambda self: self.position.epoch, doc="epochs completed")
+    num_samples = property(lambda self: self.source.num_samples, doc="samples in the whole dataset (all ranks)")
 
     @property
-    def num_samples(self) -> int:
-        """Samples in the whole dataset (all ranks)."""
-        return self.source.num_samples
+    def image_size(self) -> int:
+        """The side of the images of the epoch the next batch is in (train: the image_size schedule's)."""
+        return self.augment.for_epoch(self.next_batch[0], self.train).image_size
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch, as DataLoader counts them for the same arguments."""
@@ -222,6 +222,7 @@ class DaliLoader:
             for _ in self._batches():  # an epoch abandoned midway: DALI can only start at a boundary
                 pass
         self._follow_requested_epoch()
+        self.pipe.follow_schedule()  # this epoch's image size (resolution.py)
         self.position.resumed = False
         yield from self._batches()
 

@@ -194,6 +194,7 @@ class RankPipeline:
         self.record = elastic.DeliveryRecord(source.num_samples)
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
         self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop, keep_checkpoints=policy.skip)
+        self.built_augment: AugmentConfig | None = None  # the graph settings of the pipeline built last
 
     @classmethod
     def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
@@ -209,11 +210,25 @@ class RankPipeline:
         self.run.build(checkpoint)
         self.feed.built()
 
+    def epoch_augment(self) -> AugmentConfig:
+        """The graph settings of the loader's epoch: its image size from the schedule (resolution.py)."""
+        return self.args["augment"].for_epoch(self.position.epoch, self.args["train"])
+
+    def follow_schedule(self) -> None:
+        """At an epoch boundary where the image size changes, the pipeline goes on from DALI's checkpoint
+        (taken after the last epoch was drained) with the new size: its reader order, shard rotation and
+        random generators continue as if one pipeline had changed size. A fresh pipeline would not: it
+        would start the rotation and the generators again, repeating epoch 0's order and crops."""
+        if self.built_augment is not None and self.epoch_augment() != self.built_augment:
+            self.build(checkpoint=self.run.checkpoint())
+
     def _inputs(self, fresh: bool) -> tuple[Source, dict]:
         """This world's shards or, in an elastic resume's remainder epoch, this rank's slice of the rest
         read as one shard (elastic.py); s3:// data through the remote feed."""
         self.record.bind(self.source)
-        plan, source, args, shard = self.record.remainder, self.source, self.args, self.args["shard"]
+        plan, source, shard = self.record.remainder, self.source, self.args["shard"]
+        args = {**self.args, "augment": self.epoch_augment()}  # this epoch's image size
+        self.built_augment = args["augment"]
         if plan is not None:  # seed per rank: ranks must not draw the same crops
             source = self._subset = elastic.subset_source(self.source, plan.indices)
             args = {**args, "shard": Shard(0, 1, shard.local_rank), "seed": plan.seed + shard.rank}
