@@ -1,4 +1,4 @@
-"""Distributed set-up, reductions over ranks, and the learning-rate schedule of the training loop."""
+"""Distributed set-up, the run's data, reductions over ranks, and the learning-rate schedule of the training loop."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from torch import nn
 from dali_pipes import Shard
 from dali_pipes.loader import resolve_device
 from dali_pipes.pipeline import cuda_device_id
+
+DEFAULT_DATA = "data/sample/images"  # the built-in dataset, made there when missing
 
 
 def setup_distributed(args) -> tuple[Shard, torch.device]:
@@ -126,3 +128,31 @@ def kill_at_step(step: int, rank: int, name: str = "KILL"):
         if run.step == step and run.shard.rank == rank:
             os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
     return hook
+
+
+def resolve_data(args) -> tuple[str, str]:
+    """(train data, val data or ""): the built-in dataset, made once, when --data is not given."""
+    data = args.data
+    if not data:
+        data = os.path.join(DEFAULT_DATA, "train")
+        if not os.path.isdir(data):
+            from dali_pipes.sample_data import make_sample_dataset
+            if int(os.environ.get("RANK", 0)) == 0:
+                print(f"making the built-in dataset in {DEFAULT_DATA} ...", flush=True)
+                make_sample_dataset(DEFAULT_DATA)
+            if dist.is_initialized():
+                dist.barrier()
+    val = args.val_data
+    if not val:
+        guess = os.path.join(os.path.dirname(os.path.abspath(data.rstrip("/"))), "val")
+        val = guess if os.path.isdir(guess) and os.path.abspath(guess) != os.path.abspath(data) else ""
+    return data, val
+
+
+def num_classes_of(source) -> int:
+    """Classes of the train source: its class list, or its largest label + 1."""
+    if source.classes:
+        return len(source.classes)
+    if source.labels:
+        return max(source.labels) + 1
+    raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
