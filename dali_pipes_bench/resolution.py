@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from dali_pipes.resolution import parse_image_size, schedule_text
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 
-QUICK = dict(sizes=[32, 48], rounds=1, epochs=2, width=8, arch="resnet10", batch_size=8)  # --quick: a smoke test
+QUICK = dict(sizes=[32, 48], rounds=1, epochs=2, width=8, arch="resnet10", batch_size=8, repeats=1)  # --quick: a smoke test
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -48,6 +49,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ramp", type=parse_image_size, default=None, help="training: the schedule (default: "
                    "dali_pipes.progressive from the smallest of --sizes to --fixed over the epochs)")
     p.add_argument("--fixed", type=int, default=None, help="training: the one size (default: the third of --sizes)")
+    p.add_argument("--repeats", type=int, default=quick.get("repeats", 2), help="training: runs of each, alternating")
     p.add_argument("--no-train", action="store_true", help="measure the loader only")
     p.add_argument("--no-compile", action="store_true", help="skip the --compile run")
     p.add_argument("--quick", action="store_true", help="tiny sizes, a tiny model, few epochs: a smoke test")
@@ -97,7 +99,7 @@ def per_size(rows: list[dict]) -> list[dict]:
 
 def train_run(args, name: str, image_size, compile: bool, data: str, work: str) -> dict:
     """`python -m train` in a child process; its epochs from metrics.jsonl."""
-    workdir = os.path.join(work, name)
+    workdir = os.path.join(work, re.sub(r"[^a-z0-9]+", "-", name).strip("-"))
     cmd = [sys.executable, "-m", "train", "--data", data, "--device", "cpu", "--arch", args.arch, "--width",
            str(args.width), "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--image-size",
            schedule_text(image_size), "--workdir", workdir, "--checkpoint-every", "0", "--seed", "0",
@@ -118,8 +120,10 @@ def train_run(args, name: str, image_size, compile: bool, data: str, work: str) 
 
 def training_rows(args) -> list[dict]:
     data = data_or_builtin(args.data)
-    runs = [("fixed", args.fixed, False), ("ramp", args.ramp, False)] + [("ramp, --compile", args.ramp, True)] * (
-        not args.no_compile)
+    # Alternating and repeated: a shared machine's load changes from minute to minute.
+    runs = [(f"{name} #{i + 1}", size, False) for i in range(args.repeats)
+            for name, size in (("fixed", args.fixed), ("ramp", args.ramp))]
+    runs += [("ramp, --compile", args.ramp, True)] * (not args.no_compile)
     with tempfile.TemporaryDirectory(prefix="bench-resolution-") as work:
         return [train_run(args, name, size, compile, data, work) for name, size, compile in runs]
 
@@ -152,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = bench.machine_info()
     run = {"command": command("resolution", argv), "machine": info, "dataset": bench.dataset_info(source),
            "setup": {"sizes": args.sizes, "rounds": args.rounds, "batch_size": args.batch_size, "arch": args.arch,
-                     "width": args.width, "epochs": args.epochs, "fixed": args.fixed,
+                     "width": args.width, "epochs": args.epochs, "repeats": args.repeats, "fixed": args.fixed,
                      "ramp": schedule_text(args.ramp)},
            "configs": configs(source=source_cfg, loader=loader),
            "loader": {"per_size": per_size(rows), "epochs": rows},

@@ -65,7 +65,7 @@ def test_resolution_bench_quick(tmp_path):
     assert [(r["image_size"], r["epochs"]) for r in results["loader"]["per_size"]] == [(32, 1), (48, 1)]
     assert all(r["images"] == 24 // 8 * 8 and r["images_per_s"] > 0 for r in results["loader"]["epochs"])
     fixed, ramp = results["training"]
-    assert (fixed["image_size"], ramp["image_size"]) == ("48", "0:32,1:48")
+    assert (fixed["run"], fixed["image_size"], ramp["run"], ramp["image_size"]) == ("fixed #1", "48", "ramp #1", "0:32,1:48")
     assert [e["image_size"] for e in ramp["epochs"]] == [32, 48] and [e["image_size"] for e in fixed["epochs"]] == [48, 48]
     assert all(r["final_val_top1"] is not None and len(r["epochs"]) == 2 for r in (fixed, ramp))
     assert "| 48 | 1 |" in (tmp_path / "out" / folder / "resolution.md").read_text()

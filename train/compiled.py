@@ -36,7 +36,8 @@ def training_forward(model: nn.Module, args, sizes: int) -> Callable[[torch.Tens
         return model
     import torch._dynamo
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, sizes + 1)  # one graph per size, and a spare
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # before torch 2.6
+    setattr(config, limit, max(getattr(config, limit), sizes + 1))  # one graph per size, and a spare
     return torch.compile(model, mode=None if args.compile_mode == "default" else args.compile_mode, dynamic=False)
 
 

@@ -33,11 +33,12 @@ from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
 from dali_pipes.pipeline import default_threads
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
+from train.compiled import CompileCounter, add_compile_arguments, training_forward
 from train.metrics import MemoryMeter
 from train.models import ARCHS, create_model
-from train.compiled import CompileCounter, add_compile_arguments, training_forward
 from train.utils import (DEFAULT_DATA, Preemption, kill_at_step, mean_over_ranks, num_classes_of, param_groups,
                          resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
+
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
