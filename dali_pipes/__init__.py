@@ -18,6 +18,7 @@ _EXPORTS = {
     "LoaderConfig": "dali_pipes.config", "PADDING_LABEL": "dali_pipes.samples", "Sample": "dali_pipes.samples",
     "SampleRef": "dali_pipes.samples", "Shard": "dali_pipes.dist", "Source": "dali_pipes.source",
     "SourceConfig": "dali_pipes.config", "TFRecordKeys": "dali_pipes.samples", "open_source": "dali_pipes.source",
+    "progressive": "dali_pipes.resolution",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from dali_pipes.errors import DatasetError
     from dali_pipes.graph import AugmentConfig
     from dali_pipes.loader import DaliLoader
+    from dali_pipes.resolution import progressive
     from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
     from dali_pipes.source import Source, open_source
 

@@ -136,7 +136,12 @@ class TorchLoader:
         self.source = source if isinstance(source, Source) else open_source(source, keys=keys)
         self.shard = Shard.from_env(rank, world_size)
         self.train, self.batch_size = train, batch_size
-        self.augment = augment or AugmentConfig(image_size=image_size)
+        augment = augment or AugmentConfig(image_size=image_size)
+        if train and not isinstance(augment.image_size, int):  # its workers hold one transform for the whole run
+            raise ValueError(f"TorchLoader trains at one image size, got the schedule {augment.image_size}; "
+                             f"progressive resizing needs DaliLoader (python -m train --loader dali)")
+        self.augment = augment.for_epoch(0, train)  # val: val_image_size, or the schedule's last size
+        self.image_size = self.augment.image_size
         self.dataset = SourceDataset(self.source, ImageTransform(self.augment, train), seed)
         self.sampler = ShardSampler(len(self.dataset), self.shard, train, seed)
         self.loader = DataLoader(self.dataset, batch_size=batch_size, sampler=self.sampler, drop_last=train,

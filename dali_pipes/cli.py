@@ -28,6 +28,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "training": ("dali_pipes_bench.training", "a ResNet step fed by each loader vs. an ideal feed: GPU starved?"),
     "soak": ("dali_pipes_bench.soak", "many epochs of one DaliLoader, memory per epoch; exit 1 on growth"),
     "formats": ("dali_pipes_bench.formats", "one val epoch as image folder, TFRecord and WebDataset"),
+    "resolution": ("dali_pipes_bench.resolution", "progressive resizing: loader images/s per size, train with a ramp "
+                   "and without, compile s per size"),
     "s3": ("dali_pipes_bench.s3_feed", "TFRecords from disk, DALI's s3:// reader, the shard cache; with delay"),
     "epochs": ("dali_pipes_bench.epochs", "whole epochs: DaliLoader vs DALIGenericIterator on the same graph"),
     "auto": ("dali_pipes_bench.auto_settings", "num_threads=auto vs fixed counts: training and the loader alone"),

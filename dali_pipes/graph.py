@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from dali_pipes import resolution
 from dali_pipes.config import option
+from dali_pipes.resolution import ImageSize
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -56,7 +58,11 @@ JPEG_MAX_SIDE = 65535
 @dataclass(frozen=True)
 class AugmentConfig:
     """The decode + augment graph's settings; every field is also a flag (config.add_arguments)."""
-    image_size: int = option(224, "output side in pixels (train crop, val centre crop)")
+    image_size: ImageSize = option(224, "output side in pixels (train crop, val centre crop), or a train schedule "
+                                   "EPOCH:SIZE,... from epoch 0 (progressive resizing), e.g. 0:160,10:192,16:224",
+                                   type=resolution.parse_image_size)
+    val_image_size: int | None = option(None, "val centre-crop side in pixels (default: the last size of "
+                                        "--image-size)", type=int)
     random_area: tuple[float, float] = option((0.08, 1.0), "train: random-resized-crop area fraction, low high")
     random_aspect_ratio: tuple[float, float] = option((3 / 4, 4 / 3), "train: random-resized-crop aspect ratio range")
     flip_probability: float = option(0.5, "train: probability of a horizontal flip")
@@ -74,13 +80,30 @@ class AugmentConfig:
         problems = augment_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
+        object.__setattr__(self, "image_size", resolution.normalized(self.image_size))  # one form (resolution.py)
+
+    def size_at(self, epoch: int) -> int:
+        """The train size of epoch `epoch` under the image_size schedule."""
+        return resolution.size_at(self.image_size, epoch)
+
+    @property
+    def val_size(self) -> int:
+        """The val centre-crop side: val_image_size, or the schedule's last size."""
+        return self.val_image_size or resolution.last_size(self.image_size)
+
+    def for_epoch(self, epoch: int, train: bool) -> "AugmentConfig":
+        """The settings of one pipeline: image_size the one size its graph has in epoch `epoch`."""
+        size = self.size_at(epoch) if train else self.val_size
+        return self if size == self.image_size else replace(self, image_size=size, val_image_size=None)
 
 
 def augment_problems(cfg: AugmentConfig) -> list[str]:
     """Every value of `cfg` that DALI would accept silently (or fail on deep inside a run)."""
     problems = []
-    if isinstance(cfg.image_size, bool) or not isinstance(cfg.image_size, int) or cfg.image_size < 1:
-        problems.append(f"image_size must be a positive integer, got {cfg.image_size!r}")
+    problems += resolution.schedule_problems(cfg.image_size)
+    val = cfg.val_image_size
+    if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
+        problems.append(f"val_image_size must be a positive integer or None, got {cfg.val_image_size!r}")
     if cfg.auto_augment not in (None, *AUTO_AUGMENTS):
         problems.append(f"auto_augment must be one of {AUTO_AUGMENTS} or None, got {cfg.auto_augment!r}")
     low_high = _pair(cfg.random_area)
@@ -204,6 +227,9 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
     optional colour jitter and AutoAugment-family policy, flip, normalise.
     Returns float CHW (HWC with channels_last) images on `device`."""
     from nvidia.dali import fn, types
+    if not isinstance(cfg.image_size, int):
+        raise ValueError(f"train_augment builds one size, got the schedule {cfg.image_size}: pass "
+                         f"cfg.for_epoch(epoch, train=True)")
     decode_device = resolve_decode_device(device, decode_device)
     images = fn.decoders.image_random_crop(jpegs, random_area=list(cfg.random_area),
                                            random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100,
@@ -243,13 +269,14 @@ def _auto_augment(images: DataNode, policy: str) -> DataNode:
 
 def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
                  decode_device: str | None = None) -> DataNode:
-    """Decode, resize the shorter side to image_size / crop_ratio, centre-crop image_size,
-    normalise. Returns float CHW (HWC with channels_last) images on `device`."""
+    """Decode, resize the shorter side to val_size / crop_ratio, centre-crop val_size (val_image_size,
+    or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`."""
     from nvidia.dali import fn, types
     decode_device = resolve_decode_device(device, decode_device)
     images = fn.decoders.image(jpegs, **decoder_args(decode_device, cfg, _pipeline_threads()))
     if device == "gpu":
         images = images.gpu()
-    images = fn.resize(images, resize_shorter=round(cfg.image_size / cfg.crop_ratio),
-                       interp_type=types.INTERP_LINEAR, antialias=True)
-    return _normalize(images, cfg, crop=(cfg.image_size, cfg.image_size), crop_pos_x=0.5, crop_pos_y=0.5)
+    size = cfg.val_size
+    images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio), interp_type=types.INTERP_LINEAR,
+                       antialias=True)
+    return _normalize(images, cfg, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 PrivateApiChanged = _dali.PrivateApiChanged
 DECODER_PREFIX = "decoders__Image"  # decoders__Image, decoders__ImageRandomCrop, ...
+SIZE_SCHEDULE = {0: 128, 1: 160, 2: 192, 3: 224}  # progressive resizing's sizes (resolution.py), each a graph
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,8 @@ class GraphVariant:
 def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> list[GraphVariant]:
     """Every graph the library builds for device="gpu": train and val for each source in `sources`
     (kind -> Source: folder, tfrecord, webdataset), then, on the first source, each auto-augment
-    policy, colour jitter, float16, channels_last, the hybrid decode, a second rank, and the
-    bad-sample search's decode graph. A new graph variant in the library gets a line here."""
+    policy, colour jitter, float16, channels_last, the hybrid decode, a second rank, each size of an
+    image_size schedule, and the bad-sample search's decode graph. A new graph variant in the library gets a line here."""
     from dali_pipes.pipeline import build_pipeline
     from dali_pipes.recovery import decode_pipeline, placeholder_jpeg
 
@@ -239,6 +240,11 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
                            define=lambda t=threads: build_pipeline(first, train=True, batch_size=batch_size,
                                                                    device="gpu", num_threads=t, device_id=0,
                                                                    shuffle_buffer=4)))
+    # Progressive resizing: the loader builds one graph per size of its schedule, as for_epoch gives it.
+    scheduled = AugmentConfig(image_size=SIZE_SCHEDULE, val_image_size=256)
+    out += [variant(f"image_size {scheduled.size_at(epoch)} of the schedule {SIZE_SCHEDULE}", first, True,
+                    augment=scheduled.for_epoch(epoch, True)) for epoch in SIZE_SCHEDULE]
+    out.append(variant("val_image_size 256 beside a schedule", first, False, augment=scheduled.for_epoch(0, False)))
     out.append(GraphVariant("bad-sample search decode (recovery.decode_pipeline)",
                             lambda: decode_pipeline([placeholder_jpeg()] * 2, "gpu", device_id=0)))
     return out

@@ -41,6 +41,7 @@ from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import RankPipeline, cuda_device_id
 from dali_pipes.procfs import release_free_memory
 from dali_pipes.recovery import BadSamplePolicy
+from dali_pipes.resolution import ImageSize
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.source import Source, open_source, samples_source
 
@@ -56,6 +57,7 @@ class Loader(Protocol):
     source: Source
     bad_samples: list
     supports_elastic: bool  # load_state_dict takes every old rank's state on another world size
+    image_size: int  # the side of the images of the epoch the next batch is in
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
     def __len__(self) -> int: ...
@@ -109,7 +111,7 @@ class DaliLoader:
                  prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, train: bool | None = None, val_padding: str = "repeat",
                  device: str = _LOADER.device, rank: int | None = None, world_size: int | None = None,
-                 local_rank: int | None = None, image_size: int | None = None, seed: int | None = None,
+                 local_rank: int | None = None, image_size: ImageSize | None = None, seed: int | None = None,
                  num_threads: int | str | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
                  prefetch_queue_depth: int | str = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
                  keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
@@ -161,10 +163,8 @@ class DaliLoader:
 
     source = property(lambda self: self.pipe.source, doc="what this loader reads (bad samples excluded so far "
                                                          "replaced in place)")
-
     bad_policy = property(lambda self: self.pipe.policy, doc="the bad-sample policy (recovery.py)")
     skip_bad = property(lambda self: self.pipe.policy.skip, doc="bad samples are excluded, not raised")
-
     bad_samples = property(lambda self: self.pipe.policy.bad_samples, doc="samples excluded so far (skip_bad=True)")
 
     def close(self) -> None:
@@ -176,8 +176,12 @@ class DaliLoader:
         _close_quietly(self)
 
     epoch = property(lambda self: self.position.epoch, doc="epochs completed")
-
     num_samples = property(lambda self: self.source.num_samples, doc="samples in the whole dataset (all ranks)")
+
+    @property
+    def image_size(self) -> int:
+        """The side of the images of the epoch the next batch is in (train: the image_size schedule's)."""
+        return self.augment.for_epoch(self.next_batch[0], self.train).image_size
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch, as DataLoader counts them for the same arguments."""
@@ -215,6 +219,7 @@ class DaliLoader:
             for _ in self._batches():  # an epoch abandoned midway: DALI can only start at a boundary
                 pass
         self._follow_requested_epoch()
+        self.pipe.follow_schedule()  # this epoch's image size (resolution.py)
         self.position.resumed = False
         yield from self._batches()
 
@@ -260,12 +265,8 @@ class DaliLoader:
         return (images.pin_memory(), labels.pin_memory()) if self._pin else (images, labels)
 
     def stats(self) -> dict:
-        """This epoch's figures so far (the last epoch's once it ended), stats.py: data-wait fraction,
-        seconds inside next() per batch, step rate, CPU; the pipeline's threads / prefetch depth; its
-        rebuilds and tuning trials as (name, start, end, args) on time.perf_counter's clock."""
-        current = self.pipe.clock.current
-        return {**current.summary(), "num_threads": self.pipe.args["num_threads"],
-                "prefetch_queue_depth": self.pipe.args["prefetch_queue_depth"], "events": list(current.events)}
+        """This epoch's figures so far, or the last epoch's once it ended (RankPipeline.stats)."""
+        return self.pipe.stats()
 
     def state_dict(self) -> dict:
         """Where this rank is (resume.py's layout: DALI's checkpoint, counters, bad samples, delivered
@@ -276,7 +277,6 @@ class DaliLoader:
         """Continue exactly where `state` was taken, images included. Given every old rank's state in rank
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
         resume.restore(self, state)
-
 
 
 def _close_quietly(loader: DaliLoader) -> None:

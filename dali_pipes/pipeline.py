@@ -208,6 +208,7 @@ class RankPipeline:
         # The last good batch is kept when an error may need a rebuild there: bad samples, network faults.
         self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop,
                                keep_checkpoints=policy.skip or source.remote is not None)
+        self.built_augment: AugmentConfig | None = None  # the graph settings of the pipeline built last
 
     @classmethod
     def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
@@ -229,11 +230,25 @@ class RankPipeline:
         self.run.build(checkpoint)
         self.feed.built()
 
+    def epoch_augment(self) -> AugmentConfig:
+        """The graph settings of the loader's epoch: its image size from the schedule (resolution.py)."""
+        return self.args["augment"].for_epoch(self.position.epoch, self.args["train"])
+
+    def follow_schedule(self) -> None:
+        """At an epoch boundary where the image size changes, the pipeline goes on from DALI's checkpoint
+        (taken after the last epoch was drained) with the new size: its reader order, shard rotation and
+        random generators continue as if one pipeline had changed size. A fresh pipeline would not: it
+        would start the rotation and the generators again, repeating epoch 0's order and crops."""
+        if self.built_augment is not None and self.epoch_augment() != self.built_augment:
+            self.build(checkpoint=self.run.checkpoint())
+
     def _inputs(self, fresh: bool) -> tuple[Source, dict]:
         """This world's shards or, in an elastic resume's remainder epoch, this rank's slice of the rest
         read as one shard (elastic.py); s3:// data through the remote feed."""
         self.record.bind(self.source)
-        plan, source, args, shard = self.record.remainder, self.source, self.args, self.args["shard"]
+        plan, source, shard = self.record.remainder, self.source, self.args["shard"]
+        args = {**self.args, "augment": self.epoch_augment()}  # this epoch's image size
+        self.built_augment = args["augment"]
         if plan is not None:  # seed per rank: ranks must not draw the same crops
             source = self._subset = elastic.subset_source(self.source, plan.indices)
             args = {**args, "shard": Shard(0, 1, shard.local_rank), "seed": plan.seed + shard.rank}
@@ -317,6 +332,14 @@ class RankPipeline:
             sharding.check_delivery(self.record, self.args["shard"], train=self.args["train"],
                                     location=self.source.location, excluded=len(self.policy.bad_samples),
                                     name_of=lambda i: str(self.source.refs()[i]))
+
+    def stats(self) -> dict:
+        """This epoch's figures so far (the last epoch's once it ended; stats.py): data-wait fraction, seconds
+        inside next() per batch, step rate, CPU; the pipeline's threads and prefetch depth now; its rebuilds
+        and tuning trials as (name, start, end, args) on time.perf_counter's clock."""
+        current = self.clock.current
+        return {**current.summary(), "num_threads": self.args["num_threads"],
+                "prefetch_queue_depth": self.args["prefetch_queue_depth"], "events": list(current.events)}
 
     def tuning_state(self) -> dict | None:
         return self.tuner.state() if self.tuner is not None else None

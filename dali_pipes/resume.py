@@ -2,7 +2,7 @@
 
     {"version": 3,
      "loader":      {"epoch", "position", "rank", "world_size", "batch_size", "train", "num_samples", "seed",
-                     "contract", "fingerprint"},      # where the loader is, and what it must match
+                     "contract", "fingerprint", "image_size"},  # where the loader is, what it must match
      "pipeline":    {"dali", "dali_epoch0", "tuned"}, # DALI's checkpoint, the epoch its pipeline began at,
                                                       # the tuner's choice once made (tuning.py; absent before 0.3)
      "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
@@ -13,6 +13,9 @@ exactly (its graph and cut are today's). Any other version is refused naming bot
 
 "fingerprint" (fingerprint.py: the data's file names and sizes, as opened) came after 0.2.0; a state that
 has one resumes only on data with the same fingerprint (check_data), a state without one as before.
+
+"image_size" is the sizes the loader yields, as --image-size writes them ("0:160,10:192" for a train
+schedule, the one val size for val); states written before schedules existed have none, and fit.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from dali_pipes import elastic, fingerprint
+from dali_pipes import elastic, fingerprint, resolution
 from dali_pipes.contract import Position
 from dali_pipes.errors import DatasetError
 
@@ -74,6 +77,21 @@ def check_data(state: dict, source: Any) -> None:
                            "(without the state; python -m train: a new --workdir)")
 
 
+def image_sizes(loader: Any) -> str:
+    """The sizes a DaliLoader yields: train, its image_size schedule; val, its one size."""
+    augment = loader.augment
+    return resolution.schedule_text(augment.image_size) if loader.train else str(augment.val_size)
+
+
+def check_image_sizes(states: list[dict], now: str) -> None:
+    """Raise ValueError unless every flat state was taken under the image sizes `now` (or predates them)."""
+    for state in states:
+        saved = state.get("image_size", now)
+        if saved != now:
+            raise ValueError(f"loader state was taken with image_size {saved}, this loader has image_size {now}; "
+                             f"resume with the schedule the run was started with (--image-size {saved})")
+
+
 def merged_bad_samples(states: list[dict]) -> dict:
     """Every old rank's excluded samples, each once: what an elastic resume excludes."""
     bad = {str(b): b for s in states for b in s.get("bad_samples", [])}
@@ -110,7 +128,8 @@ def state_of(loader: Any) -> dict:
     record = loader.pipe.record
     dali = None if done and record.remainder is not None else loader.pipe.run.checkpoint()  # then: afresh
     return pack(loader={"epoch": epoch, "position": batch, **identity(loader),
-                        "contract": dataclasses.asdict(loader.contract), "fingerprint": loader.source.fingerprint},
+                        "contract": dataclasses.asdict(loader.contract), "fingerprint": loader.source.fingerprint,
+                        "image_size": image_sizes(loader)},
                 pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0,
                           "tuned": loader.pipe.tuning_state()},
                 bad_samples=loader.pipe.policy.state(), record=record.state(epoch_done=done))
@@ -121,11 +140,13 @@ def restore(loader: Any, state: dict | list[dict]) -> None:
     world, rank = loader.shard.world_size, loader.shard.rank
     if isinstance(state, (list, tuple)):
         states = [flat(s) for s in state]
+        check_image_sizes(states, image_sizes(loader))
         if len(states) != world or any(s.get("world_size") != world for s in states):
             return restore_elastic(loader, states)
         state = states[rank]
     else:
         state = flat(state)
+        check_image_sizes([state], image_sizes(loader))
     check_data(state, loader.source)
     check_fits(state, identity(loader), dataclasses.asdict(loader.contract))
     loader.pipe.source = loader.pipe.policy.restore(state, loader.source)

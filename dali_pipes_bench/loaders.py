@@ -20,6 +20,7 @@ import torch
 
 from dali_pipes import AugmentConfig, LoaderConfig, SourceConfig, open_source
 from dali_pipes.config import add_arguments, from_args
+from dali_pipes.resolution import schedule_text
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, require, run_main
 
@@ -55,6 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = data_or_builtin(args.data)
     source = open_source(data, **source_cfg.open_kwargs())
     gpu, cores = torch.cuda.is_available(), os.cpu_count() or 1
+    if not isinstance(augment.image_size, int):
+        raise ValueError(f"--image-size {schedule_text(augment.image_size)}: bench loaders measures one size; "
+                         f"dali-pipes bench resolution measures each size of a schedule")
     plan = dataclasses.replace(bench.make_plan(args.quick, gpu, cores), image_size=augment.image_size)
     formats = bench.format_copies(source, os.path.join(args.work, os.path.basename(data.rstrip("/"))),
                                   plan.shard_counts)

@@ -21,6 +21,7 @@ from torch import nn
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
+from dali_pipes.resolution import schedule_text
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 from dali_pipes_bench.harness import forever
@@ -175,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     source_cfg, augment = from_args(SourceConfig, args), from_args(AugmentConfig, args)
+    if not isinstance(augment.image_size, int):
+        raise ValueError(f"--image-size {schedule_text(augment.image_size)}: bench training measures one size; "
+                         f"dali-pipes bench resolution measures each size of a schedule")
     loader = from_args(LoaderConfig, args)
     source = open_source(data_or_builtin(args.data), **source_cfg.open_kwargs())
     num_classes = len(source.classes) if source.classes else 1000

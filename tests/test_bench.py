@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import torch
 
 from dali_pipes import open_source
 from dali_pipes_bench.harness import PreloadedDaliLoader
@@ -76,3 +75,25 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     loader = DaliLoader(str(data), batch_size=8, train=True, device="cpu", image_size=32)
     assert loader.pipe.tuner.remembered and loader.pipe.tuner.start.num_threads == threads
     loader.close()
+
+
+def test_resolution_bench_quick(tmp_path):
+    """dali-pipes bench resolution --quick: the loader alternates its sizes epoch by epoch, and python -m
+    train runs at one size and with a ramp to it; the results say which size each figure is of."""
+    data = tmp_path / "images" / "train"
+    write_folder(str(data), counts=(8, 8, 8))
+    write_folder(str(tmp_path / "images" / "val"), counts=(2, 2, 2))
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.resolution", "--data", str(data), "--quick",
+                          "--no-compile", "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [folder] = os.listdir(tmp_path / "out")
+    results = json.load(open(tmp_path / "out" / folder / "resolution.json"))
+    assert [r["image_size"] for r in results["loader"]["epochs"]] == [32, 48]
+    assert [(r["image_size"], r["epochs"]) for r in results["loader"]["per_size"]] == [(32, 1), (48, 1)]
+    assert all(r["images"] == 24 // 8 * 8 and r["images_per_s"] > 0 for r in results["loader"]["epochs"])
+    fixed, ramp = results["training"]
+    assert (fixed["run"], fixed["image_size"], ramp["run"], ramp["image_size"]) == ("fixed #1", "48", "ramp #1", "0:32,1:48")
+    assert [e["image_size"] for e in ramp["epochs"]] == [32, 48] and [e["image_size"] for e in fixed["epochs"]] == [48, 48]
+    assert all(r["final_val_top1"] is not None and len(r["epochs"]) == 2 for r in (fixed, ramp))
+    assert "| 48 | 1 |" in (tmp_path / "out" / folder / "resolution.md").read_text()

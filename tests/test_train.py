@@ -317,3 +317,43 @@ def test_a_label_offset_that_makes_class_0_negative_ends_the_run_in_one_line(tin
     line = run.stderr.strip().splitlines()[-1].split("step/s]")[-1]  # after a progress bar, when one started
     assert line.startswith("error: ") and "label offset 1" in line and "negative. Check --label-offset" in line
     assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+def sizes_and_labels(workdir, rank):
+    """{step: (image side, labels)} of a --record-labels run."""
+    with open(workdir / f"labels-rank{rank}.jsonl") as f:
+        return {e["step"]: (e["image_size"], e["labels"]) for e in map(json.loads, f)}
+
+
+def test_progressive_resizing_compiles_the_training_graph_once_per_size(tiny, tmp_path):
+    """2 sizes over 3 epochs with --compile (inductor, CPU): dynamo's counter says exactly one graph
+    compiled at each size's first epoch, none after; the val graph is not compiled (evaluate runs
+    the plain model). Each epoch's size is in metrics.jsonl, and the lr is that of a run at one size."""
+    run = torchrun(tmp_path / "scheduled", tiny / "train", "--image-size", "0:32,1:48", "--compile", epochs=3,
+                   nproc=1, val=tiny / "val")
+    history = metrics(tmp_path / "scheduled")
+    assert [(h["epoch"], h["image_size"], h["compiles"]) for h in history] == [(0, 32, 1), (1, 48, 1), (2, 48, 0)], \
+        run.stdout[-3000:]
+    assert all(h["val_image_size"] == 48 and h["val_samples"] == 37 for h in history)
+    assert history[0]["compile_s"] > 0 and history[2]["compile_s"] == 0
+    torchrun(tmp_path / "fixed", tiny / "train", epochs=3, nproc=1)
+    assert [h["lr"] for h in history] == [h["lr"] for h in metrics(tmp_path / "fixed")]
+    assert [h["image_size"] for h in metrics(tmp_path / "fixed")] == [32, 32, 32]
+
+
+def test_a_run_killed_in_the_second_size_resumes_on_the_same_batches(tiny, tmp_path):
+    """Sizes 32, 40, 48 for epochs 0, 1, 2 (6 steps each, 2 ranks): killed after step 10, resumed from
+    the step-8 checkpoint (epoch 1, batch 2: mid second size); every step's labels and image size,
+    on both ranks, are the uninterrupted run's."""
+    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    common = ("--record-labels", "--checkpoint-every", "4", "--image-size", "0:32,1:40,2:48")
+    torchrun(whole, tiny / "train", *common, epochs=3)
+    killed = torchrun(crashed, tiny / "train", *common, "--kill-at-step", 10, "--kill-rank", 1, epochs=3, check=False)
+    assert killed.returncode != 0
+    resumed = torchrun(crashed, tiny / "train", *common, "--resume", epochs=3)
+    assert "at step 8" in resumed.stdout
+    for rank in (0, 1):
+        expected = sizes_and_labels(whole, rank)
+        assert [expected[s][0] for s in sorted(expected)] == [32] * 6 + [40] * 6 + [48] * 6
+        assert sizes_and_labels(crashed, rank) == expected
+    assert [m["image_size"] for m in metrics(crashed)] == [32, 40, 48]

@@ -4,7 +4,9 @@
     torchrun --nproc_per_node=N -m train --data PATH ...
 
 Recipe: SGD + Nesterov momentum, label smoothing, linear warm-up then cosine decay (per step),
-no weight decay on norms and biases, bf16 autocast and channels_last on GPU.
+no weight decay on norms and biases, bf16 autocast and channels_last on GPU. Progressive resizing:
+--image-size 0:160,10:192 (the lr schedule runs by steps, the same at any size); --compile compiles
+the training forward once per size (compiled.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig
+from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig, resolution
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
@@ -32,11 +35,12 @@ from dali_pipes.pipeline import default_threads
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train import observe
 from train.lock import hold as hold_workdir
+from train.compiled import CompileCounter, add_compile_arguments, training_forward
 from train.metrics import MemoryMeter
 from train.observe import TensorBoard, Trace
 from train.models import ARCHS, create_model
-from train.utils import (DEFAULT_DATA, Preemption, count_classes, kill_at_step, mean_over_ranks, param_groups, setup_distributed,
-                         resolve_data, sum_over_ranks, warmup_cosine)
+from train.utils import (DEFAULT_DATA, Preemption, kill_at_step, mean_over_ranks, num_classes_of, param_groups,
+                         resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,6 +79,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     add_arguments(p, AugmentConfig, "decoding and augmentation (the DALI graph; --loader torch applies the same)",
                   defaults={"channels_last": None})  # None: on when the run is on the GPU (loader_configs)
     add_arguments(p, SourceConfig, "reading TFRecord / WebDataset shards")
+    add_compile_arguments(p)
     return p
 
 
@@ -98,6 +103,7 @@ class Run:
     scaler: torch.amp.GradScaler
     train_loader: Loader
     val_loader: Loader | None
+    forward: Callable[[torch.Tensor], torch.Tensor]  # the model's training forward (--compile: compiled)
     step: int = 0
     memory: MemoryMeter = field(default_factory=MemoryMeter)
     step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
@@ -138,7 +144,7 @@ def create_run(args) -> Run:
     built_at = time.perf_counter()
     train_loader = build_loader(args, data, True, shard)
     val_loader = build_loader(args, val, False, shard) if val else None
-    num_classes = args.num_classes or count_classes(train_loader.source)
+    num_classes = args.num_classes or num_classes_of(train_loader.source)
     model = create_model(args.arch, num_classes, args.width).to(device)
     if args.device == "gpu":
         model = model.to(memory_format=torch.channels_last)
@@ -151,7 +157,8 @@ def create_run(args) -> Run:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(
         steps * global_batch, round(args.warmup_epochs * len(train_loader)) * global_batch, global_batch))
     scaler = torch.amp.GradScaler(enabled=False)  # bf16 needs no loss scaling; kept for fp16 and checkpoints
-    return Run(args, shard, device, model, optimizer, scheduler, scaler, train_loader, val_loader,
+    forward = training_forward(model, args, len(resolution.sizes(loader_configs(args)["augment"].image_size)))
+    return Run(args, shard, device, model, optimizer, scheduler, scaler, train_loader, val_loader, forward,
                loaders_built_at=built_at, trace=Trace(args.trace or None, shard.rank))
 
 
@@ -174,10 +181,11 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
     run.model.train()
     loader = run.train_loader
     loader.set_epoch(epoch)
-    total = len(loader) - loader.next_batch[1]  # fewer when resumed mid-epoch
+    total, size = len(loader) - loader.next_batch[1], loader.image_size  # fewer when resumed mid-epoch
     bar = tqdm(total=total, desc=f"epoch {epoch}", unit="step", disable=not run.is_main, leave=False)
     loss_sum = torch.zeros((), device=run.device)
     wait, samples, first_step = 0.0, 0, run.step
+    compiles = CompileCounter() if run.args.compile else None
     start = tick = time.perf_counter()
     for images, labels in loader:
         got = time.perf_counter()
@@ -186,11 +194,12 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
         if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
             run.first_batch_s = got - run.loaders_built_at
         if label_log:  # asked for: read before the move, so a CPU loader's labels cost no device sync
-            label_log.write(json.dumps({"step": run.step + 1, "epoch": epoch, "labels": labels.tolist()}) + "\n")
+            label_log.write(json.dumps({"step": run.step + 1, "epoch": epoch, "labels": labels.tolist(),
+                                        "image_size": images.shape[-1]}) + "\n")
             label_log.flush()
         images, labels = _to_device(run, images, labels)
         with _autocast(run):
-            loss = criterion(run.model(images), labels)
+            loss = criterion(run.forward(images), labels)
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
         run.scaler.step(run.optimizer)
@@ -218,7 +227,7 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
     stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
              "images_per_s": sum_over_ranks(samples) / seconds,
              "data_wait_fraction": mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
-             "first_batch_s": run.first_batch_s}
+             "first_batch_s": run.first_batch_s, "image_size": size, **(compiles.stats() if compiles else {})}
     if ranks is not None:  # rank 0: every rank's figures and the verdict
         stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.binding_stage(loader)))
     return stats
@@ -245,7 +254,7 @@ def evaluate(run: Run) -> dict:
         dist.all_reduce(sums)  # sync point: totals over all ranks
     correct1, correct5, loss, count = sums.tolist()
     return {"val_top1": correct1 / max(count, 1), "val_top5": correct5 / max(count, 1),
-            "val_loss": loss / max(count, 1), "val_samples": int(count)}
+            "val_loss": loss / max(count, 1), "val_samples": int(count), "val_image_size": run.val_loader.image_size}
 
 
 def main(args) -> list[dict]:

@@ -131,16 +131,8 @@ def kill_at_step(step: int, rank: int, name: str = "KILL"):
     return hook
 
 
-def count_classes(source) -> int:
-    """Classes of a train source: its class list, else the largest label + 1."""
-    if source.classes:
-        return len(source.classes)
-    if source.labels:
-        return max(source.labels) + 1
-    raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
-
-
 def resolve_data(args) -> tuple[str, str]:
+    """(train data, val data or ""): the built-in dataset, made once, when --data is not given."""
     data = args.data
     if not data:
         data = os.path.join(DEFAULT_DATA, "train")
@@ -156,3 +148,12 @@ def resolve_data(args) -> tuple[str, str]:
         guess = os.path.join(os.path.dirname(os.path.abspath(data.rstrip("/"))), "val")
         val = guess if os.path.isdir(guess) and os.path.abspath(guess) != os.path.abspath(data) else ""
     return data, val
+
+
+def num_classes_of(source) -> int:
+    """Classes of the train source: its class list, or its largest label + 1."""
+    if source.classes:
+        return len(source.classes)
+    if source.labels:
+        return max(source.labels) + 1
+    raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
