@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.files import atomic_write, private_tmp
+from dali_pipes.files import atomic_write
 from dali_pipes.labels import EXCLUDED_LABEL, dali_checked_labels, stored_to_label
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
@@ -346,8 +346,9 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
     placeholder image, label EXCLUDED_LABEL), and write the copy's index."""
     from dali_pipes.object_store import local_copy
-    with local_copy(shard) as local, open(local, "rb") as f, \
-            tarfile.open(tmp := private_tmp(target), "w", format=tarfile.GNU_FORMAT) as out:
+    # atomic_write: the temp copy is removed when reading the shard or writing the copy fails
+    with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as raw, \
+            tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as out:
         for members in read_tar_index(index_path):
             key = members[0].key_ext[0]
             for m in members:
@@ -358,5 +359,4 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
                 else:
                     data = jpeg
                 add_member(out, m.name, data)
-    os.replace(tmp, target)
     write_tar_index(build_tar_index(target, source.label_ext), target + ".idx")
