@@ -97,7 +97,8 @@ class SourceConfig:
     """How to read a dataset location (see open_source)."""
     image_key: str = option("image/encoded", "TFRecord feature holding the encoded image")
     label_key: str = option("image/class/label", "TFRecord feature holding the integer label")
-    label_offset: int = option(0, "subtracted from stored labels: 1 for TensorFlow's 1-based ImageNet records")
+    label_offset: int = option(0, "subtracted from the labels TFRecord and WebDataset shards store (image "
+                               "folders and file lists refuse it): 1 for TensorFlow's 1-based ImageNet records")
     label_ext: str = option("cls", "WebDataset member extension holding the label as ASCII digits")
     index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
                                          "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)", type=str)

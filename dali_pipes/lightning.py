@@ -12,6 +12,9 @@ Contracts (DaliLoader's, see loader.py, carried through Lightning):
   * Resume: the datamodule's state holds every rank's train-loader position. `fit(ckpt_path=...)` then continues
     with exactly the batches an uninterrupted run would yield, mid-epoch included, in step with Lightning's own
     batch counter. Resume with the same data, rank count, batch size and seed.
+  * Preemption is Lightning's: on SIGTERM it stops every rank after the current step (SIGTERMException) and
+    calls the callbacks' on_exception; Lightning's OnExceptionCheckpoint then saves, this state included, and a
+    later fit(ckpt_path=None) with that callback resumes from it (tests/test_lightning.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class TFRecordKeys:
     """Feature keys of TFRecord Examples; defaults are those of TensorFlow's ImageNet scripts."""
     image: str = "image/encoded"
     label: str = "image/class/label"
-    label_offset: int = 0  # subtracted from stored labels: 1 for TensorFlow's 1-based ImageNet labels
+    label_offset: int = 0  # subtracted from TFRecord and WebDataset labels: 1 for TensorFlow's 1-based ImageNet
 
 
 @dataclass(frozen=True)

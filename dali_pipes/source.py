@@ -310,7 +310,7 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
     if source.classes is None:
         source.classes = found.get("classes")
     span = manifest.label_range(found, source.files)
-    offset = source.keys.label_offset if source.kind == "tfrecord" else 0
+    offset = source.keys.label_offset  # stored labels: TFRecord and WebDataset alike
     if span and span[0] - offset < 0:
         raise LabelError(source.location, f"{path} lists labels from {span[0]}: label offset {offset} makes "
                          f"them negative", offset_fix(offset))

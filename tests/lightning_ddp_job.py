@@ -1,6 +1,7 @@
 """One Lightning DDP fit over DaliDataModule, 2 ranks on CPU (gloo), for tests/test_lightning.py.
 
     python tests/lightning_ddp_job.py LIST OUT [--epochs 2] [--checkpoint-every K] [--ckpt PATH]
+                                      [--on-exception-checkpoint] [--wait-for-sigterm-at-step K]
 
 A script, not a test: Lightning's "ddp" strategy starts the other ranks by running sys.argv again, which a
 pytest process cannot be. Labels are sample indices (LIST is a file list), so what a rank saw identifies samples.
@@ -8,6 +9,10 @@ Each rank writes OUT/rank<R>.json: {"train": [[epoch, batch_idx, labels], ...], 
 ...], "len_train", "len_val", "num_training_batches", "train_loader_type"}.
 --checkpoint-every K: Lightning's ModelCheckpoint writes OUT/epoch=E-step=S.ckpt every K train steps, and
 training goes on. --ckpt PATH resumes from one in a fresh job, as after a job killed right after that step.
+--on-exception-checkpoint: Lightning's OnExceptionCheckpoint writes OUT/on_exception.ckpt when fit ends in an
+exception, Lightning's SIGTERMException included (the job then exits 143), and a later job with the flag resumes
+from it by itself (Lightning's fit(ckpt_path=None) takes it as "last"). --wait-for-sigterm-at-step K: after train
+step K each rank writes OUT/waiting-rank<R> and waits (up to 60 s) until Lightning has seen a SIGTERM (Recorder).
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import time
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from dali_pipes.lightning import DaliDataModule
 
@@ -29,16 +37,29 @@ LOADER_ARGS = dict(device="cpu", image_size=16, num_threads=1, seed=7, shuffle_b
 class Recorder(pl.LightningModule):
     """A linear layer on pooled pixels that records the labels of every batch it is given."""
 
-    def __init__(self, num_classes: int) -> None:
+    def __init__(self, num_classes: int, wait_at_step: int = 0, out: str = "") -> None:
         super().__init__()
         self.head = torch.nn.Linear(3, num_classes)
         self.train_seen: list = []
         self.val_seen: list = []
+        self.wait_at_step, self.out = wait_at_step, out
+        self.facts: dict = {}
 
     def training_step(self, batch, batch_idx):
         images, labels = batch
         self.train_seen.append([self.current_epoch, batch_idx, labels.tolist()])
         return torch.nn.functional.cross_entropy(self.head(images.mean((2, 3))), labels)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        """At step wait_at_step, both ranks wait in Python for the test's SIGTERM (to rank 0, which Lightning
+        forwards to rank 1). Lightning 2.6's handler runs a broadcast inside the signal handler, which pairs
+        up only if every rank is in Python code when its signal arrives, not inside a collective."""
+        if self.global_step != self.wait_at_step or self.trainer.received_sigterm:
+            return
+        open(os.path.join(self.out, f"waiting-rank{self.global_rank}"), "w").close()
+        deadline = time.monotonic() + 60
+        while not self.trainer.received_sigterm and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def validation_step(self, batch, batch_idx):
         images, labels = batch
@@ -58,16 +79,22 @@ class Recorder(pl.LightningModule):
 def main(args: argparse.Namespace) -> None:
     os.makedirs(args.out, exist_ok=True)
     data = DaliDataModule(args.list, args.list, batch_size=BATCH_SIZE, **LOADER_ARGS)
-    model = Recorder(num_classes=64)
+    model = Recorder(num_classes=64, wait_at_step=args.wait_for_sigterm_at_step, out=args.out)
     every = args.checkpoint_every
     saver = [ModelCheckpoint(args.out, every_n_train_steps=every, save_top_k=-1)] if every else []
+    if args.on_exception_checkpoint:
+        saver.append(OnExceptionCheckpoint(args.out))
     trainer = pl.Trainer(accelerator="cpu", devices=RANKS, strategy="ddp", callbacks=saver,
-                         max_epochs=args.epochs, logger=False, enable_checkpointing=bool(every),
+                         max_epochs=args.epochs, logger=False, enable_checkpointing=bool(saver),
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.out)
-    trainer.fit(model, datamodule=data, ckpt_path=args.ckpt)
-    record = {"train": model.train_seen, "val": model.val_seen, **model.facts}
-    with open(os.path.join(args.out, f"rank{trainer.global_rank}.json"), "w") as f:
-        json.dump(record, f)
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=args.ckpt)
+    except SIGTERMException:  # a SystemExit without a code: the process would exit 0, as if done
+        raise SystemExit(128 + signal.SIGTERM)
+    finally:  # also when fit ends in SIGTERMException: what was trained until then
+        record = {"train": model.train_seen, "val": model.val_seen, **model.facts}
+        with open(os.path.join(args.out, f"rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(record, f)
 
 
 def parse_args() -> argparse.Namespace:
@@ -77,6 +104,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--checkpoint-every", type=int, default=0, help="train steps; 0: no checkpoints")
     parser.add_argument("--ckpt", default=None)
+    parser.add_argument("--on-exception-checkpoint", action="store_true")
+    parser.add_argument("--wait-for-sigterm-at-step", type=int, default=0, help="0: no wait")
     return parser.parse_args()
 
 

@@ -116,6 +116,37 @@ def test_negative_webdataset_label_fails_its_batch_naming_the_sample(tmp_path):
         all_labels(DaliLoader(bad, **KW))
 
 
+def test_label_offset_applies_to_webdataset_labels_too(tmp_path):
+    """--label-offset was read for TFRecords only: on WebDataset shards it was silently ignored. It is
+    subtracted from .cls labels as from TFRecord labels, in the DALI graph and in Python reads alike; on
+    0-based shards it is refused at open when a shard starts with class 0, else with the first batch
+    holding one, naming the sample and the offset."""
+    one_based = tar_shard(tmp_path / "one.tar", [b"1", b"4", b"13\n", b"8"])
+    keys = TFRecordKeys(label_offset=1)
+    assert all_labels(DaliLoader(one_based, keys=keys, **KW)) == [0, 3, 7, 12]
+    assert [s.label for s in open_source(one_based, keys=keys).iter_samples()] == [0, 3, 12, 7]
+    starts_with_0 = tar_shard(tmp_path / "zero.tar", [b"0", b"3", b"1", b"2"])
+    with pytest.raises(LabelError, match=r"^.*zero.tar#0000: label 0 - label offset 1 = -1 is negative. "
+                                         r"Check --label-offset \(label_offset=1\)"):
+        open_source(starts_with_0, keys=keys)
+    holds_0 = tar_shard(tmp_path / "later.tar", [b"2", b"3", b"0", b"1"])
+    open_source(holds_0, keys=keys)  # its first sample is class 2: open cannot tell
+    with pytest.raises(LabelError, match=r"later.tar#0002: label 0 - label offset 1 = -1 is negative"):
+        all_labels(DaliLoader(holds_0, keys=keys, **KW))
+
+
+def test_label_offset_is_refused_for_image_folders_and_file_lists(tmp_path, jpeg_folder):
+    """Their labels are not stored in records: an offset would have been ignored without a word."""
+    with pytest.raises(LabelError, match=r"images: label offset 1 given, but .* sorted class folders, 0 .. "
+                                         r"classes - 1; --label-offset applies to TFRecord and WebDataset"):
+        open_source(jpeg_folder, keys=TFRecordKeys(label_offset=1))
+    listed = tmp_path / "list.txt"
+    listed.write_text("images/cat/cat_000.jpg 1\n")
+    with pytest.raises(LabelError, match=r"list.txt: label offset 2 given, .* Drop --label-offset .*0-based"):
+        open_source(str(listed), keys=TFRecordKeys(label_offset=2))
+    assert open_source(jpeg_folder).num_samples == 12  # no offset: as before
+
+
 def test_excluded_samples_still_read_as_padding(tmp_path):
     """A placeholder (skip_bad) stores EXCLUDED_LABEL and reads as -1, while a real -1 is refused."""
     shard = str(tmp_path / "train-00000-of-00001.tfrecord")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -44,13 +46,21 @@ def numbered(tmp_path_factory) -> str:
     return str(root / "list.txt")
 
 
-def run_job(file_list: str, out: str, *args: str) -> list[dict]:
-    """Run the DDP job to its end; each rank's record, rank 0 first."""
+def job_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}  # a fresh launch, whatever runs pytest
     path = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)  # the dali_pipes under test
+    return {**env, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1"}
+
+
+def run_job(file_list: str, out: str, *args: str) -> list[dict]:
+    """Run the DDP job to its end; each rank's record, rank 0 first."""
     done = subprocess.run([sys.executable, JOB, file_list, out, *args], capture_output=True, text=True,
-                          env={**env, "PYTHONPATH": path, "MASTER_ADDR": "127.0.0.1"}, timeout=240)
+                          env=job_env(), timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return read_records(out)
+
+
+def read_records(out: str) -> list[dict]:
     records = []
     for rank in range(RANKS):
         with open(os.path.join(out, f"rank{rank}.json")) as f:
@@ -108,6 +118,41 @@ def test_resume_mid_epoch_continues_with_the_uninterrupted_batches(numbered, uni
     for after, whole in zip(resumed, records):
         assert after["train"] == whole["train"][3:]
     assert_val_counts_each_sample_once(resumed, EPOCHS)
+
+
+def test_sigterm_under_lightning_checkpoints_that_step_and_a_rerun_goes_on_exactly(numbered, uninterrupted, tmp_path):
+    """Lightning's own preemption handling with Lightning's OnExceptionCheckpoint: a real SIGTERM to rank 0
+    of a 2-rank DDP job after step 7 (epoch 1, batch 1 of 5). Lightning forwards it to rank 1, both ranks stop
+    after that step (SIGTERMException), and on_exception.ckpt holds both ranks' loader positions (gathered by
+    DaliDataModule.state_dict). The same command run again resumes from it by itself and trains on exactly the
+    batches the uninterrupted run went on to; then the checkpoint is removed (a finished run leaves none)."""
+    out = str(tmp_path)
+    job = subprocess.Popen([sys.executable, JOB, numbered, out, "--epochs", str(EPOCHS), "--on-exception-checkpoint",
+                            "--wait-for-sigterm-at-step", "7"], env=job_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        while not all(os.path.exists(os.path.join(out, f"waiting-rank{r}")) for r in range(RANKS)):
+            assert job.poll() is None, job.stdout.read()[-5000:]
+            time.sleep(0.05)
+        os.kill(job.pid, signal.SIGTERM)  # rank 0: the process the user (or the scheduler) started
+        output = job.communicate(timeout=120)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 128 + signal.SIGTERM, output[-5000:]  # the job's except SIGTERMException
+    assert "[rank: 1] Received SIGTERM" in output  # forwarded by Lightning: the test signalled rank 0 only
+    stopped = read_records(out)
+    checkpoint = torch.load(os.path.join(out, "on_exception.ckpt"), weights_only=False)
+    assert checkpoint["global_step"] == 7
+    states = checkpoint["DaliDataModule"]["train"]
+    assert [(s["loader"]["rank"], s["loader"]["epoch"], s["loader"]["position"]) for s in states] == [(0, 1, 2), (1, 1, 2)]
+    rerun = run_job(numbered, out, "--epochs", str(EPOCHS), "--on-exception-checkpoint")  # no --ckpt: as requeued
+    for before, after, whole in zip(stopped, rerun, uninterrupted[1]):
+        assert before["train"] == whole["train"][:7]
+        assert after["train"] == whole["train"][7:]
+    real = sorted(label for r in rerun for e, labels in r["val"] if e == 1 for label in labels)
+    assert real == list(range(N))  # epoch 1's validation, in the resumed job: each sample once
+    assert not os.path.exists(os.path.join(out, "on_exception.ckpt"))
 
 
 @pytest.mark.filterwarnings("ignore:Total length of `list` across ranks is zero")  # no val loader: on purpose

@@ -115,17 +115,47 @@ def test_killed_run_resumes_on_the_same_sample_sequence(tiny, tmp_path):
         assert all(before[rank][s] == expected[s] for s in range(1, 12) if s in before[rank])
 
 
-def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, tmp_path):
+PREEMPTION_ARGS = ("--record-labels", "--checkpoint-every", "0")
+
+
+@pytest.fixture(scope="module")
+def whole(tiny, tmp_path_factory):
+    """The uninterrupted run the preemption tests compare with: 3 epochs, labels recorded per step."""
+    workdir = tmp_path_factory.mktemp("whole")
+    torchrun(workdir, tiny / "train", *PREEMPTION_ARGS, epochs=3)
+    return workdir
+
+
+def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, whole, tmp_path):
     """SIGTERM to one rank of a 2-rank torchrun job mid-epoch (step 9 of 6-step epochs, no periodic
     checkpoints): both ranks stop after step 9, it is checkpointed, the exit says "preempted" with a
     non-zero status, and --resume goes on with every step's labels of an uninterrupted run."""
-    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    common = ("--record-labels", "--checkpoint-every", "0")
-    torchrun(whole, tiny / "train", *common, epochs=3)
+    stopped = tmp_path / "stopped"
+    common = PREEMPTION_ARGS
     run = torchrun(stopped, tiny / "train", *common, "--kill-at-step", 9, "--kill-rank", 1, "--kill-signal", "TERM",
                    epochs=3, check=False)
     assert run.returncode != 0 and "preempted by SIGTERM at step 9 (epoch 1, batch 3)" in run.stdout
     resumed = torchrun(stopped, tiny / "train", *common, "--resume", epochs=3)
+    assert "at step 9" in resumed.stdout
+    for rank in (0, 1):
+        assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
+
+
+def test_a_second_signal_during_the_checkpoint_write_leaves_it_whole(tiny, whole, tmp_path):
+    """SIGTERM to rank 1 after step 9, then SIGTERM to rank 0 twice while it writes that step's checkpoint
+    (as it opens the temporary file, and just before the rename), as from a scheduler that signals again or
+    torchrun's agent forwarding one: the handler only notes a signal, so the save runs to its end. One
+    checkpoint at step 9, no temporary file; --resume goes on with every step's labels of an uninterrupted run."""
+    import torch
+    stopped = tmp_path / "stopped"
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 9, "--kill-rank", 1,
+                   "--kill-signal", "TERM", "--kill-again-during-save", epochs=3, check=False)
+    assert run.returncode != 0 and "preempted by SIGTERM at step 9 (epoch 1, batch 3)" in run.stdout, run.stderr[-3000:]
+    sent = [line for line in run.stderr.splitlines() if "crash test: SIGTERM sent during the checkpoint write" in line]
+    assert [line.split("(")[1].split()[0] for line in sent] == ["open", "os.rename"]  # both inside the save
+    assert sorted(p.name for p in stopped.iterdir() if "checkpoint" in p.name) == ["checkpoint.pt"]
+    assert torch.load(stopped / "checkpoint.pt", map_location="cpu", weights_only=False)["step"] == 9
+    resumed = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--resume", epochs=3)
     assert "at step 9" in resumed.stdout
     for rank in (0, 1):
         assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)

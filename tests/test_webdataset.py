@@ -1,11 +1,14 @@
 """formats/webdataset.py: tar members grouped into samples by key, labels parsed, indexes in DALI's v1.2 form."""
 
+import os
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import webdataset
+from dali_pipes.labels import EXCLUDED_LABEL
 
 from conftest import jpeg_bytes
 
@@ -25,3 +28,34 @@ def test_samples_group_by_key_and_the_index_lists_them(tmp_path):
     assert webdataset.parse_label(b" 42\n", "here") == 42
     with pytest.raises(DatasetError, match="here: label b'x' is not an integer"):
         webdataset.parse_label(b"x", "here")
+
+
+def _three_samples(path: str) -> str:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(3):
+            webdataset.add_member(tar, f"s_{i}.jpg", jpeg_bytes(i))
+            webdataset.add_member(tar, f"s_{i}.cls", str(i).encode())
+    webdataset.build_index(path, path + ".idx")
+    return path
+
+
+def test_a_rewrite_that_fails_removes_its_temp_copy(tmp_path, disk_full):
+    """Issue 19: the copy of a shard with its bad samples replaced was written to a temp file that a failed
+    write left behind. A full disk (injected ENOSPC) now leaves the target folder as it was; once space is
+    freed the copy is made, the bad sample replaced by the placeholder and label EXCLUDED_LABEL."""
+    shard = _three_samples(str(tmp_path / "s.tar"))
+    out = tmp_path / "excluded"
+    out.mkdir()
+    source = SimpleNamespace(label_ext="cls")
+    target = str(out / "copy.tar")
+    disk_full(out)
+    with pytest.raises(OSError, match="No space left"):
+        webdataset.rewrite_without(shard, shard + ".idx", target, {"s_1"}, b"placeholder", source)
+    assert os.listdir(out) == []  # no temp copy, no half-written target
+    disk_full(None)
+    webdataset.rewrite_without(shard, shard + ".idx", target, {"s_1"}, b"placeholder", source)
+    assert sorted(os.listdir(out)) == ["copy.tar", "copy.tar.idx"]
+    with tarfile.open(target) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert members == {"s_0.jpg": jpeg_bytes(0), "s_0.cls": b"0", "s_1.jpg": b"placeholder",
+                       "s_1.cls": str(EXCLUDED_LABEL).encode(), "s_2.jpg": jpeg_bytes(2), "s_2.cls": b"2"}

@@ -70,6 +70,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
     p.add_argument("--kill-rank", type=int, default=0)
     p.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM", "USR1"], help="crash test: the signal")
+    p.add_argument("--kill-again-during-save", action="store_true", help="crash test: and again while rank 0 saves")
     p.add_argument("--trace", default="", help="write a Chrome/Perfetto trace here: per rank, steps, waits, loader "
                    "rebuilds and tuning trials")
     p.add_argument("--tensorboard", default="", help="log the epoch metrics here (pip install 'dali_pipes[tensorboard]')")
@@ -269,7 +270,8 @@ def main(args) -> list[dict]:
         if run.is_main:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
     if args.kill_at_step:
-        run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank, args.kill_signal))
+        run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank, args.kill_signal,
+                                           args.kill_again_during_save))
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)

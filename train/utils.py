@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import sys
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dali_pipes import Shard
+from dali_pipes.files import is_temp
 from dali_pipes.loader import resolve_device
 from dali_pipes.pipeline import cuda_device_id
 
@@ -123,12 +125,30 @@ def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) ->
     return WarmupCosine(total_samples, warmup_samples, global_batch)
 
 
-def kill_at_step(step: int, rank: int, name: str = "KILL"):
-    """A crash test's hook: signal rank `rank` right after step `step` (KILL: no cleanup, no goodbye)."""
+def kill_at_step(step: int, rank: int, name: str = "KILL", again_during_save: bool = False):
+    """A crash test's hook: signal rank `rank` right after step `step` (KILL: no cleanup, no goodbye).
+    again_during_save: from then on, also signal the process that writes the checkpoint (rank 0) in the
+    middle of writing it: when it opens the temporary file and again just before renaming it."""
     def hook(run) -> None:
+        if run.step == step and again_during_save:
+            _signal_during_checkpoint_writes(name)
         if run.step == step and run.shard.rank == rank:
             os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
     return hook
+
+
+def _signal_during_checkpoint_writes(name: str) -> None:
+    """Send SIG<name> to this process whenever it opens a checkpoint's temporary file for writing or renames
+    one over the checkpoint (an audit hook: the save itself carries no test code). The handler runs right
+    then, inside the save; a line on stderr says so."""
+    def audit(event: str, args: tuple) -> None:
+        opened = event == "open" and isinstance(args[1], str) and "w" in args[1]
+        if (opened or event == "os.rename") and isinstance(args[0], str) and \
+                os.path.basename(args[0]).startswith("checkpoint.pt.tmp-") and is_temp(args[0]):
+            print(f"crash test: SIG{name} sent during the checkpoint write ({event} {args[0]})", file=sys.stderr,
+                  flush=True)
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+    sys.addaudithook(audit)
 
 
 def resolve_data(args) -> tuple[str, str]:

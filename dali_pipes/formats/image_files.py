@@ -127,7 +127,15 @@ def read_file_list(list_path: str, missing_ok: bool = False, *, allow_duplicates
 # ---------------------------------------------------------------------------------------------
 
 def check_source(source: SourceRecord, keys) -> None:
-    """Nothing to check before DALI: the listing found every file (empty ones: source.py)."""
+    """The listing found every file (empty ones: source.py). A label offset is refused: it applies to labels
+    stored in shards, and ignoring it here would train on other labels than the user asked for."""
+    if keys.label_offset:
+        labels = ("are the positions of the sorted class folders, 0 .. classes - 1" if source.kind == "folder"
+                  else "are used as the list writes them")
+        raise LabelError(source.location, f"label offset {keys.label_offset} given, but an image folder's or a "
+                         f"file list's labels {labels}; --label-offset applies to TFRecord and WebDataset shards",
+                         "Drop --label-offset (label_offset=0)"
+                         + ("" if source.kind == "folder" else ", or write the list's labels 0-based"))
 
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.files import atomic_write, private_tmp
-from dali_pipes.labels import EXCLUDED_LABEL, dali_checked_labels, stored_to_label
+from dali_pipes.files import atomic_write
+from dali_pipes.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, stored_to_label
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
 SHARD_NAME = "a .tar shard"  # in messages
@@ -38,7 +38,18 @@ def sniff_head(head: bytes) -> bool:
 
 
 def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
-    """Nothing beyond what indexing checked: every sample's image and label members were found."""
+    """Indexing found every sample's image and label members. The label of the first sample of the first
+    and last shards, after the label offset, is checked here (one ranged read each, local or s3://), as
+    TFRecord's first record is: a --label-offset 1 on 0-based data is refused at open when one shows it."""
+    num_classes = len(source.classes) if source.classes else None
+    for i in sorted({0, len(source.files) - 1}):
+        samples = read_tar_index(source.index_files[i])
+        ref = _ref(source.files[i], 0, samples[0], source.label_ext, keys.label_offset) if samples else None
+        if ref is not None:
+            (text,) = _read_members(ref, ref.extra[1:2])  # the .cls member alone
+            check_label(stored_label(text, ref.origin) - keys.label_offset, ref.origin, offset=keys.label_offset,
+                        num_classes=num_classes, classes_from="classes.json")
+
 
 INDEX_VERSION = "v1.2"
 BLOCK = 512
@@ -223,13 +234,18 @@ def read_member(f, member: Member) -> bytes:
     return f.read(member.size)
 
 
-def parse_label(data: bytes, where: str) -> int:
-    """The label a .cls member holds: never negative (LabelError), a placeholder's reads as PADDING_LABEL."""
+def parse_label(data: bytes, where: str, offset: int = 0) -> int:
+    """The label a .cls member holds, less `offset` (--label-offset): never negative (LabelError naming the
+    offset), a placeholder's reads as PADDING_LABEL."""
+    return stored_to_label(stored_label(data, where), where, offset)
+
+
+def stored_label(data: bytes, where: str) -> int:
+    """The integer a .cls member holds, as stored (DatasetError if it is none)."""
     try:
-        stored = int(data.decode().strip())
+        return int(data.decode().strip())
     except (UnicodeDecodeError, ValueError):
         raise DatasetError(where, f"label {data[:20]!r} is not an integer") from None
-    return stored_to_label(stored, where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,30 +284,33 @@ def check_shard(shard: str) -> None:
     """Nothing to refuse before indexing: scanning the tar checks it."""
 
 
-def _ref(shard: str, position: int, members: list[Member], label_ext: str) -> SampleRef | None:
+def _ref(shard: str, position: int, members: list[Member], label_ext: str, label_offset: int) -> SampleRef | None:
     by_ext = {m.key_ext[1]: m for m in members}
     image = next((by_ext[e] for e in IMAGE_EXTS if e in by_ext), None)
     if image is None or label_ext not in by_ext:
         return None
     return SampleRef("webdataset", shard, position, members[0].key_ext[0], image.offset, image.size,
-                     extra=(image, by_ext[label_ext]))
+                     extra=(image, by_ext[label_ext], label_offset))
 
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:
-    return [_ref(shard, i, members, source.label_ext)
+    return [_ref(shard, i, members, source.label_ext, source.keys.label_offset)
             for shard, idx in zip(source.files, source.index_files)
             for i, members in enumerate(read_tar_index(idx))]
 
 
-def read_sample(ref: SampleRef) -> Sample:
-    image, label = ref.extra
-    where = f"{ref.path}#{ref.key}"
+def _read_members(ref: SampleRef, members: tuple[Member, ...]) -> list[bytes]:
     from dali_pipes import object_store
     if object_store.is_remote(ref.path):
-        data, text = (object_store.read_range(ref.path, m.offset, m.size) for m in (image, label))
-        return Sample(where, data, parse_label(text, where))
+        return [object_store.read_range(ref.path, m.offset, m.size) for m in members]
     with open(ref.path, "rb") as f:
-        return Sample(where, read_member(f, image), parse_label(read_member(f, label), where))
+        return [read_member(f, m) for m in members]
+
+
+def read_sample(ref: SampleRef) -> Sample:
+    image, label, offset = ref.extra
+    data, text = _read_members(ref, (image, label))
+    return Sample(ref.origin, data, parse_label(text, ref.origin, offset))
 
 
 def dali_reader(source: SourceRecord, reader_args: dict):
@@ -301,7 +320,8 @@ def dali_reader(source: SourceRecord, reader_args: dict):
         paths=source.files, index_paths=source.index_files, ext=[";".join(IMAGE_EXTS), source.label_ext],
         missing_component_behavior="error", **reader_args)
     num_classes = len(source.classes) if source.classes else None
-    return images, dali_checked_labels(ascii_to_int64(cls), 0, num_classes)  # out of range: the batch fails
+    # less --label-offset; out of range (negative after it, or >= the classes): the batch fails
+    return images, dali_checked_labels(ascii_to_int64(cls), source.keys.label_offset, num_classes)
 
 
 def ascii_to_int64(cls):
@@ -332,7 +352,7 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
         return [], [e]
     refs, problems = [], []
     for i, members in enumerate(samples):
-        ref = _ref(shard, i, members, label_ext)
+        ref = _ref(shard, i, members, label_ext, keys.label_offset)
         if ref is None:
             key = members[0].key_ext[0]
             problems.append(DatasetError(f"{shard}#{key}", f"incomplete sample: members "
@@ -346,8 +366,9 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
     placeholder image, label EXCLUDED_LABEL), and write the copy's index."""
     from dali_pipes.object_store import local_copy
-    with local_copy(shard) as local, open(local, "rb") as f, \
-            tarfile.open(tmp := private_tmp(target), "w", format=tarfile.GNU_FORMAT) as out:
+    # atomic_write: the temp copy is removed when reading the shard or writing the copy fails
+    with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as raw, \
+            tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as out:
         for members in read_tar_index(index_path):
             key = members[0].key_ext[0]
             for m in members:
@@ -358,5 +379,4 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
                 else:
                     data = jpeg
                 add_member(out, m.name, data)
-    os.replace(tmp, target)
     write_tar_index(build_tar_index(target, source.label_ext), target + ".idx")
