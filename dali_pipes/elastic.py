@@ -72,6 +72,16 @@ class IdentityTable:
             self._order = np.argsort(hashes, kind="stable")
             self._hashes = hashes[self._order]
 
+    def repeated(self) -> np.ndarray:
+        """Samples whose identity another sample shares (a file listed twice, the placeholders of excluded
+        samples): which of them a rank delivered is not known, only how many (see mark)."""
+        out = np.zeros(len(self._source.files) if not self._source.format.SHARDED else int(self._starts[-1]), bool)
+        if not self._source.format.SHARDED and len(self._hashes) > 1:
+            same = self._hashes[1:] == self._hashes[:-1]
+            out[self._order[1:][same]] = True
+            out[self._order[:-1][same]] = True
+        return out
+
     def mark(self, keys: list[str], marked: np.ndarray) -> list[str]:
         """Mark the samples named by `keys` in `marked`; returns the keys not found."""
         find = self._find_shard_samples if self._source.format.SHARDED else self._find_files
@@ -153,6 +163,10 @@ class DeliveryRecord:
                           f"format was checked on DALI {IDENTITY_CHECKED_DALI}); this epoch's state can only "
                           f"resume on the same world size")
         self.complete = self.complete and not missing
+
+    def repeated(self) -> np.ndarray:
+        """Samples of the bound source whose identity another shares (IdentityTable.repeated)."""
+        return self._table.repeated() if self._table is not None else np.zeros(len(self.delivered), bool)
 
     def end_epoch(self) -> bool:
         """Start the next epoch's record; True when the epoch that ended was a remainder epoch."""

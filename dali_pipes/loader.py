@@ -152,7 +152,7 @@ class DaliLoader:
                     shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
                     decode_device=decode_device)
         self.position = Position()
-        self.pipe = RankPipeline.create(source, args, self.position, policy, drop=self.contract.dali_drop,
+        self.pipe = RankPipeline.create(source, args, self.position, policy, contract=self.contract,
                                         remote_feed=remote_feed, cache_dir=cache_dir, cache_bytes=cache_bytes,
                                         cache_prefetch=cache_prefetch, sharding_check=sharding_check)
         try:
@@ -234,7 +234,7 @@ class DaliLoader:
         cut, at = self._cut(), self.position
         self.pipe.begin_epoch(cut.batches)
         while at.batch < cut.batches:
-            batch = self.pipe.next()
+            batch = self.pipe.next(cut.size(at.batch))
             if batch is None:
                 break  # DALI ended the epoch first: never, as contract.py models it
             images, labels = self._shape(batch, cut)

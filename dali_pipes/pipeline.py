@@ -10,7 +10,7 @@ import numpy as np
 
 from dali_pipes import elastic, sharding, tuning
 from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
-from dali_pipes.contract import Position
+from dali_pipes.contract import Contract, Position
 from dali_pipes.dist import Shard, default_threads, usable_cpus
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
@@ -197,6 +197,7 @@ class RankPipeline:
         self.record = elastic.DeliveryRecord(source.num_samples)
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
         self.epoch_end_due = False  # end_epoch_later
+        self.every_sample = True  # val delivers every sample (no drop_last): the sharding check may say so
         self.clock = LoaderClock()
         if self.tuner is not None:  # its trials on the loader's clock (a trace shows them)
             self.tuner.on_trial = lambda t: self.clock.event("tuning trial", t.started, time.perf_counter(),
@@ -211,19 +212,26 @@ class RankPipeline:
         self.built_augment: AugmentConfig | None = None  # the graph settings of the pipeline built last
 
     @classmethod
-    def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, drop: bool,
+    def create(cls, source: Source, args: dict, position: Position, policy: BadSamplePolicy, *, contract: Contract,
                remote_feed: str, cache_dir: str | None, cache_bytes: int, cache_prefetch: int,
                sharding_check: bool = True) -> "RankPipeline":
         """With s3:// data fed through a bounded local shard cache kept ahead of the reader, or DALI's
-        own s3:// reads (remote_feed.py); damage found while opening (skip_bad) excluded first."""
-        if args["prefetch_queue_depth"] == tuning.AUTO and source.remote is not None and remote_feed == "cache":
-            # The shard cache's bound is sized to the reader's reach, which the depth sets: kept at DALI's 2
-            args = {**args, "prefetch_queue_depth": 2}
+        own s3:// reads (remote_feed.py); damage found while opening (skip_bad) excluded first. Under
+        `contract` (contract.py): DALI's DROP policy or not; whether val delivers every sample."""
+        if source.remote is not None and remote_feed == "cache":
+            # Not tuned online: a rebuild would replay the epoch's shards into a new cache (and its bound is
+            # sized to the reader's reach, which the depth sets). The remembered or default values run.
+            args = {**args, "tune": False}
+            if args["prefetch_queue_depth"] == tuning.AUTO:
+                args["prefetch_queue_depth"] = 2
         feed = RemoteFeed(remote_feed, train=args["train"], batch_size=args["batch_size"], shard=args["shard"],
                           shuffle_buffer=args["shuffle_buffer"], prefetch_queue_depth=max(tuning.DEPTHS)
                           if args["prefetch_queue_depth"] == tuning.AUTO else args["prefetch_queue_depth"],
                           cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
-        return cls(policy.take_damaged(source), args, position, policy, feed, drop=drop, sharding_check=sharding_check)
+        pipe = cls(policy.take_damaged(source), args, position, policy, feed, drop=contract.dali_drop,
+                   sharding_check=sharding_check)
+        pipe.every_sample = not (contract.drop_last or contract.sampler_drop_last)
+        return pipe
 
     def build(self, checkpoint: str | None = None) -> None:
         self.epoch_end_due = False
@@ -285,20 +293,24 @@ class RankPipeline:
     def begin_epoch(self, batches: int) -> None:
         """An epoch of `batches` batches starts (at position.batch): its clock, and the tuner's budget
         when this is the first epoch this loader runs (tuning.py)."""
-        self.clock.begin(self.position.epoch)
+        epochs = self.clock.epochs
+        if not epochs or epochs[-1].epoch != self.position.epoch or self.position.batch == 0:
+            self.clock.begin(self.position.epoch)  # not when an abandoned epoch is finished: its figures stay
         self.whole_epoch = self.position.batch == 0 and self.record.remainder is None
         if self.tuner is not None and not self.tuner.done and not self.tuner.trials:
             self.tuner.begin(batches)
 
-    def next(self) -> dict | None:
-        """The next batch, timed (stats.py); while tuning, each batch is the tuner's to judge."""
+    def next(self, images: int | None = None) -> dict | None:
+        """The next batch, timed (stats.py; `images`: what the loader yields of it, padding cut); while
+        tuning, each batch is the tuner's to judge."""
         asked = time.perf_counter()
         if self.retune is not None:
             self._rebuild(self.retune)
         batch = self.run.next(self._advance)
         self.outage.delivered()
         if batch is not None:
-            wait, wall, cpu = self.clock.batch(asked, time.perf_counter(), len(batch["labels"]))
+            wait, wall, cpu = self.clock.batch(asked, time.perf_counter(),
+                                               len(batch["labels"]) if images is None else images)
             if self.tuner is not None and not self.tuner.done:
                 self.retune = self.tuner.observe(wait, wall, cpu)
                 self._tuned()
@@ -319,7 +331,7 @@ class RankPipeline:
     def _tuned(self) -> None:
         """Once the tuner has chosen: remembered for the next run (by local rank 0 only)."""
         if self.tuner.done and self.tuning_key is not None:
-            tuning.remember(self.tuning_key, {**dataclasses.asdict(self.tuner.chosen), "source": "online"})
+            tuning.remember(self.tuning_key, {**self.tuner.tuned_values(), "source": "online"})
             self.tuning_key = None
 
     def finish_epoch(self) -> None:
@@ -330,6 +342,7 @@ class RankPipeline:
         if self.sharding_check and self.whole_epoch:
             self.sharding_check = False  # once per run
             sharding.check_delivery(self.record, self.args["shard"], train=self.args["train"],
+                                    every_sample=self.every_sample,
                                     location=self.source.location, excluded=len(self.policy.bad_samples),
                                     name_of=lambda i: str(self.source.refs()[i]))
 
@@ -347,10 +360,9 @@ class RankPipeline:
     def restore_tuning(self, chosen: dict | None) -> None:
         """A state's choice: this loader does not search again (its own fixed values stay fixed)."""
         if self.tuner is not None and chosen:
+            self.retune = None  # a search this loader had begun is over: the state's choice stands
             self.tuner.done, self.tuner.chosen = True, tuning.Settings(**chosen)
-            auto = {k: chosen[k] for k, tuned in (("num_threads", self.tuner.tune_threads),
-                                                  ("prefetch_queue_depth", self.tuner.tune_depth)) if tuned}
-            self.args = {**self.args, **auto}
+            self.args = {**self.args, **self.tuner.tuned_values()}
 
     def drain(self) -> None:
         self.run.drain(self._advance)

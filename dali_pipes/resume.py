@@ -177,6 +177,7 @@ def restore_elastic(loader: Any, states: list[dict]) -> None:
     if plan is not None:
         loader.pipe.record.delivered, loader.pipe.record.remainder = base.copy(), plan
     move(loader, Position(epoch))
+    loader.pipe.restore_tuning(next((s["tuned"] for s in states if s.get("tuned")), None))
     loader.pipe.build()
 
 

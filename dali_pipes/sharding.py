@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime
 import json
 import socket
-import zlib
 from collections import Counter
 from typing import Callable
 
@@ -32,10 +31,13 @@ TIMEOUT_S = 300  # for the other ranks to end the same epoch (they run the same 
 _CALLS: Counter = Counter()  # per process: the n-th check of a loader with this key (ranks agree on n)
 
 
-def check_delivery(record, shard: Shard, *, train: bool, location: str, excluded: int,
+def check_delivery(record, shard: Shard, *, train: bool, every_sample: bool, location: str, excluded: int,
                    name_of: Callable[[int], str] | None = None, timeout_s: float = TIMEOUT_S) -> None:
-    """Raise DatasetError, on every rank, when the ranks' deliveries of the epoch overlap (or, in val,
-    leave samples out). `excluded`: this rank's bad samples excluded so far (never delivered)."""
+    """Raise DatasetError, on every rank, when the ranks' deliveries of the epoch overlap (or, in val
+    when `every_sample` is promised, leave samples out). `excluded`: this rank's bad samples excluded
+    so far (never delivered). Samples whose identity another shares (a file listed twice, the
+    placeholders of excluded samples) are left out of the comparison: which of them a rank delivered
+    is not known."""
     import torch.distributed as dist
     if shard.world_size < 2:  # built to read everything on each rank (DataLoader without a sampler): no shards
         return
@@ -44,18 +46,21 @@ def check_delivery(record, shard: Shard, *, train: bool, location: str, excluded
     store = _store()
     if store is None:
         return
-    n = len(record.delivered)
-    base = f"dali_pipes/sharding/{'train' if train else 'val'}/{zlib.crc32(location.encode()):08x}/{n}"
+    base = f"dali_pipes/sharding/{'train' if train else 'val'}"  # the same on every rank, whatever its data
     _CALLS[base] += 1
     key, me, world = f"{base}/{_CALLS[base]}", dist.get_rank(), dist.get_world_size()
+    repeated = record.repeated()
     header = {"rank": shard.rank, "world_size": shard.world_size, "local_rank": shard.local_rank,
-              "host": socket.gethostname(), "complete": bool(record.complete), "excluded": excluded}
-    store.set(f"{key}/{me}", json.dumps(header).encode() + b"\n" + np.packbits(record.delivered).tobytes())
+              "host": socket.gethostname(), "complete": bool(record.complete), "excluded": excluded,
+              "location": location, "num_samples": len(record.delivered), "every_sample": every_sample}
+    bits = np.packbits(record.delivered & ~repeated).tobytes()
+    store.set(f"{key}/{me}", json.dumps(header).encode() + b"\n" + bits)
     wait = datetime.timedelta(seconds=timeout_s)
     if me == 0:
         names = [f"{key}/{r}" for r in range(world)]
         _wait(store, names, wait, "the other ranks")
-        verdict = judge([_parse(store.get(k), n) for k in names], train=train, location=location, name_of=name_of)
+        verdict = judge([_parse(store.get(k)) for k in names], train=train, location=location, name_of=name_of,
+                        ignored=repeated)
         store.set(f"{key}/verdict", verdict.encode())
         for k in names:
             store.delete_key(k)
@@ -87,28 +92,46 @@ def _wait(store, keys: list[str], timeout: datetime.timedelta, who: str) -> None
             f"one reads, or pass sharding_check=False (--no-sharding-check)") from None
 
 
-def _parse(payload: bytes, n: int) -> tuple[dict, np.ndarray]:
+def _parse(payload: bytes) -> tuple[dict, np.ndarray]:
     header, bits = payload.split(b"\n", 1)
-    return json.loads(header), np.unpackbits(np.frombuffer(bits, np.uint8), count=n).astype(bool)
+    header = json.loads(header)
+    return header, np.unpackbits(np.frombuffer(bits, np.uint8), count=header["num_samples"]).astype(bool)
 
 
 def judge(ranks: list[tuple[dict, np.ndarray]], *, train: bool, location: str,
-          name_of: Callable[[int], str] | None = None) -> str:
-    """"" when the deliveries are a valid sharding, else the message (ranks in process-group order)."""
-    if not all(header["complete"] for header, _ in ranks):
+          name_of: Callable[[int], str] | None = None, ignored: np.ndarray | None = None) -> str:
+    """"" when the deliveries are a valid sharding, else the message (ranks in process-group order).
+    `ignored`: samples left out of the comparison (shared identities). Processes built on fewer shards
+    than the group has (data-parallel groups of a hybrid-parallel job: world_size < the group's) are
+    compared one per shard."""
+    headers = [header for header, _ in ranks]
+    data = {(h["location"], h["num_samples"]) for h in headers}
+    if len(data) > 1:
+        seen = "; ".join(f"process {i}: {h['num_samples']} samples of {h['location']}" for i, h in enumerate(headers))
+        return (f"sharding check ({'train' if train else 'val'}): the ranks opened different data ({seen}). "
+                f"Every rank must open the same data (same files, same order)")
+    if not all(h["complete"] for h in headers):
         return ""  # a rank could not identify some samples it delivered: nothing certain to compare
+    sizes, procs = {h["world_size"] for h in headers}, list(range(len(ranks)))
+    if len(sizes) == 1 and sizes.pop() < len(ranks) and len({h["rank"] for h in headers}) == headers[0]["world_size"]:
+        firsts = {}
+        for process, header in enumerate(headers):
+            firsts.setdefault(header["rank"], process)
+        procs = sorted(firsts.values())
+        ranks = [ranks[p] for p in procs]  # one process per shard: the others are data-parallel replicas
     counts = np.zeros(len(ranks[0][1]), np.uint16)
     for _, delivered in ranks:
         counts += delivered
-    twice, missing = np.flatnonzero(counts > 1), np.flatnonzero(counts == 0)
+    twice = np.flatnonzero(counts > 1)
+    missing = np.flatnonzero((counts == 0) & (~ignored if ignored is not None else True))
     excluded = sum(header["excluded"] for header, _ in ranks)
     if twice.size:
         first = int(twice[0])
-        holders = [r for r, (_, delivered) in enumerate(ranks) if delivered[first]]
+        holders = [procs[r] for r, (_, delivered) in enumerate(ranks) if delivered[first]]
         sample = name_of(first) if name_of else f"sample {first}"
         problem = (f"ranks {_join(holders)} all delivered {sample}; {twice.size} samples went to more than one "
                    f"rank this epoch")
-    elif not train and missing.size > excluded:
+    elif not train and headers[0].get("every_sample", True) and missing.size > excluded:
         sample = name_of(int(missing[0])) if name_of else f"sample {int(missing[0])}"
         problem = f"no rank delivered {sample} ({missing.size} samples were left out of validation)"
     else:

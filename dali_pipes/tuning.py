@@ -63,23 +63,38 @@ class Settings:
 def machine() -> dict:
     """What makes one machine's best settings differ from another's."""
     import nvidia.dali
-    import torch
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
-    return {"cpu": cpu, "usable_cpus": usable_cpus(), "gpu": gpu, "dali": nvidia.dali.__version__}
+    return {"cpu": cpu, "usable_cpus": usable_cpus(), "gpu": gpu_model(), "dali": nvidia.dali.__version__}
+
+
+def gpu_model() -> str:
+    """The GPU's model, without initialising CUDA in this process (that would pin torch's current device
+    to 0 before the training script chose one): the driver's /proc entry, else torch once initialised."""
+    import glob
+    import torch
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            with open(info) as f:
+                return next((line.split(":", 1)[1].strip() for line in f if line.startswith("Model")), "")
+        except OSError:
+            continue
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name()
+    return "cuda" if torch.cuda.is_available() else ""
 
 
 def graph_key(args: dict, kind: str) -> dict:
-    """The pipeline's graph as far as its speed goes (rank and seed do not matter)."""
-    augment = args["augment"]
+    """The pipeline's graph as far as the threads it needs go (not the rank, seed, batch size or
+    hw_decoder_load: a profile at batch 64 seeds a run at 256)."""
+    augment = dataclasses.asdict(args["augment"]) if dataclasses.is_dataclass(args["augment"]) else dict(args["augment"])
+    augment.pop("hw_decoder_load", None)  # a decoder knob that profile recommends: the same graph for the threads
     return {"train": args["train"], "device": args["device"], "decode_device": args.get("decode_device"),
-            "batch_size": args["batch_size"], "format": kind,
-            "augment": dataclasses.asdict(augment) if dataclasses.is_dataclass(augment) else augment}
+            "format": kind, "augment": augment}
 
 
 def memory_key(args: dict, kind: str) -> str:
@@ -256,6 +271,11 @@ class Tuner:
         self.done, self.chosen = True, settings
         log.info("tuning rank %d: chose %s (%s)", self.rank, settings, why)
 
+    def tuned_values(self) -> dict:
+        """The chosen values of the knobs this tuner searched (a value the user fixed is not remembered)."""
+        searched = {"num_threads": self.tune_threads, "prefetch_queue_depth": self.tune_depth}
+        return {k: v for k, v in dataclasses.asdict(self.chosen).items() if searched[k]}
+
     def state(self) -> dict | None:
         """For the loader's state: the choice once made (a resumed run does not search again)."""
         return dataclasses.asdict(self.chosen) if self.done and self.chosen else None
@@ -263,6 +283,8 @@ class Tuner:
 
 def plan(args: dict, kind: str, rank: int, local_rank: int) -> tuple[dict, Tuner | None, str | None]:
     """(pipeline args with numbers for "auto", the tuner or None, the memory key or None)."""
+    args = dict(args)
+    online = args.pop("tune", True)  # False where a rebuild is not allowed (pipeline.py says where)
     threads, depth = args["num_threads"], args["prefetch_queue_depth"]
     tune_threads, tune_depth = threads == AUTO, depth == AUTO
     if not (tune_threads or tune_depth):
@@ -272,6 +294,10 @@ def plan(args: dict, kind: str, rank: int, local_rank: int) -> tuple[dict, Tuner
     entry = recall(key) or {}
     start = Settings(entry.get("num_threads", cores) if tune_threads else threads,
                      entry.get("prefetch_queue_depth", 2) if tune_depth else depth)
+    if not online:
+        log.info("tuning rank %d: not tuned online here (s3:// through the shard cache); running %s%s", rank, start,
+                 " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
+        return {**args, **dataclasses.asdict(start)}, None, None
     tuner = Tuner(start, tune_threads, tune_depth, cores, remembered=bool(entry), rank=rank)
     if entry:
         log.info("tuning rank %d: starting from the remembered %s (%s, %s)", rank, start, entry.get("source"),

@@ -29,7 +29,7 @@ def train_run(data: str, threads: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="dali_pipes-auto-") as work:
         cmd = [sys.executable, "-m", "train", "--data", data, "--arch", args.arch, "--image-size", str(args.image_size),
                "--epochs", "2", "--batch-size", str(args.batch_size), "--num-threads", threads, "--device", "cpu",
-               "--workdir", os.path.join(work, "run")]
+               "--prefetch-queue-depth", threads if threads == "auto" else "2", "--workdir", os.path.join(work, "run")]
         env = {**os.environ, "DALI_PIPES_CACHE": os.path.join(work, "cache")}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
         if done.returncode:
@@ -44,20 +44,21 @@ def loader_run(data: str, threads: str, args: argparse.Namespace) -> dict:
     from dali_pipes import DaliLoader
     old = os.environ.get("DALI_PIPES_CACHE")
     with tempfile.TemporaryDirectory(prefix="dali_pipes-auto-") as cache:
-        os.environ["DALI_PIPES_CACHE"] = cache  # read when the loader is built: an empty memory
+        os.environ["DALI_PIPES_CACHE"] = cache  # an empty memory, and the choice is remembered there, not in yours
         try:
+            fixed = {} if threads == "auto" else {"num_threads": int(threads), "prefetch_queue_depth": 2}
             loader = DaliLoader(data, batch_size=args.batch_size, train=True, device="cpu", image_size=args.image_size,
-                                num_threads=threads if threads == "auto" else int(threads))
+                                **fixed)
+            rates = []
+            for _ in range(2):
+                start, images = time.perf_counter(), 0
+                for batch, _labels in loader:
+                    images += batch.shape[0]
+                rates.append(images / (time.perf_counter() - start))
+            chosen = loader.stats()["num_threads"]
+            loader.close()
         finally:
             os.environ.pop("DALI_PIPES_CACHE") if old is None else os.environ.update(DALI_PIPES_CACHE=old)
-        rates = []
-        for _ in range(2):
-            start, images = time.perf_counter(), 0
-            for batch, _labels in loader:
-                images += batch.shape[0]
-            rates.append(images / (time.perf_counter() - start))
-        chosen = loader.stats()["num_threads"]
-        loader.close()
     return {"images_per_s": rates, "num_threads": chosen}
 
 

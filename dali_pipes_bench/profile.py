@@ -6,7 +6,7 @@ Stages, each a pipeline of its own, cumulative (each adds one step to the one be
   decode    + the whole image decoded (graph.decode_only; train decodes only its crop: an upper bound)
   augment   + the full graph: the loader's pipeline, run by DALI alone
   iterator  + into torch tensors through DALIGenericIterator, as DaliLoader reads it
-  copy      + the copy to the GPU (GPU runs only)
+  copy      + the copy to the GPU (a CPU pipeline on a GPU machine; a GPU pipeline's outputs are there)
 each timed at 1, half and all usable cores (num_threads), in rounds that alternate every case, so a
 machine that slows down mid-run slows every case alike. Per case: images/s (median over rounds) and
 CPU cores busy (process CPU seconds per wall second). The binding stage is the one that adds the most
@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from typing import Sequence
 
 from tqdm import tqdm
@@ -36,6 +37,7 @@ from dali_pipes.config import LoaderConfig, SourceConfig, add_arguments, from_ar
 from dali_pipes.dist import Shard, default_threads
 from dali_pipes.graph import AugmentConfig
 from dali_pipes_bench.cli import data_or_builtin, run_main
+from dali_pipes_bench.doctor_throughput import NvmlSampler
 
 CPU_STAGES = ("read", "decode", "augment", "iterator")
 STAGE_NAMES = {"read": "read", "decode": "decode", "augment": "augment (the rest of the graph)",
@@ -85,8 +87,10 @@ def measure(stage: str, source, args: dict, batches: int, warmup: int) -> dict:
 
 
 def cases(device: str, cores: int, augment: AugmentConfig) -> list[tuple[str, int, dict]]:
-    """(stage, threads, extra pipeline args) of every case of one round."""
-    stages = CPU_STAGES + (("copy",) if device == "gpu" else ())
+    """(stage, threads, extra pipeline args) of every case of one round. The copy to the GPU is a stage of
+    a CPU pipeline on a GPU machine; a GPU pipeline's outputs are on the GPU already."""
+    import torch
+    stages = CPU_STAGES + (("copy",) if device == "cpu" and torch.cuda.is_available() else ())
     out = [(stage, threads, {}) for threads in thread_levels(cores) for stage in stages]
     if device == "gpu":
         out += [("iterator", cores, {"augment": AugmentConfig(**{**vars(augment), "hw_decoder_load": load})})
@@ -120,22 +124,30 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
     with tqdm(total=rounds * len(todo), desc="profile", unit="case", disable=not sys.stderr.isatty()) as bar:
         for _ in range(rounds):
             for stage, threads, extra in todo:
-                rates[case_name(stage, threads, extra)].append(
-                    measure(stage, source, {**base, **extra, "num_threads": threads}, batches, warmup))
+                with NvmlSampler() if device == "gpu" else nullcontext() as nvml:  # hardware decoder use
+                    one = measure(stage, source, {**base, **extra, "num_threads": threads}, batches, warmup)
+                rates[case_name(stage, threads, extra)].append({**one, **(nvml.summary() if nvml else {})})
                 bar.update()
     rows = [{"case": case_name(stage, threads, extra), "stage": stage, "threads": threads,
              "images_per_s": statistics.median(r["images_per_s"] for r in rates[case_name(stage, threads, extra)]),
              "cpu_cores": statistics.median(r["cpu_cores"] for r in rates[case_name(stage, threads, extra)]),
-             "rounds": rates[case_name(stage, threads, extra)], **({k: str(v) for k, v in extra.items()})}
+             "rounds": rates[case_name(stage, threads, extra)], **({k: str(v) for k, v in extra.items()}),
+             **_jpeg_use(rates[case_name(stage, threads, extra)])}
             for stage, threads, extra in todo]
     return {"data": data, "kind": source.kind, "device": device, "batch_size": batch_size, "train": train,
             "cores": cores, "rows": rows, "pipeline_args": base, **recommend(rows, device, cores)}
 
 
+def _jpeg_use(rounds: list[dict]) -> dict:
+    """The hardware JPEG decoder's mean use over the rounds, where NVML told (GPU runs, extra [doctor])."""
+    values = [r["jpeg_util_mean"] for r in rounds if r.get("jpeg_util_mean") is not None]
+    return {"jpeg_util_mean": statistics.mean(values)} if values else {}
+
+
 def recommend(rows: list[dict], device: str, cores: int) -> dict:
     """The binding stage (at all cores), and the fewest threads within FAST_ENOUGH of the best rate."""
     plain = [r for r in rows if r["case"] == f"{r['stage']}, {r['threads']} threads"]
-    last = "copy" if device == "gpu" else "iterator"
+    last = "copy" if any(r["stage"] == "copy" for r in plain) else "iterator"
     at_all = {r["stage"]: r["images_per_s"] for r in plain if r["threads"] == cores}
     stages = [s for s in CPU_STAGES + ("copy",) if s in at_all]
     per_image = [1 / at_all[s] for s in stages]
@@ -159,13 +171,15 @@ def markdown(result: dict) -> str:
              f"batch {result['batch_size']}, device {result['device']})", "",
              f"{result['date']}; {result['machine']}", "",
              "| case | images/s (median) | CPU cores busy |", "|---|---:|---:|"]
-    lines += [f"| {r['case']} | {r['images_per_s']:,.0f} | {r['cpu_cores']:.2f} |" for r in result["rows"]]
+    lines += [f"| {r['case']} | {r['images_per_s']:,.0f} | {r['cpu_cores']:.2f} |"
+              + (f" hardware JPEG decoder {r['jpeg_util_mean']:.0f}% busy" if "jpeg_util_mean" in r else "")
+              for r in result["rows"]]
     lines += ["", f"Binding stage: **{result['binding_stage']}**.", "",
               f"Recommended: `{result['recommended_flags']}` (written to the tuning memory: "
               f"num_threads=auto starts from it).", ""]
     if result["device"] != "gpu":
-        lines.append("Not measured without a GPU: the copy to the GPU, hw_decoder_load 0 / 0.65 / 0.99, the hybrid "
-                     "decode, the hardware JPEG decoder's use (NVML).")
+        lines.append("Not measured without a GPU pipeline: hw_decoder_load 0 / 0.65 / 0.99, the hybrid decode, the "
+                     "hardware JPEG decoder's use (NVML); the copy to the GPU only where torch sees CUDA.")
     return "\n".join(lines) + "\n"
 
 

@@ -69,7 +69,7 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     assert result["binding_stage"].split(" ")[0] in ("read", "decode", "augment", "into")
     threads = result["recommended"]["num_threads"]
     assert threads in levels and f"--num-threads {threads}" in run.stdout and "binding stage:" in run.stdout
-    assert "Not measured without a GPU" in (tmp_path / "out" / "profile.md").read_text()
+    assert "Not measured without a GPU pipeline" in (tmp_path / "out" / "profile.md").read_text()
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
     monkeypatch.setenv("DALI_PIPES_CACHE", env["DALI_PIPES_CACHE"])
     loader = DaliLoader(str(data), batch_size=8, train=True, device="cpu", image_size=32)

@@ -75,8 +75,9 @@ def test_local_rank_passed_as_the_rank_on_two_nodes_is_named(numbered, tmp_path)
         assert "LOCAL_RANK" in r["error"] and "built with rank=0" in r["error"], r["error"]
 
 
-def _rank(rank, world, local, delivered, host="a"):
-    return ({"rank": rank, "world_size": world, "local_rank": local, "host": host, "complete": True, "excluded": 0},
+def _rank(rank, world, local, delivered, host="a", every_sample=True, location="d"):
+    return ({"rank": rank, "world_size": world, "local_rank": local, "host": host, "complete": True, "excluded": 0,
+             "location": location, "num_samples": len(delivered), "every_sample": every_sample},
             np.array(delivered, bool))
 
 
@@ -91,3 +92,16 @@ def test_judge_names_overlaps_gaps_and_causes():
     incomplete = [_rank(0, 2, 0, [1, 1, 0, 0]), _rank(0, 2, 0, [1, 1, 0, 0])]
     incomplete[0][0]["complete"] = False
     assert sharding.judge(incomplete, train=True, location="d") == ""
+
+
+def test_judge_leaves_out_what_it_cannot_know_and_what_is_not_promised():
+    shared = np.array([0, 1, 0, 0], bool)  # sample 1's identity is another's too (a placeholder, a repeat)
+    val = [_rank(0, 2, 0, [1, 0, 0, 0]), _rank(1, 2, 1, [0, 0, 1, 1])]
+    assert sharding.judge(val, train=False, location="d", ignored=shared) == ""
+    dropped = [_rank(0, 2, 0, [1, 0, 0, 0], every_sample=False), _rank(1, 2, 1, [0, 0, 1, 0], every_sample=False)]
+    assert sharding.judge(dropped, train=False, location="d") == "", "val with drop_last promises no full cover"
+    hybrid = [_rank(0, 2, 0, [1, 1, 0, 0]), _rank(0, 2, 1, [1, 1, 0, 0]), _rank(1, 2, 2, [0, 0, 1, 1]),
+              _rank(1, 2, 3, [0, 0, 1, 1])]  # tensor-parallel pairs share their data shard
+    assert sharding.judge(hybrid, train=True, location="d") == ""
+    other_data = [_rank(0, 2, 0, [1, 1, 0, 0]), _rank(1, 2, 1, [0, 0, 1], location="e")]
+    assert "opened different data" in sharding.judge(other_data, train=True, location="d")

@@ -218,6 +218,7 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
         run.trace.span("step", got, tick, step=run.step)
         if run.preemption.stop_now():
             break  # every rank after this same step: checkpointed there by main()
+    wait += time.perf_counter() - tick  # the loop's last next(): the epoch's end and, once, the sharding check
     bar.close()
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
