@@ -44,7 +44,7 @@ from typing import Iterable, Sequence
 from tqdm import tqdm
 
 from dali_pipes import object_store
-from dali_pipes.files import moved_by
+from dali_pipes.files import moved_by, pid_alive
 from dali_pipes.object_store import ObjectInfo
 
 CACHE_FLAG = "--cache-dir (another disk; DaliLoader's cache_dir) or a smaller --cache-bytes"
@@ -411,15 +411,6 @@ def _remove_dead_owners(root: str) -> None:
         if not name.startswith(host):
             continue
         pid_text = name[len(host):].split("-", 1)[0]
-        if pid_text.isdigit() and not _alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's live process
-    return True

@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import Sequence
 
-from dali_pipes_bench.cli import command, data_or_builtin, run_main
+from dali_pipes_bench.cli import command, write_json, data_or_builtin, run_main
 
 
 def train_run(data: str, threads: str, args: argparse.Namespace) -> dict:
@@ -100,9 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"({s['best_fixed']} threads) {s['second_epoch_images_per_s'][s['best_fixed']]:.1f}: "
               f"{s['auto_over_best_fixed']:.3f}x; epoch 1 (the search): {s['auto_first_epoch_over_best_fixed']:.3f}x")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
     return 0
 
 

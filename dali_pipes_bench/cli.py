@@ -39,6 +39,14 @@ def command(benchmark: str, argv: Sequence[str]) -> str:
     return shlex.join(["dali-pipes", "bench", benchmark, *argv])
 
 
+def write_json(path: str, result: dict) -> None:
+    """A benchmark's results as JSON at `path` (its folder made)."""
+    import json
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def require(module: str, why: str, alternative: str = "") -> None:
     """Raise ImportError naming the extra that installs `module` unless it is installed."""
     if importlib.util.find_spec(module) is None:

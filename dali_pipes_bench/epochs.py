@@ -10,15 +10,13 @@ Run: dali-pipes bench epochs [flags] (or python -m dali_pipes_bench.epochs)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 from typing import Sequence
 
 from dali_pipes import AugmentConfig, open_source
-from dali_pipes_bench.cli import command, data_or_builtin, run_main
+from dali_pipes_bench.cli import command, write_json, data_or_builtin, run_main
 from dali_pipes_bench.harness import LoaderOverhead
 
 
@@ -72,9 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"step {r['step_s']:.3f} s, {r['batches_per_epoch']} batches/epoch: DaliLoader {m['DaliLoader']:.0f} "
               f"images/s, DALIGenericIterator {m['DALIGenericIterator']:.0f}: {r['ratio']:.3f}x")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"command": command("epochs", argv), "rows": rows}, f, indent=1)
+        write_json(args.out, {"command": command("epochs", argv), "rows": rows})
     return 0
 
 

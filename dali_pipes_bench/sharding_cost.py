@@ -7,8 +7,6 @@ Run: dali-pipes bench sharding [flags] (or python -m dali_pipes_bench.sharding_c
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import statistics
 import sys
@@ -18,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dali_pipes_bench.cli import command, run_main
+from dali_pipes_bench.cli import command, write_json, run_main
 
 
 @dataclass
@@ -80,9 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{check * 1e3:.1f} ms (slowest rank, median of {args.repeats}); one all_gather of the same bytes: "
           f"{gather * 1e3:.1f} ms")
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
     return 0
 
 
