@@ -29,9 +29,10 @@ def epoch_seconds(loader, step: float) -> tuple[int, float]:
     return images, time.perf_counter() - start
 
 
-def run(data: str, *, batch_size: int, image_size: int, threads: int, epochs: int, step: float) -> dict:
+def run(data: str, *, batch_size: int, image_size: int, threads: int, epochs: int, step: float,
+        device: str = "cpu") -> dict:
     source = open_source(data)
-    pair = LoaderOverhead(source, batch_size=batch_size, train=True, device="cpu", num_threads=threads,
+    pair = LoaderOverhead(source, batch_size=batch_size, train=True, device=device, num_threads=threads,
                           augment=AugmentConfig(image_size=image_size), seed=0)
     sides = {"DaliLoader": pair.loader, "DALIGenericIterator": pair.bare}
     try:
@@ -46,7 +47,7 @@ def run(data: str, *, batch_size: int, image_size: int, threads: int, epochs: in
     finally:
         pair.close()
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    return {"data": data, "batch_size": batch_size, "image_size": image_size, "threads": threads, "step_s": step,
+    return {"data": data, "device": device, "batch_size": batch_size, "image_size": image_size, "threads": threads, "step_s": step,
             "batches_per_epoch": batches, "images_per_s": rates, "median_images_per_s": medians,
             "ratio": medians["DaliLoader"] / medians["DALIGenericIterator"]}
 
@@ -60,11 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="DALI threads, the same on both sides")
     p.add_argument("--epochs", type=int, default=8, help="timed epochs per side")
     p.add_argument("--step", type=float, nargs="+", default=[0.0, 0.05], help="seconds per batch the loop spends")
+    p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     p.add_argument("--out", default="", help="write the results as JSON here")
     args = p.parse_args(argv)
     data = data_or_builtin(args.data)
     rows = [run(data, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads,
-                epochs=args.epochs, step=step) for step in args.step]
+                epochs=args.epochs, step=step, device=args.device) for step in args.step]
     for r in rows:
         m = r["median_images_per_s"]
         print(f"step {r['step_s']:.3f} s, {r['batches_per_epoch']} batches/epoch: DaliLoader {m['DaliLoader']:.0f} "

@@ -100,7 +100,7 @@ def cases(device: str, cores: int, augment: AugmentConfig) -> list[tuple[str, in
 
 
 def case_name(stage: str, threads: int, extra: dict) -> str:
-    if "augment" in extra:
+    if "augment" in extra:  # the hw_decoder_load sweep
         return f"{stage}, hw_decoder_load={extra['augment'].hw_decoder_load}, {threads} threads"
     if "decode_device" in extra:
         return f"{stage}, hybrid decode, {threads} threads"
@@ -131,7 +131,9 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
     rows = [{"case": case_name(stage, threads, extra), "stage": stage, "threads": threads,
              "images_per_s": statistics.median(r["images_per_s"] for r in rates[case_name(stage, threads, extra)]),
              "cpu_cores": statistics.median(r["cpu_cores"] for r in rates[case_name(stage, threads, extra)]),
-             "rounds": rates[case_name(stage, threads, extra)], **({k: str(v) for k, v in extra.items()}),
+             "rounds": rates[case_name(stage, threads, extra)],
+             **({"hw_decoder_load": extra["augment"].hw_decoder_load} if "augment" in extra else {}),
+             **({"decode_device": extra["decode_device"]} if "decode_device" in extra else {}),
              **_jpeg_use(rates[case_name(stage, threads, extra)])}
             for stage, threads, extra in todo]
     return {"data": data, "kind": source.kind, "device": device, "batch_size": batch_size, "train": train,
@@ -158,10 +160,9 @@ def recommend(rows: list[dict], device: str, cores: int) -> dict:
     threads = min(t for t, rate in final.items() if rate >= FAST_ENOUGH * best)
     settings = {"num_threads": threads, "prefetch_queue_depth": 2}
     flags = f"--num-threads {threads} --prefetch-queue-depth 2"
-    loads = {r["augment"]: r["images_per_s"] for r in rows if "augment" in r}
+    loads = {r["hw_decoder_load"]: r["images_per_s"] for r in rows if "hw_decoder_load" in r}
     if loads:
-        best_load = max(loads, key=loads.get)
-        flags += f" --hw-decoder-load {best_load.split('hw_decoder_load=')[1].split(',')[0]}"
+        flags += f" --hw-decoder-load {max(loads, key=loads.get)}"
     return {"binding_stage": STAGE_NAMES[binding], "stage_seconds_per_image": dict(zip(stages, added)),
             "recommended": settings, "recommended_flags": flags, "best_images_per_s": best}
 

@@ -46,7 +46,9 @@ class Endpoint:
             self.proxy = None
 
 
-def put_shards(moto: str, bucket: str, shards: int = 6, per_shard: int = 4) -> int:
+def put_shards(moto: str, bucket: str, shards: int = 12, per_shard: int = 4) -> int:
+    # 12 shards: more than the reader can reach before the outage begins after batch 1, also when a loaded
+    # machine lets DALI's threads run far ahead of the loop (with 6, the native reader once had it all)
     from dali_pipes.formats import tfrecord
     sizes = []
     for s in range(shards):

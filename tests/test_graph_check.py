@@ -188,7 +188,8 @@ def _run_once(pipe) -> tuple[np.ndarray, np.ndarray, bool]:
     """(images, labels, labels were on the GPU) of one batch of a built pipeline."""
     pipe.build()
     images, labels = pipe.run()
-    on_gpu = hasattr(labels, "as_cpu")
+    from nvidia.dali.tensors import TensorListGPU
+    on_gpu = isinstance(labels, TensorListGPU)  # DALI 2.4's CPU lists have as_cpu() too
     host = lambda out: np.stack([np.array(t) for t in (out.as_cpu() if hasattr(out, "as_cpu") else out)])
     return host(images).astype(np.float32), host(labels), on_gpu
 

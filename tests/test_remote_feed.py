@@ -59,9 +59,12 @@ def outage_job(s3, moto_endpoint, tmp_path, feed: str, outage: str) -> dict:
 
 @pytest.mark.parametrize("feed", ["cache", "native"])
 def test_a_2_s_outage_mid_epoch_is_ridden_out_with_the_same_batches(s3, moto_endpoint, tmp_path, feed):
-    result = outage_job(s3, moto_endpoint, tmp_path, feed, "2s")
+    for attempt in range(4):  # DALI's reader sometimes has what it needs before the outage: then again
+        result = outage_job(s3, moto_endpoint, tmp_path / str(attempt), feed, "2s")
+        if result["met"] or result["error"] is not None:
+            break
     assert result["error"] is None
-    assert result["got"] == result["expected"] and len(result["got"]) == 12
+    assert result["got"] == result["expected"] and len(result["got"]) == 24
     # the outage was met, and taken for what it is: the client retried, or the native reader waited
     assert result["met"] and all("cannot reach" in m or "a network fault, not a bad sample" in m
                                  for m in result["met"])
