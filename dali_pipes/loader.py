@@ -39,7 +39,7 @@ from dali_pipes.dataloader_args import (LOCATION_TYPES, DatasetView, EpochReques
 from dali_pipes.dist import Shard
 from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import RankPipeline, cuda_device_id
-from dali_pipes.procfs import release_free_memory
+from dali_pipes.procfs import release_free_memory_now_and_then
 from dali_pipes.recovery import BadSamplePolicy
 from dali_pipes.resolution import ImageSize
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
@@ -250,7 +250,7 @@ class DaliLoader:
         if self.pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
             log.warning("rank %d: %d bad samples excluded after epoch %d", self.shard.rank, len(self.bad_samples),
                         at.epoch - 1)
-        release_free_memory()  # once an epoch: else fragmented heap pages pile up (procfs.py)
+        release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
 
     def _shape(self, batch: dict, cut: EpochCut) -> tuple[torch.Tensor, torch.Tensor]:
         """This batch as the contract cuts it; records what it delivers."""
