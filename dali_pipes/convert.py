@@ -21,7 +21,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_pipes import manifest
-from dali_pipes.files import moved_by, private_tmp, remove_own_temps
+from dali_pipes.files import atomic_write, moved_by, private_tmp, remove_own_temps
 from dali_pipes.dist import process_pool
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
@@ -229,7 +229,7 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
     src, dst = task
     compression = tfrecord.sniff_compression(src)
     entries, offset = [], 0
-    with open(tmp := private_tmp(dst), "wb") as f:
+    with atomic_write(dst) as f:
         for _, _, data, problem in tfrecord.walk_records(src, compression=compression):
             if problem:
                 raise DatasetError(problem.path, f"record {problem.index} (byte {problem.offset}): {problem.message}")
@@ -237,7 +237,6 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
             f.write(frame)
             entries.append((offset, len(frame)))
             offset += len(frame)
-    os.replace(tmp, dst)
     tfrecord.write_tfrecord_index(entries, dst + INDEX_SUFFIX)
     return len(entries), offset
 

@@ -16,7 +16,7 @@ import posixpath
 
 from dali_pipes import object_store
 from dali_pipes.errors import DatasetError
-from dali_pipes.files import private_tmp
+from dali_pipes.files import atomic_write
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "dali_pipes manifest"
@@ -41,9 +41,8 @@ def merged(previous: dict | None, new: dict, prefix: str) -> dict:
 def write(folder: str, manifest: dict) -> str:
     """Write `folder`/manifest.json atomically; returns its path."""
     path = os.path.join(folder, MANIFEST_NAME)
-    with open(tmp := private_tmp(path), "w") as f:
+    with atomic_write(path, "w") as f:
         json.dump(manifest, f, indent=1)
-    os.replace(tmp, path)
     return path
 
 

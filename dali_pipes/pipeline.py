@@ -190,14 +190,14 @@ class RankPipeline:
     go to. `position` is the loader's, shared: a fresh build starts DALI's epoch count there."""
 
     def __init__(self, source: Source, args: dict, position: Position, policy: BadSamplePolicy, feed: RemoteFeed,
-                 *, drop: bool, sharding_check: bool = True) -> None:
+                 *, drop: bool, sharding_check: bool = True, every_sample: bool = True) -> None:
         self.source, self.position, self.policy, self.feed = source, position, policy, feed
         self.args, self.tuner, self.tuning_key = tuning.plan(args, source.kind, args["shard"].rank,
                                                              args["shard"].local_rank)
         self.record = elastic.DeliveryRecord(source.num_samples)
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
         self.epoch_end_due = False  # end_epoch_later
-        self.every_sample = True  # val delivers every sample (no drop_last): the sharding check may say so
+        self.every_sample = every_sample  # val delivers every sample (no drop_last): the sharding check may say so
         self.clock = LoaderClock()
         if self.tuner is not None:  # its trials on the loader's clock (a trace shows them)
             self.tuner.on_trial = lambda t: self.clock.event("tuning trial", t.started, time.perf_counter(),
@@ -228,10 +228,8 @@ class RankPipeline:
                           shuffle_buffer=args["shuffle_buffer"], prefetch_queue_depth=max(tuning.DEPTHS)
                           if args["prefetch_queue_depth"] == tuning.AUTO else args["prefetch_queue_depth"],
                           cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
-        pipe = cls(policy.take_damaged(source), args, position, policy, feed, drop=contract.dali_drop,
-                   sharding_check=sharding_check)
-        pipe.every_sample = not (contract.drop_last or contract.sampler_drop_last)
-        return pipe
+        return cls(policy.take_damaged(source), args, position, policy, feed, drop=contract.dali_drop,
+                   sharding_check=sharding_check, every_sample=not (contract.drop_last or contract.sampler_drop_last))
 
     def build(self, checkpoint: str | None = None) -> None:
         self.epoch_end_due = False

@@ -41,7 +41,7 @@ from dali_pipes import object_store
 from dali_pipes._dali import shutdown_pipeline
 from dali_pipes.dist import usable_cpus
 from dali_pipes.errors import DatasetError, LabelError
-from dali_pipes.files import private_tmp
+from dali_pipes.files import atomic_write
 from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, cache_root
 from dali_pipes.labels import check_label
@@ -308,9 +308,8 @@ def exclude(source: Source, bad_refs: list[SampleRef], cache_dir: str | None = N
     jpeg = placeholder_jpeg()
     placeholder = os.path.join(folder, "placeholder.jpg")
     if not os.path.exists(placeholder):
-        with open(tmp := private_tmp(placeholder), "wb") as f:
+        with atomic_write(placeholder) as f:
             f.write(jpeg)
-        os.replace(tmp, placeholder)
     if not source.format.SHARDED:
         files, labels = image_files.excluded_files(source, bad_refs, placeholder)
         return dataclasses.replace(source, files=files, labels=labels)

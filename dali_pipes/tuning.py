@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dali_pipes.dist import default_threads, usable_cpus
-from dali_pipes.files import private_tmp
+from dali_pipes.files import atomic_write
 
 AUTO = "auto"
 MAX_TRIALS = 8
@@ -130,10 +130,8 @@ def remember(key: str, entry: dict) -> None:
     entries[key] = {**entries.get(key, {}), **entry, "date": datetime.datetime.now().isoformat(timespec="seconds")}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = private_tmp(path)
-        with open(tmp, "w") as f:
+        with atomic_write(path, "w") as f:
             json.dump({"version": 1, "entries": entries}, f, indent=1)
-        os.replace(tmp, path)
     except OSError as error:  # a read-only home must not stop training: the next run tunes again
         log.warning("tuning: could not remember the choice in %s (%s); set DALI_PIPES_CACHE to a writable "
                     "folder", path, error)

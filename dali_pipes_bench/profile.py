@@ -38,6 +38,7 @@ from dali_pipes.dist import Shard, default_threads
 from dali_pipes.graph import AugmentConfig
 from dali_pipes_bench.cli import data_or_builtin, run_main
 from dali_pipes_bench.doctor_throughput import NvmlSampler
+from dali_pipes_bench.harness import forever
 
 CPU_STAGES = ("read", "decode", "augment", "iterator")
 STAGE_NAMES = {"read": "read", "decode": "decode", "augment": "augment (the rest of the graph)",
@@ -61,13 +62,11 @@ def measure(stage: str, source, args: dict, batches: int, warmup: int) -> dict:
     try:
         if stage in ("iterator", "copy"):
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
-            iterator = DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME, auto_reset=True)
+            batches_of = forever(DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME,
+                                                     auto_reset=True))
 
             def step():
-                try:
-                    (batch,) = next(iterator)
-                except StopIteration:
-                    (batch,) = next(iterator)
+                (batch,) = next(batches_of)
                 if stage == "copy":
                     batch["images"].cuda(non_blocking=True)
         else:
@@ -201,17 +200,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from dali_pipes.indexes import cache_root
     from dali_pipes_bench.doctor_throughput import plot
     args = parse_args(argv)
     loader = from_args(LoaderConfig, args)
-    gpu = loader.device == "gpu" or (loader.device == "auto" and _cuda())  # channels_last as python -m train sets it
+    from dali_pipes.loader import resolve_device
+    gpu = resolve_device(loader.device) == "gpu"  # channels_last as python -m train sets it
     augment = from_args(AugmentConfig, args, channels_last=gpu if args.channels_last is None else args.channels_last)
     started = datetime.datetime.now()
     result = run_profile(data_or_builtin(args.data), batch_size=args.batch_size, train=not args.val, loader=loader,

@@ -23,14 +23,14 @@ from dali_pipes import tuning
 INPUT_BOUND = 0.05  # a rank that waits more than this fraction of its epoch is input-bound
 
 
-def rank_figures(rank: int, wait: float, seconds: float, steps: int, images: int, loader) -> dict:
+def rank_figures(rank: int, wait: float, seconds: float, steps: int, images: int, stats: dict) -> dict:
     """This rank's epoch: wait fraction, seconds inside next() per batch, step rate, delivered and
-    model rates (the model's: images per second of the epoch not spent waiting)."""
+    model rates (the model's: images per second of the epoch not spent waiting); from the loader's
+    `stats` (DaliLoader.stats(); {} for a loader without), its threads and prefetch depth."""
     figures = {"rank": rank, "data_wait_fraction": wait / seconds if seconds else 0.0,
                "next_s_per_batch": wait / steps if steps else 0.0, "steps_per_s": steps / seconds if seconds else 0.0,
                "images_per_s": images / seconds if seconds else 0.0,
                "model_images_per_s": images / (seconds - wait) if seconds > wait else 0.0}
-    stats = loader.stats() if hasattr(loader, "stats") else {}
     figures.update({k: stats[k] for k in ("num_threads", "prefetch_queue_depth", "cpu_cores") if k in stats})
     return figures
 

@@ -224,8 +224,9 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
     seconds = time.perf_counter() - start
     steps = max(1, bar.n)
-    ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, loader))
-    run.trace.flush(loader.stats().get("events", ()) if hasattr(loader, "stats") else ())
+    seen = loader.stats() if hasattr(loader, "stats") else {}  # the DataLoader baseline has none
+    ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, seen))
+    run.trace.flush(seen.get("events", ()))
     stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
              "images_per_s": sum_over_ranks(samples) / seconds,
              "data_wait_fraction": mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
