@@ -22,6 +22,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
+import weakref
 from typing import Any
 
 from dali_pipes.formats.image_files import IMAGE_EXTENSIONS
@@ -237,7 +238,9 @@ class SamplerView:
     reaches the loader (timm's and Lightning's epoch probes call it)."""
 
     def __init__(self, loader: Any) -> None:
-        self._loader = loader
+        # A weak reference: the loader owns this view, and a cycle back to it would leave a dropped loader
+        # (and its DALI pipeline's threads and buffers) to the cycle collector instead of freeing it at once.
+        self._loader = weakref.proxy(loader)
 
     def __len__(self) -> int:
         loader = self._loader

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -183,6 +184,15 @@ def shutdown_quietly(pipe) -> None:
         pass
 
 
+def weak_method(method: Callable) -> Callable:
+    """`method` of an object, called through a weak reference to the object. An object's own callbacks held
+    by something it owns would make a reference cycle: the loader would then be freed only by Python's cycle
+    collector, which runs by object counts, not memory, so dropped loaders' DALI pipelines (threads, buffers)
+    would pile up between collections. With weak callbacks the last reference frees everything at once."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: ref()(*args)
+
+
 class RankPipeline:
     """This rank's pipeline over a loader's life: what it reads (the source, bad samples excluded; an
     elastic resume's remainder epoch; s3:// data through the remote feed), its run (PipelineRun), the
@@ -199,15 +209,16 @@ class RankPipeline:
         self.epoch_end_due = False  # end_epoch_later
         self.every_sample = every_sample  # val delivers every sample (no drop_last): the sharding check may say so
         self.clock = LoaderClock()
-        if self.tuner is not None:  # its trials on the loader's clock (a trace shows them)
-            self.tuner.on_trial = lambda t: self.clock.event("tuning trial", t.started, time.perf_counter(),
-                                                             settings=str(t.settings), result=t.describe())
+        if self.tuner is not None:  # its trials on the loader's clock (a trace shows them); the clock, not self:
+            clock = self.clock  # a callback holding self would close a reference cycle (weak_method says why)
+            self.tuner.on_trial = lambda t: clock.event("tuning trial", t.started, time.perf_counter(),
+                                                        settings=str(t.settings), result=t.describe())
         self.retune: tuning.Settings | None = None  # settings to rebuild with before the next batch
         self.whole_epoch = False  # this epoch runs from its start on this world's pipeline (sharding check)
         self.sharding_check = sharding_check
         self.outage = StoreOutage()
         # The last good batch is kept when an error may need a rebuild there: bad samples, network faults.
-        self.run = PipelineRun(self._inputs, self._cleanup, self._recover, drop=drop,
+        self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover), drop=drop,
                                keep_checkpoints=policy.skip or source.remote is not None)
         self.built_augment: AugmentConfig | None = None  # the graph settings of the pipeline built last
 
