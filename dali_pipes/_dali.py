@@ -129,3 +129,45 @@ def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
     """(field number, value) of one protobuf message: varints as int, length-delimited as bytes."""
     from dali_pipes.protobuf import fields
     return [(number, value) for number, _, value in fields(data)]
+
+
+# -- checkpoints (dali_checkpoint.py) ---------------------------------------------------------------
+# dali_proto.Checkpoint (dali/pipeline/proto/dali.proto, DALI 2.4.0): cpts = 1 (repeated OpCheckpoint:
+# operator_name = 1, operator_state = 2), external_ctx_cpt = 2 (the framework iterator's own state).
+_CHECKPOINT_OP, _OP_CHECKPOINT_NAME, _OP_CHECKPOINT_STATE = 1, 1, 2
+
+
+def checkpoint_entries(checkpoint: bytes) -> list[tuple[str, bytes]]:
+    """(operator name, its state) of each operator in a DALI checkpoint, in DALI's order; the state of
+    an operator that keeps none is b"". Raises ValueError on bytes that are not a checkpoint."""
+    try:
+        entries = []
+        for number, body in _proto_fields(checkpoint):
+            if number == _CHECKPOINT_OP:
+                fields = dict(_proto_fields(body))
+                entries.append((fields[_OP_CHECKPOINT_NAME].decode(), bytes(fields.get(_OP_CHECKPOINT_STATE, b""))))
+    except (IndexError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"not a DALI checkpoint (checked on DALI {CHECKED_DALI_VERSION}): {e}") from e
+    if not entries:
+        raise ValueError(f"not a DALI checkpoint (checked on DALI {CHECKED_DALI_VERSION}): no operator in it")
+    return entries
+
+
+def checkpoint_with_entries(checkpoint: bytes, entries: list[tuple[str, bytes]]) -> bytes:
+    """`checkpoint` with its operators replaced by `entries`; everything else (the iterator's state) kept."""
+    from dali_pipes.protobuf import fields, length_delimited
+    out = b"".join(length_delimited(_CHECKPOINT_OP, length_delimited(_OP_CHECKPOINT_NAME, name.encode())
+                                    + length_delimited(_OP_CHECKPOINT_STATE, state)) for name, state in entries)
+    for number, wire, value in fields(checkpoint):
+        if number != _CHECKPOINT_OP:
+            if wire != 2:
+                raise ValueError(f"unexpected field {number} of wire type {wire} in a DALI checkpoint")
+            out += length_delimited(number, value)
+    return out
+
+
+def operator_schemas(pipe) -> dict[str, str]:
+    """{operator name: schema} of a built pipeline, schemas in the form DALI's generated names use
+    ("decoders__ImageRandomCrop" -> "ImageRandomCrop"). MakeContiguous operators DALI adds are absent."""
+    ops, _ = parse_serialized_graph(pipe.serialize())
+    return {op["name"]: op["schema"].split("__")[-1] for op in ops}

@@ -12,6 +12,10 @@ DALI is imported inside the functions, never at module level: `import nvidia.dal
 (measured on this project's 2-core machine) and loads libdali, while this module's dataclass is
 imported by every command, converters, `verify` and `--help` included, that never builds a pipeline.
 
+Every operator that draws random numbers has a name of its own ("RandomCrop", "Flip", ...): a DALI
+checkpoint names operators, and DALI's generated names shift when an operator is added before them
+(dali_checkpoint.py). DALI's auto_aug policies name theirs themselves, by place.
+
 DALI checks argument names and types when a graph is defined, not their values: a `hw_decoder_load`
 of 1.5 or a negative padding is accepted even on a GPU, and a 2-value mean passes definition and
 serialization. The values are checked here, before DALI sees them (`AugmentConfig.__post_init__`,
@@ -231,7 +235,7 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
         raise ValueError(f"train_augment builds one size, got the schedule {cfg.image_size}: pass "
                          f"cfg.for_epoch(epoch, train=True)")
     decode_device = resolve_decode_device(device, decode_device)
-    images = fn.decoders.image_random_crop(jpegs, random_area=list(cfg.random_area),
+    images = fn.decoders.image_random_crop(jpegs, name="RandomCrop", random_area=list(cfg.random_area),
                                            random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100,
                                            **decoder_args(decode_device, cfg, _pipeline_threads()))
     if device == "gpu":
@@ -239,11 +243,12 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
     images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, interp_type=types.INTERP_LINEAR,
                        antialias=True)
     if cfg.color_jitter:
-        jitter = lambda: fn.random.uniform(range=[1 - cfg.color_jitter, 1 + cfg.color_jitter])
-        images = fn.color_twist(images, brightness=jitter(), contrast=jitter(), saturation=jitter())
+        jitter = lambda name: fn.random.uniform(range=[1 - cfg.color_jitter, 1 + cfg.color_jitter], name=name)
+        images = fn.color_twist(images, brightness=jitter("Brightness"), contrast=jitter("Contrast"),
+                                saturation=jitter("Saturation"))
     if cfg.auto_augment:
         images = _auto_augment(images, cfg.auto_augment)
-    mirror = fn.random.coin_flip(probability=cfg.flip_probability) if cfg.flip_probability else 0
+    mirror = fn.random.coin_flip(probability=cfg.flip_probability, name="Flip") if cfg.flip_probability else 0
     return _normalize(images, cfg, mirror=mirror)
 
 

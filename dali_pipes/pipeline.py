@@ -12,6 +12,7 @@ import numpy as np
 from dali_pipes import elastic, sharding, tuning
 from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.contract import Contract, Position
+from dali_pipes.dali_checkpoint import restored_pipeline
 from dali_pipes.dist import Shard, default_threads, usable_cpus
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
@@ -118,18 +119,23 @@ class PipelineRun:
         self.iterator = None
         self.last_good: str | None = None  # DALI checkpoint after the last delivered batch
 
-    def build(self, checkpoint: str | None = None) -> None:
+    def build(self, checkpoint: str | None = None, written_by: str = "this loader") -> None:
+        """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
+        graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
         policy = LastBatchPolicy.DROP if self.drop else LastBatchPolicy.FILL
         while True:
             self.close()
             source, args = self._inputs(checkpoint is None)
-            pipe = build_pipeline(source, checkpoint=checkpoint, sample_ids=True, **args)
+            define = lambda at: build_pipeline(source, checkpoint=at, sample_ids=True, **args)  # noqa: E731
+            pipe = None
             try:
+                pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
                 self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name=READER_NAME,
                                                     last_batch_policy=policy, auto_reset=True)
             except RuntimeError as error:
-                shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
+                if pipe is not None:
+                    shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
                 self._recover(error)  # raises, or excludes the culprits: then build again
                 continue
             finally:
@@ -242,9 +248,9 @@ class RankPipeline:
         return cls(policy.take_damaged(source), args, position, policy, feed, drop=contract.dali_drop,
                    sharding_check=sharding_check, every_sample=not (contract.drop_last or contract.sampler_drop_last))
 
-    def build(self, checkpoint: str | None = None) -> None:
+    def build(self, checkpoint: str | None = None, written_by: str = "this loader") -> None:
         self.epoch_end_due = False
-        self.run.build(checkpoint)
+        self.run.build(checkpoint, written_by)
         self.feed.built()
 
     def epoch_augment(self) -> AugmentConfig:

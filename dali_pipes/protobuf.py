@@ -44,3 +44,18 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             pos += 8
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+
+
+def encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """One length-delimited field (wire type 2): a string, bytes or an embedded message."""
+    return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload

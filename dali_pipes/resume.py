@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from dali_pipes import elastic, fingerprint, resolution
+from dali_pipes import __version__, elastic, fingerprint, resolution
 from dali_pipes.contract import Position
 from dali_pipes.errors import DatasetError
 
 STATE_VERSION = 3
+RELEASE = f"dali_pipes {__version__}"  # in each state: an error about an old state can name its release
 OWNERS = ("loader", "pipeline", "bad_samples", "record")
 _FLAT_VERSION = 2
 
@@ -43,7 +44,7 @@ def flat(state: dict) -> dict:
     """Every owner's fields in one dict, for a state of any version this release reads."""
     version = state.get("version")
     if version == _FLAT_VERSION:
-        return {**state, "version": STATE_VERSION}
+        return {**state, "version": STATE_VERSION, "flat_version": _FLAT_VERSION}
     if version != STATE_VERSION:
         raise ValueError(f"loader state of version {version} was written by another dali_pipes (this one reads "
                          f"versions {_FLAT_VERSION} and {STATE_VERSION}); resume with the version that wrote it, "
@@ -127,7 +128,7 @@ def state_of(loader: Any) -> dict:
     done = epoch != loader.position.epoch
     record = loader.pipe.record
     dali = None if done and record.remainder is not None else loader.pipe.run.checkpoint()  # then: afresh
-    return pack(loader={"epoch": epoch, "position": batch, **identity(loader),
+    return pack(loader={"epoch": epoch, "position": batch, **identity(loader), "written_by": RELEASE,
                         "contract": dataclasses.asdict(loader.contract), "fingerprint": loader.source.fingerprint,
                         "image_size": image_sizes(loader)},
                 pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0,
@@ -160,7 +161,14 @@ def restore(loader: Any, state: dict | list[dict]) -> None:
     # searched for from this position (and this epoch's shard), not from the start.
     move(loader, Position(state["epoch"], state["position"], state["position"] > 0, state.get("dali_epoch0", 0)))
     loader.pipe.restore_tuning(state.get("tuned"))
-    loader.pipe.build(checkpoint=state["dali"])
+    loader.pipe.build(checkpoint=state["dali"], written_by=written_by(state))
+
+
+def written_by(state: dict) -> str:
+    """The release that wrote a flat state, as far as the state tells."""
+    if state.get("written_by"):
+        return state["written_by"]
+    return "dali_pipes 0.2.0" if state.get("flat_version") == _FLAT_VERSION else "dali_pipes before 0.3.0"
 
 
 def restore_elastic(loader: Any, states: list[dict]) -> None:

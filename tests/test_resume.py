@@ -117,3 +117,86 @@ def test_a_state_without_a_fingerprint_still_loads(numbered):
     state = _state_after_one_batch(numbered)
     del state["loader"]["fingerprint"]  # as 0.2.0 and hand-made states have none
     assert len(_resume(numbered, state)) == 6
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 24: a DALI checkpoint survives operators added to the graph since; a failure to restore one is
+# never a data error
+# ---------------------------------------------------------------------------------------------
+
+LEGACY = os.path.join(os.path.dirname(__file__), "data", "legacy_states_0.2.0.json")
+
+
+def _batches(loader, epochs: int = 1) -> list:
+    out = []
+    for _ in range(epochs):
+        out += [[labels.tolist(), hashlib.sha1(images.numpy().tobytes()).hexdigest()] for images, labels in loader]
+    return out
+
+
+@pytest.mark.parametrize("case", ["tfrecord/train", "tfrecord/val", "webdataset/train", "webdataset/val"])
+def test_a_shard_state_of_the_previous_release_resumes_exactly(tmp_path, case):
+    """States 0.2.0 took on TFRecord and WebDataset shards (tests/data/make_legacy_states.py, run on that
+    release's code): their graph has fewer operators than today's, so DALI's generated names differ."""
+    import shutil
+    kind, split = case.split("/")
+    saved = json.load(open(LEGACY))[case]
+    shutil.copytree(os.path.join(os.path.dirname(__file__), "data", "legacy_0.2.0", kind), tmp_path / kind)
+    state = {k: decoded(v) for k, v in saved["state"].items()}
+    extra = {} if split == "train" else {"val_padding": "label"}  # 0.2.0's val contract
+    loader = DaliLoader(str(tmp_path / kind), **saved["loader_args"], **extra)
+    loader.load_state_dict(state)
+    assert _batches(loader, 2) == saved["batches_after"]
+
+
+def _state_and_rest(location, **kw):
+    """A state after 2 batches, and what the same loader yields to the end of the next epoch."""
+    loader = DaliLoader(location, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1,
+                        seed=3, **kw)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    rest = [[labels.tolist(), hashlib.sha1(images.numpy().tobytes()).hexdigest()] for images, labels in it]
+    rest += _batches(loader)
+    loader.close()
+    return state, rest
+
+
+def test_a_checkpoint_restores_into_a_graph_that_gained_operators(numbered):
+    """A state taken without the pixel guard (max_pixels=None), resumed with it: the guard adds operators
+    before the decoder, so DALI's generated names of every operator after them shift."""
+    state, rest = _state_and_rest(numbered, max_pixels=None)
+    _, guarded_rest = _state_and_rest(numbered)  # the guard changes no batch
+    assert guarded_rest == rest
+    loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3)
+    loader.load_state_dict(state)
+    assert _batches(loader, 2) == rest
+
+
+def test_new_random_operators_restart_their_draws_the_reader_resumes_exactly_and_a_warning_says_so(numbered,
+                                                                                                   caplog):
+    state, rest = _state_and_rest(numbered)
+    loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3,
+                        color_jitter=0.3)
+    with caplog.at_level("WARNING", logger="dali_pipes"):
+        loader.load_state_dict(state)
+    assert "the random draws of Brightness, Contrast, Saturation start afresh" in caplog.text
+    assert [labels for labels, _ in _batches(loader, 2)] == [labels for labels, _ in rest]
+
+
+def test_a_checkpoint_that_cannot_be_restored_is_refused_naming_its_release_never_as_a_data_error(numbered):
+    from dali_pipes import DatasetError
+    from dali_pipes._dali import checkpoint_entries, checkpoint_with_entries
+    from dali_pipes.dali_checkpoint import CheckpointError
+    state, _ = _state_and_rest(numbered)
+    dali = state["pipeline"]["dali"]
+    without_reader = checkpoint_with_entries(dali, [e for e in checkpoint_entries(dali) if e[0] != "Reader"])
+    broken_crop = checkpoint_with_entries(dali, [(n, b"Philox_XYZ" if n == "RandomCrop" else s)
+                                                 for n, s in checkpoint_entries(dali)])
+    for bad, why in ((b"not a checkpoint", "not a DALI checkpoint"), (without_reader, "no state of the reader"),
+                     (broken_crop, "Philox")):
+        loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3)
+        with pytest.raises(CheckpointError, match=rf"written by dali_pipes \S+\) cannot be restored .*{why}") as e:
+            loader.load_state_dict({**state, "pipeline": {**state["pipeline"], "dali": bad}})
+        assert not isinstance(e.value, DatasetError) and "bad sample" not in str(e.value)
+        loader.close()
