@@ -19,7 +19,10 @@ first epoch's batches; each trial and the choice are logged (logger "dali_pipes"
 The memory, a JSON file under the cache root ($DALI_PIPES_CACHE/tuning.json, default
 ~/.cache/dali_pipes/tuning.json), is keyed by machine (CPU model, usable cores, GPU, DALI version),
 graph (mode, device, augmentation, batch size, format) and ranks per node. A remembered choice is
-the next run's start, and is only confirmed (one trial) unless the loop then waits.
+the next run's start, and is only confirmed (one trial) unless the loop then waits. It is a file a
+person may edit: an entry is used only if the tuner could have chosen it here (entry_problem: threads
+in 1..usable CPUs, a depth of DEPTHS); anything else (a file that is not a memory, a bad entry) is
+treated as absent, with one warning naming the file. Writers hold a lock beside it (tuning.json.lock).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from dali_pipes.dist import default_threads, usable_cpus
-from dali_pipes.files import atomic_write
+from dali_pipes.files import atomic_write, locked
 
 AUTO = "auto"
 MAX_TRIALS = 8
@@ -44,6 +47,7 @@ DEPTHS = (2, 3, 4)
 SETTLE = 1  # batches after each (re)build not measured: the new pipeline fills its queue
 WAIT_TOLERANCE = 0.02  # of a batch's wall time: waits closer than this are equal (then the lower CPU wins)
 CONFIRM_WAIT = 0.05  # a remembered choice whose loop waits more than this fraction is searched again
+LOCK_TIMEOUT_S = 10.0  # a writer holds the memory's lock for one read and one write: milliseconds
 log = logging.getLogger("dali_pipes")
 
 
@@ -110,31 +114,94 @@ def memory_path() -> str:
 
 
 def recall(key: str) -> dict | None:
-    """The remembered entry for `key`, or None (no memory, or one this release cannot read)."""
-    try:
-        with open(memory_path()) as f:
-            return json.load(f).get("entries", {}).get(key)
-    except (OSError, ValueError, AttributeError):
+    """The remembered entry for `key`, or None: no memory, or one that is not valid here (entry_problem),
+    which is treated as absent, with one warning naming the file."""
+    path = memory_path()
+    entry = read_entries(path).get(key)
+    problem = None if entry is None else entry_problem(entry)
+    if problem:
+        warn_once(path, f"entry {key}: {problem}")
         return None
+    return entry
 
 
 def remember(key: str, entry: dict) -> None:
-    """Add or update one entry (atomic rename: concurrent writers never leave a torn file; last wins)."""
+    """Add or update one entry. The read-modify-write holds a lock beside the file (files.locked), so
+    concurrent writers lose no entry; the write is an atomic rename, so no reader sees a torn file. An
+    old entry for `key` that is not valid is replaced, never merged."""
     path = memory_path()
     try:
-        with open(path) as f:
-            memory = json.load(f)
-    except (OSError, ValueError):
-        memory = {}
-    entries = memory.get("entries") if isinstance(memory.get("entries"), dict) else {}
-    entries[key] = {**entries.get(key, {}), **entry, "date": datetime.datetime.now().isoformat(timespec="seconds")}
-    try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with atomic_write(path, "w") as f:
-            json.dump({"version": 1, "entries": entries}, f, indent=1)
+        with locked(path + ".lock", LOCK_TIMEOUT_S):
+            entries = read_entries(path)
+            old = entries.get(key) if entry_problem(entries.get(key)) is None else {}
+            merged = {**old, **entry, "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            problem = entry_problem(merged)
+            if problem:  # the tuner and profile choose within the checked ranges: a bug, never a start
+                log.warning("tuning: not remembering %s in %s: %s", merged, path, problem)
+                return
+            with atomic_write(path, "w") as f:
+                json.dump({"version": 1, "entries": {**entries, key: merged}}, f, indent=1)
+    except TimeoutError as error:  # a writer stuck with the lock must not stop training either
+        log.warning("tuning: could not remember the choice in %s (%s); the next run tunes again", path, error)
     except OSError as error:  # a read-only home must not stop training: the next run tunes again
         log.warning("tuning: could not remember the choice in %s (%s); set DALI_PIPES_CACHE to a writable "
                     "folder", path, error)
+
+
+def read_entries(path: str) -> dict:
+    """The memory's entries by key (not checked one by one: an entry may belong to another machine);
+    {} when there is no memory, or when the file is not one (warned once, naming it)."""
+    try:
+        with open(path) as f:
+            memory = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as error:
+        warn_once(path, f"unreadable ({error})")
+        return {}
+    entries = memory.get("entries", {}) if isinstance(memory, dict) else memory
+    if not isinstance(entries, dict):
+        what = '"entries"' if isinstance(memory, dict) else "the file"
+        warn_once(path, f'not a tuning memory: {what} is a {type(entries).__name__}, not an object '
+                        f'(expected {{"version": 1, "entries": {{...}}}})')
+        return {}
+    return entries
+
+
+def entry_problem(entry) -> str | None:
+    """What makes a remembered entry unusable on this machine, or None. The knobs must be what the tuner
+    could have chosen here: threads an int in 1..usable CPUs, a depth it searches (DEPTHS)."""
+    if not isinstance(entry, dict):
+        return f"not an object but {type(entry).__name__} {entry!r}"
+    cores = usable_cpus()
+    checks = {"num_threads": (lambda v: _is_int(v) and 1 <= v <= cores, f"an int in 1..{cores} (usable CPUs)"),
+              "prefetch_queue_depth": (lambda v: _is_int(v) and v in DEPTHS, f"one of the depths searched {DEPTHS}"),
+              "hw_decoder_load": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+              **{name: (lambda v: isinstance(v, str), "a string") for name in ("source", "date", "binding_stage")}}
+    for name, (ok, expected) in checks.items():
+        if name in entry and not ok(entry[name]):
+            return f"{name} {entry[name]!r} is not {expected}"
+    return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no thread count
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(path: str, problem: str) -> None:
+    """One warning per file and problem in a process (every rank's plan and every write read the file)."""
+    if (path, problem) not in _warned:
+        _warned.add((path, problem))
+        log.warning("tuning: %s: %s; treated as absent (tuned again and rewritten; remove the file to start "
+                    "afresh)", path, problem)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -329,6 +329,122 @@ def test_a_second_live_job_on_a_workdir_is_refused_and_a_stale_lock_taken_over(t
     assert not os.path.exists(path)
 
 
+@pytest.fixture
+def live_process():
+    """Another process of this host that runs while the test does (a lock may name it)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def _proc_identity(pid):
+    """(boot id, start time in clock ticks) of `pid` as Linux's /proc gives them: what the lock records."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot, open(f"/proc/{pid}/stat") as stat:
+            return boot.read().strip(), int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22
+    except OSError:
+        pytest.skip("no /proc boot id or process start time on this system")
+
+
+def _write_lock(work, **holder):
+    with open(os.path.join(work, "lock"), "w") as f:
+        json.dump({"host": socket.gethostname(), "started": "then", **holder}, f)
+
+
+def test_a_lock_whose_pid_now_names_another_process_is_taken_over(tmp_path, capsys, live_process):
+    """Issue 24: after a container restart with the same hostname, the new job's own pid (or another live
+    one) is the old lock's pid, and the job was refused forever. The lock now records the boot id and the
+    pid's start time: a pid alive with another start, on another boot, or our own pid is a stale lock."""
+    from train import lock
+    work, pid = str(tmp_path), live_process.pid
+    boot, started = _proc_identity(pid)
+    stale_locks = [dict(pid=os.getpid()),  # an old-format lock naming our own pid: a previous job's
+                   dict(pid=os.getpid(), boot_id=boot, pid_started=_proc_identity(os.getpid())[1] - 1),
+                   dict(pid=pid, boot_id=boot, pid_started=started - 1),  # the pid now runs another process
+                   dict(pid=pid, boot_id="another-boot", pid_started=started)]
+    for holder in stale_locks:
+        _write_lock(work, **holder)
+        path = lock.hold(work, 0)
+        assert f"taking over a stale lock of pid {holder['pid']} on" in capsys.readouterr().out, holder
+        assert lock.holder_of(path) == {"host": socket.gethostname(), "pid": os.getpid(), "boot_id": boot,
+                                        "pid_started": _proc_identity(os.getpid())[1],
+                                        "started": lock.holder_of(path)["started"]}
+        lock.release(path)
+    for holder in [dict(pid=pid, boot_id=boot, pid_started=started), dict(pid=pid)]:  # the holder runs (old format too)
+        _write_lock(work, **holder)
+        with pytest.raises(lock.WorkdirBusy, match=f"{work} is in use by pid {pid} on"):
+            lock.hold(work, 0)
+
+
+@pytest.mark.parametrize("content", ["{}", "[]", '"lock"', '{"pid": "abc"}', '{"host": "HOST", "pid": "abc"}',
+                                     '{"host": "HOST", "pid": 0}', '{"host": "HOST", "pid": true}',
+                                     '{"host": "HOST", "pid": 5, "pid_started": "x"}'])
+def test_a_malformed_lock_ends_in_one_line_naming_it(tmp_path, content):
+    """Issue 24: `{}`, `[]` or `{"pid": "abc"}` in WORKDIR/lock gave a bare traceback (KeyError, AttributeError,
+    ValueError); pid 0 was "in use by pid 0". A file that is JSON but no lock of ours was written by someone
+    else, so the job stops and says to remove it, rather than guess that no job runs there. (A lock that is
+    not JSON at all is what our own writer leaves when it dies between creating and writing it: stale.)"""
+    from train import lock
+    path = tmp_path / "lock"
+    path.write_text(content.replace("HOST", socket.gethostname()))
+    with pytest.raises(SystemExit, match=f"^error: {path}: not a lock of python -m train .*remove it") as exit:
+        lock.hold(str(tmp_path), 0)
+    assert type(exit.value).__name__ == "WorkdirLockError"
+    assert path.read_text() == content.replace("HOST", socket.gethostname())  # left for a person to look at
+
+
+def test_a_lock_being_written_is_not_taken_over(tmp_path, live_process):
+    """A job creates the lock, then writes its name: a second job that reads the empty file in between
+    waits for the name (WRITE_GRACE_S) instead of taking it over as a dead writer's, which let both run."""
+    import threading
+    import time
+    from train import lock
+    path, outcome = tmp_path / "lock", []
+    path.write_text("")  # created by the first job, not yet written
+
+    def second_job():
+        try:
+            outcome.append(lock.hold(str(tmp_path), 0))
+        except SystemExit as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=second_job)
+    thread.start()
+    time.sleep(0.5)
+    boot, started = _proc_identity(live_process.pid)
+    _write_lock(str(tmp_path), pid=live_process.pid, boot_id=boot, pid_started=started)
+    thread.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], lock.WorkdirBusy), outcome
+
+
+def _as_a_user_who_cannot_write_everywhere() -> list[str]:
+    """A command prefix under which a chmod 555 folder is read-only: none for a user; for root, setpriv
+    drops the capability that lets root write anywhere (a read-only mount would need privileges)."""
+    import shutil
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root writes a chmod 555 folder anyway, and setpriv (util-linux) is not installed")
+    return ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def test_a_read_only_workdir_ends_in_one_line_naming_it(tmp_path):
+    """Issue 24: a workdir where the lock cannot be created gave a bare PermissionError traceback."""
+    work = tmp_path / "run"
+    work.mkdir()
+    os.chmod(work, 0o555)
+    try:
+        cmd = [*_as_a_user_who_cannot_write_everywhere(), sys.executable, "-m", "train", "--data", str(tmp_path),
+               "--device", "cpu", "--epochs", "1", "--workdir", str(work)]
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        os.chmod(work, 0o755)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (f"error: cannot write the lock {work}/lock (Permission denied); "
+                                                   f"make {work} writable, or use another --workdir")
+
+
 @pytest.mark.parametrize("manifest", [True, False])
 def test_a_label_offset_that_makes_class_0_negative_ends_the_run_in_one_line(tiny, tmp_path, manifest):
     """Issue 19: --label-offset 1 on 0-based TFRecords turned class 0 into the padding marker and trained on.

@@ -146,3 +146,101 @@ def test_the_search_prefers_less_cpu_when_the_loop_never_waits():
         tuner.observe(wait, step + wait, cpu[threads])
     assert [t.settings.num_threads for t in tuner.trials][:3] == [4, 2, 1]
     assert tuner.chosen.num_threads == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 24: the memory is a file a person may edit, and several jobs may write at once
+# ---------------------------------------------------------------------------------------------
+
+def plan_args() -> dict:
+    """What DaliLoader hands tuning.plan for a CPU train graph with both knobs "auto"."""
+    from dali_pipes import AugmentConfig, Shard
+    return {"num_threads": tuning.AUTO, "prefetch_queue_depth": tuning.AUTO, "shard": Shard(),
+            "augment": AugmentConfig(), "train": True, "device": "cpu"}
+
+
+def memory_warnings(caplog, path) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and str(path) in r.getMessage()]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[]", "the file is a list"), ('"entries"', "the file is a str"), ('{"entries": [1]}', '"entries" is a list'),
+    ("{not json", "unreadable")])
+def test_a_memory_that_is_not_one_is_absent_with_one_warning_and_replaced(tmp_path, caplog, text, problem):
+    """Issue 24: `[]` crashed every run at the first write (AttributeError, no file named)."""
+    caplog.set_level(logging.WARNING, logger="dali_pipes")
+    path = tmp_path / "cache" / "tuning.json"
+    path.parent.mkdir()
+    path.write_text(text)
+    assert tuning.recall("k") is None
+    tuning.remember("k", {"num_threads": 1, "source": "online"})
+    (warning,) = memory_warnings(caplog, path)  # one, though the file was read twice
+    assert problem in warning and "treated as absent" in warning
+    memory = json.loads(path.read_text())
+    assert memory["version"] == 1 and list(memory["entries"]) == ["k"] and tuning.recall("k")["num_threads"] == 1
+
+
+@pytest.mark.parametrize("entry, problem", [
+    (5, "not an object"), ([2, 2], "not an object"), ({"num_threads": "4"}, "num_threads '4'"),
+    ({"num_threads": True}, "num_threads True"), ({"num_threads": 0}, "num_threads 0"),
+    ({"num_threads": 5000}, "num_threads 5000"), ({"num_threads": 1, "prefetch_queue_depth": 0},
+                                                  "prefetch_queue_depth 0"),
+    ({"prefetch_queue_depth": 100000}, "prefetch_queue_depth 100000"), ({"prefetch_queue_depth": 2.0}, "2.0"),
+    ({"num_threads": 1, "hw_decoder_load": 1.5}, "hw_decoder_load 1.5"), ({"source": 7}, "source 7")])
+def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, entry, problem):
+    """Issue 24: 5,000 remembered threads were used as the start (and written back as the best); depth 0 or
+    a string of threads gave a traceback naming no file. Now: absent, one warning naming the file."""
+    caplog.set_level(logging.WARNING, logger="dali_pipes")
+    path = tmp_path / "cache" / "tuning.json"
+    path.parent.mkdir()
+    key = tuning.memory_key(plan_args(), "tfrecord")
+    path.write_text(json.dumps({"version": 1, "entries": {key: entry, "other": {"num_threads": 1}}}))
+    _, tuner, _ = tuning.plan(plan_args(), "tfrecord", 0, 0)
+    assert tuner.start == tuning.Settings(tuning.default_threads(plan_args()["shard"]), 2) and not tuner.remembered
+    tuning.remember(key, {"prefetch_queue_depth": 3, "source": "online"})  # as a run that tuned the depth only
+    (warning,) = memory_warnings(caplog, path)
+    assert problem in warning and f"entry {key}" in warning
+    entries = json.loads(path.read_text())["entries"]
+    assert {k: v for k, v in entries[key].items() if k != "date"} == {"prefetch_queue_depth": 3, "source": "online"}
+    assert entries["other"] == {"num_threads": 1}  # another machine's entry is kept as it was
+
+
+def test_a_loader_over_a_memory_that_is_a_list_tunes_and_leaves_a_good_memory(numbered, tmp_path, caplog):
+    """Issue 24: the whole first epoch, as a training job runs it (today's main raised AttributeError at 10%)."""
+    caplog.set_level(logging.WARNING, logger="dali_pipes")
+    path = tmp_path / "cache" / "tuning.json"
+    path.parent.mkdir()
+    path.write_text("[]")
+    loader = DaliLoader(numbered, **KW)
+    assert len(epochs(loader, count=1)[0]) == len(loader)
+    (entry,) = json.loads(path.read_text())["entries"].values()
+    chosen = loader.pipe.tuner.chosen
+    assert (entry["num_threads"], entry["prefetch_queue_depth"]) == (chosen.num_threads, chosen.prefetch_queue_depth)
+    assert len(memory_warnings(caplog, path)) == 1
+
+
+WRITER = """
+import sys
+from dali_pipes import tuning
+print("ready", flush=True)
+sys.stdin.readline()  # every writer starts at once
+for i in range({count}):
+    tuning.remember(f"{{sys.argv[1]}}-{{i}}", {{"num_threads": 1, "source": "online"}})
+"""
+
+
+def test_writers_at_once_lose_no_entry(tmp_path):
+    """Issue 24: two processes writing at once lost 132 of 400 entries (read, modify, rename: last wins)."""
+    import subprocess
+    import sys
+    processes, count = 4, 100
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER.format(count=count), str(p)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env=env) for p in range(processes)]
+    assert [writer.stdout.readline().strip() for writer in writers] == ["ready"] * processes
+    for writer in writers:
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+    assert [writer.wait(timeout=300) for writer in writers] == [0] * processes
+    entries = json.loads((tmp_path / "cache" / "tuning.json").read_text())["entries"]
+    assert sorted(entries) == sorted(f"{p}-{i}" for p in range(processes) for i in range(count))
