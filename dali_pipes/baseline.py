@@ -22,8 +22,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dali_pipes.graph import AugmentConfig
 from dali_pipes.dist import Shard
 from dali_pipes.formats import read_sample
-from dali_pipes.samples import TFRecordKeys
-from dali_pipes.source import Source, open_source
+from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.labels import check_label, label_bound
+from dali_pipes.source import Source, open_source, with_num_classes
 
 
 def random_resized_crop_box(width: int, height: int, area: tuple[float, float], ratio: tuple[float, float],
@@ -79,6 +80,7 @@ class SourceDataset(Dataset):
 
     def __init__(self, source: Source, transform: ImageTransform, seed: int) -> None:
         self.refs, self.transform, self.seed = source.refs(), transform, seed
+        self.bound = label_bound(source)  # (count, what sets it): a label at or above fails, named
 
     def __len__(self) -> int:
         return len(self.refs)
@@ -86,6 +88,8 @@ class SourceDataset(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
         epoch, index = key  # the sampler sends the epoch along: workers hold stale dataset copies
         sample = read_sample(self.refs[index])
+        if sample.label != PADDING_LABEL:  # an excluded sample's placeholder: ignored by the loss
+            check_label(sample.label, sample.origin, num_classes=self.bound[0], classes_from=self.bound[1])
         with Image.open(io.BytesIO(sample.data)) as img:
             rng = random.Random(hash((self.seed, epoch, index)))  # reproducible per sample and epoch
             return self.transform(img.convert("RGB"), rng), sample.label
@@ -130,10 +134,11 @@ class TorchLoader:
     def __init__(self, source: Source | str, *, batch_size: int, train: bool, rank: int | None = None,
                  world_size: int | None = None, image_size: int = 224, seed: int = 0, num_workers: int = 4,
                  pin_memory: bool = True, persistent_workers: bool = True, augment: AugmentConfig | None = None,
-                 prefetch_factor: int = 2, keys: TFRecordKeys | None = None) -> None:
+                 prefetch_factor: int = 2, keys: TFRecordKeys | None = None, num_classes: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        self.source = source if isinstance(source, Source) else open_source(source, keys=keys)
+        self.source = with_num_classes(source, num_classes) if isinstance(source, Source) else \
+            open_source(source, keys=keys, num_classes=num_classes)
         self.shard = Shard.from_env(rank, world_size)
         self.train, self.batch_size = train, batch_size
         augment = augment or AugmentConfig(image_size=image_size)

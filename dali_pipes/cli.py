@@ -44,6 +44,9 @@ class ConvertConfig:
     prefix: str = option("train", "shard file names: PREFIX-00000-of-0000K")
     seed: int = option(0, "seed of that shuffle (the same seed gives the same bytes)")
     workers: int | None = option(None, "encoding processes; None: all cores", type=int)
+    overwrite: bool = option(False, "OUT holds an earlier conversion with this prefix: remove it first (its "
+                             "shards, .idx files, classes.json, manifest.json), else that is refused. Files no "
+                             "conversion wrote are never removed")
 
 
 # ---------------------------------------------------------------------------------------------

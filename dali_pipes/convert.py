@@ -1,6 +1,12 @@
 """Converters: any Source -> TFRecord shards or WebDataset tar shards, with their indexes, classes.json
 and, written last, manifest.json (manifest.py): a conversion cut short leaves no manifest.
 
+The output folder (or s3:// prefix) must hold nothing but other prefixes' sets that its manifest lists (train
+and val, converted one after the other): an earlier conversion with this prefix is refused, or with
+overwrite=True (--overwrite) removed first (its shards of either format, their .idx files, classes.json and,
+when it lists no other set, manifest.json), so that two conversions never leave one folder holding both. Files
+no conversion wrote are never removed: they are refused, named.
+
 Samples are shuffled across shards (a seeded permutation dealt round-robin, so shard sizes
 differ by at most one). Worker processes read and encode samples; the parent process alone
 writes, so each shard's bytes and index come out in one deterministic order.
@@ -11,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 import time
@@ -21,7 +28,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_pipes import manifest
-from dali_pipes.files import atomic_write, moved_by, private_tmp, remove_own_temps
+from dali_pipes.files import atomic_write, is_temp, moved_by, private_tmp, remove_own_temps
 from dali_pipes.dist import process_pool
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
@@ -116,8 +123,85 @@ def _run(source: Source, out: str, shards: int, seed: int, workers: int | None, 
         bar.close()
 
 
+@dataclass(frozen=True)
+class OutputContents:
+    """What an output folder holds before a conversion with `prefix`, by name: an earlier conversion with
+    this prefix (`old`: its shards and indexes, and the shared classes.json and manifest.json unless another
+    set is kept), other prefixes' sets its manifest lists (`kept`), and anything else (`foreign`)."""
+    old: list[str]
+    kept: list[str]
+    foreign: list[str]
+
+
+def survey_output(names: list[str], prefix: str, previous: dict | None) -> OutputContents:
+    """Sort the names in an output folder (relative to it; s3:// keys below the prefix may hold "/").
+    Hidden and temporary files are no one's data (every reader skips them) and are left out."""
+    ours = re.compile(rf"^{re.escape(prefix)}-\d+-of-\d+\.(tfrecord|tar)(\.idx)?$")
+    listed = {s["name"] for s in (previous or {}).get("shards", []) if not s["name"].startswith(f"{prefix}-")}
+    old, kept, foreign, shared = [], [], [], []
+    for name in sorted(n for n in names if not n.startswith(".") and not is_temp(n)):
+        if name in (manifest.MANIFEST_NAME, "classes.json"):
+            shared.append(name)
+        elif ours.match(name):
+            old.append(name)
+        elif name in listed or name.removesuffix(INDEX_SUFFIX) in listed:
+            kept.append(name)
+        else:
+            foreign.append(name)
+    return OutputContents(old + shared, kept, foreign) if not kept else OutputContents(old, kept + shared, foreign)
+
+
+def _first(names: list[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+def files_to_replace(out: str, contents: OutputContents, prefix: str, overwrite: bool) -> list[str]:
+    """The names to remove before converting into `out`: the old set, with `overwrite`. Raises DatasetError
+    naming `out` and what it holds when it holds files no conversion wrote, or an old set without `overwrite`."""
+    if contents.foreign:
+        raise DatasetError(out, f"not empty: holds {len(contents.foreign)} files or folders that no conversion "
+                           f"with prefix {prefix!r} wrote ({_first(contents.foreign)})",
+                           "Convert into an empty (or new) folder, or move them away: --overwrite replaces only an "
+                           f"earlier conversion's {prefix}-*-of-* shards, their .idx files, classes.json and "
+                           "manifest.json")
+    if contents.old and not overwrite:
+        shown = sorted(contents.old, key=lambda n: (n.endswith(INDEX_SUFFIX), n))  # shards before their indexes
+        raise DatasetError(out, f"not empty: holds an earlier conversion ({_first(shown)}); converting "
+                           f"into it would leave both sets there", "Pass --overwrite (overwrite=True) to remove it "
+                           "first, or convert into an empty (or new) folder")
+    return contents.old
+
+
+def _clear_local(out: str, prefix: str, overwrite: bool) -> None:
+    if not os.path.isdir(out):
+        return
+    try:
+        previous = manifest.read(os.path.join(out, manifest.MANIFEST_NAME))
+    except DatasetError:
+        previous = None  # unreadable: part of the old set
+    contents = survey_output(os.listdir(out), prefix, previous)
+    for name in files_to_replace(out, contents, prefix, overwrite):
+        os.remove(os.path.join(out, name))
+
+
+def _clear_remote(out: str, prefix: str, overwrite: bool) -> None:
+    from dali_pipes import object_store
+    try:
+        found = object_store.list_objects(out)
+    except FileNotFoundError:
+        return  # nothing below the prefix (a missing bucket is named by the upload)
+    try:
+        previous = manifest.read(object_store.join(out, manifest.MANIFEST_NAME))
+    except DatasetError:
+        previous = None
+    contents = survey_output([object_store.relative_to(o.url, out) for o in found], prefix, previous)
+    for name in files_to_replace(out, contents, prefix, overwrite):
+        object_store.delete(object_store.join(out, name))
+
+
 def _remote_out(write):
-    """Let a writer take an s3:// `out`: it writes into a temporary folder, then every file it
+    """Check the output folder (survey_output: an earlier conversion there is refused, or with overwrite
+    removed first), and let a writer take an s3:// `out`: it writes into a temporary folder, then every file it
     wrote (shards, indexes, classes.json) is uploaded below the prefix, checked by size. A write that
     fails leaves none of its temp files; a full disk is one line naming the file and where to write."""
     import functools
@@ -125,7 +209,9 @@ def _remote_out(write):
     @functools.wraps(write)
     def wrapper(source: Source, out: str, **kwargs) -> ConvertStats:
         from dali_pipes import object_store
+        prefix, overwrite = kwargs.get("prefix", "train"), kwargs.pop("overwrite", False)
         if not object_store.is_remote(out):
+            _clear_local(out, prefix, overwrite)
             try:
                 with moved_by("convert's output argument (a folder on a disk with room, or an s3:// prefix)", out):
                     return write(source, out, **kwargs)
@@ -133,25 +219,28 @@ def _remote_out(write):
                 remove_own_temps(out)
                 raise
         import tempfile
-        prefix = out.rstrip("/") + "/"
+        out = out.rstrip("/") + "/"
+        _clear_remote(out, prefix, overwrite)
         with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder, \
                 moved_by("TMPDIR (convert stages s3:// output there: a folder on a disk with room)", folder):
             stats = write(source, folder, **kwargs)
             ours = manifest.read(os.path.join(folder, manifest.MANIFEST_NAME))
-            manifest.write(folder, manifest.merged(manifest.read(object_store.join(prefix, manifest.MANIFEST_NAME)),
-                                                   ours, kwargs.get("prefix", "train")))
+            manifest.write(folder, manifest.merged(manifest.read(object_store.join(out, manifest.MANIFEST_NAME)),
+                                                   ours, prefix))
             names = sorted(os.listdir(folder), key=lambda n: n == manifest.MANIFEST_NAME)  # the manifest last
             for name in names:
-                object_store.upload(os.path.join(folder, name), object_store.join(prefix, name))
+                object_store.upload(os.path.join(folder, name), object_store.join(out, name))
         return stats
     return wrapper
 
 
 @_remote_out
 def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = "train", seed: int = 0,
-                    workers: int | None = None, progress: bool = True) -> ConvertStats:
+                    workers: int | None = None, progress: bool = True, overwrite: bool = False) -> ConvertStats:
     """Write `prefix-0000i-of-0000K.tfrecord` shards of tf.train.Example records, their DALI
-    indexes (`.idx` beside each) and `classes.json`. An s3:// `out` gets them uploaded."""
+    indexes (`.idx` beside each) and `classes.json`. An s3:// `out` gets them uploaded. An earlier
+    conversion with this prefix in `out` is refused, or with `overwrite` removed first (by _remote_out, before
+    this body runs)."""
     start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, shard_name(prefix, i, shards, ".tfrecord")) for i in range(shards)]
@@ -180,9 +269,10 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
 
 @_remote_out
 def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str = "train", seed: int = 0,
-                     workers: int | None = None, progress: bool = True) -> ConvertStats:
+                     workers: int | None = None, progress: bool = True, overwrite: bool = False) -> ConvertStats:
     """Write `prefix-0000i-of-0000K.tar` shards of <key>.jpg + <key>.cls samples, their DALI
-    webdataset indexes (`.idx` beside each) and `classes.json`."""
+    webdataset indexes (`.idx` beside each) and `classes.json`. An earlier conversion with this prefix in
+    `out` is refused, or with `overwrite` removed first (by _remote_out, before this body runs)."""
     start = time.perf_counter()
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, shard_name(prefix, i, shards, ".tar")) for i in range(shards)]

@@ -7,6 +7,10 @@ culprit in Python (the formats' read_sample), which names it with `check_label`.
 PADDING_LABEL (-1: val padding, excluded samples) is never data: a placeholder record stores
 EXCLUDED_LABEL instead, which reads as PADDING_LABEL whatever the offset, so that -1 after an offset (class 0
 read with --label-offset 1) is told apart from it and refused.
+
+The class count labels must be below (`label_bound`) is the smaller of the source's class list and the count
+the run uses (`num_classes`: the model's outputs, `python -m train --num-classes`): a label the model has no
+output for fails here, named, rather than as torch's "Target 9 is out of bounds" (a device-side assert on a GPU).
 """
 
 from __future__ import annotations
@@ -37,6 +41,18 @@ def check_label(label: int, where: str, *, offset: int = 0, num_classes: int | N
         shifted = f" (stored {label + offset} - label offset {offset})" if offset else ""
         raise LabelError(where, f"label {label}{shifted} is not below the {num_classes} classes of "
                          f"{classes_from or 'the dataset'}", "Fix the label or the class list")
+
+
+def label_bound(source) -> tuple[int | None, str]:
+    """(the count every label must be below, what sets it) of a source (a SourceRecord): the smaller of its
+    class list (classes.json, a manifest, class folders) and `source.num_classes`, the count the run uses;
+    (None, "") when neither is known."""
+    known = []
+    if source.num_classes is not None:
+        known.append((source.num_classes, f"the run (num_classes={source.num_classes}, --num-classes)"))
+    if source.classes:
+        known.append((len(source.classes), "classes.json"))
+    return min(known, key=lambda k: k[0], default=(None, ""))
 
 
 def stored_to_label(stored: int, where: str, offset: int = 0) -> int:

@@ -43,7 +43,7 @@ from dali_pipes.procfs import release_free_memory_now_and_then
 from dali_pipes.recovery import BadSamplePolicy
 from dali_pipes.resolution import ImageSize
 from dali_pipes.samples import PADDING_LABEL, TFRecordKeys
-from dali_pipes.source import Source, open_source, samples_source
+from dali_pipes.source import Source, open_source, samples_source, with_num_classes
 
 DEVICES = ("auto", "gpu", "cpu")
 _LOADER, _SOURCE = LoaderConfig(), SourceConfig()  # the loader's defaults, written once (config.py)
@@ -86,16 +86,18 @@ def resolve_device(device: str) -> str:
 
 
 def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool, s3_attempts: int, s3_timeout: float, allow_duplicates: bool = False) -> Source:
-    """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location. The
-    process's S3 retries are set first (object_store.configure): opening lists and reads objects."""
+                 skip_bad: bool, s3_attempts: int, s3_timeout: float, allow_duplicates: bool = False,
+                 num_classes: int | None = None) -> Source:
+    """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location, its labels
+    bounded by `num_classes` where given. The process's S3 retries are set first (object_store.configure):
+    opening lists and reads objects."""
     object_store.configure(attempts=s3_attempts, timeout=s3_timeout)
     if call.location is None:
-        return samples_source(call.root, call.samples, call.classes, skip_bad)
+        return with_num_classes(samples_source(call.root, call.samples, call.classes, skip_bad), num_classes)
     if isinstance(call.location, Source):
-        return call.location
+        return with_num_classes(call.location, num_classes)
     return open_source(call.location, keys=keys, label_ext=label_ext, index_cache_dir=index_cache_dir,
-                       skip_bad=skip_bad, allow_duplicates=allow_duplicates)
+                       skip_bad=skip_bad, allow_duplicates=allow_duplicates, num_classes=num_classes)
 
 
 class DaliLoader:
@@ -122,7 +124,7 @@ class DaliLoader:
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
                  cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
                  s3_timeout: float = _LOADER.s3_timeout, sharding_check: bool = _LOADER.sharding_check,
-                 **augment_args) -> None:
+                 num_classes: int | None = None, **augment_args) -> None:
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
@@ -138,7 +140,7 @@ class DaliLoader:
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, s3_attempts, s3_timeout,
-                              allow_duplicates)
+                              allow_duplicates, num_classes)  # num_classes: the model's outputs bound the labels
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start

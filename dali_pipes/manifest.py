@@ -4,7 +4,10 @@ size, its sample count and its range of labels, and the classes.
 `convert` writes it after every shard, index and classes.json (and, to s3://, uploads it after them), so
 a conversion cut short leaves none (the STEM-NNNNN-of-MMMMM check still applies then). `open_source` and
 `verify` check it when present: a shard it lists that is missing, of another size or with another sample
-count is refused, naming the shard and the manifest. It is a `.json` file: no reader takes it for a shard.
+count is refused, naming the shard and the manifest; so is a shard it does not list found beside those it
+lists (another conversion's, into the same folder), a sample total other than its own, and a classes.json
+whose classes differ from its. `verify` also compares each shard's range of labels with the one it lists.
+It is a `.json` file: no reader takes it for a shard.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from dali_pipes.files import atomic_write
 MANIFEST_NAME = "manifest.json"
 FORMAT = "dali_pipes manifest"
 VERSION = 1
+STALE_FIX = "Remove the files of the other conversion, or convert again with --overwrite (overwrite=True)"
+
+
+class SetError(DatasetError):
+    """A shard set that is not the manifest's: a shard it lists missing, or one it does not list found.
+    The whole set is wrong, not a sample: skip_bad never turns it into a warning."""
 
 
 def build(kind: str, classes: list[str] | None, shards: list[dict]) -> dict:
@@ -53,6 +62,11 @@ def path_beside(shard: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(shard)), MANIFEST_NAME)
 
 
+def classes_path(manifest_path: str) -> str:
+    """The classes.json beside a manifest (local or s3://)."""
+    return manifest_path[:len(manifest_path) - len(MANIFEST_NAME)] + "classes.json"
+
+
 def read(path: str) -> dict | None:
     """The manifest at `path` (local or s3://), or None where there is none."""
     try:
@@ -78,21 +92,16 @@ def _base(name: str) -> str:
 
 def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[int],
              counts: list[int] | None, complete: bool, pattern: str = "*") -> list[DatasetError]:
-    """What is wrong with `shards` (their sizes, and sample counts where known) by the manifest: a listed
-    shard missing (only when `complete`: found through a folder, prefix or glob; of a glob, the listed
-    names that match its last part, `pattern`), of another size, or of another count. Shards the manifest
-    does not list are not its business; nor is a set it shares none with."""
+    """What is wrong with `shards` (their sizes, and sample counts where known) by the manifest. When
+    `complete` (found through a folder, prefix or glob; of a glob, the listed names that match its last part,
+    `pattern`): a listed shard missing, a shard it does not list (SetError), and, once nothing else is wrong,
+    a sample total other than the manifest's. Always: a listed shard of another size or count. A set it shares
+    no shard with is not its business (an explicit list of other shards beside it)."""
     listed = {s["name"]: s for s in manifest.get("shards", [])}
     found = {_base(shard): i for i, shard in enumerate(shards)}
     if not set(found) & set(listed):
         return []
-    out = []
-    folder = shards[0][:len(shards[0]) - len(_base(shards[0]))]
-    if complete:
-        out += [DatasetError(folder + name, f"missing: {manifest_path} lists it ({entry['bytes']} bytes, "
-                             f"{entry['samples']} samples), as after a copy or an upload cut short",
-                             "Copy it again, or convert again") for name, entry in listed.items()
-                if name not in found and fnmatch.fnmatchcase(name, pattern)]
+    out = _set_problems(manifest, manifest_path, shards, found, listed, counts, pattern) if complete else []
     for name, i in found.items():
         entry = listed.get(name)
         if entry is None:
@@ -103,6 +112,62 @@ def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[
         elif counts is not None and counts[i] != entry["samples"]:
             out.append(DatasetError(shards[i], f"{counts[i]} samples, but {manifest_path} lists {entry['samples']}",
                                     "Copy it again, or convert again"))
+    if not out and complete and pattern == "*" and counts is not None and sum(counts) != manifest.get("samples"):
+        out.append(DatasetError(_folder(shards[0]).rstrip("/"), f"{sum(counts)} samples in its {len(shards)} shards, but "
+                                f"{manifest_path} lists {manifest.get('samples')} in all", "Convert again"))
+    return out
+
+
+def _folder(shard: str) -> str:
+    """The folder or s3:// prefix of a shard, with its trailing separator."""
+    return shard[:len(shard) - len(_base(shard))]
+
+
+def _set_problems(manifest: dict, manifest_path: str, shards: list[str], found: dict[str, int], listed: dict,
+                  counts: list[int] | None, pattern: str) -> list[DatasetError]:
+    """Listed shards (matching `pattern`) missing, then shards found that the manifest does not list."""
+    folder = _folder(shards[0])
+    out: list[DatasetError] = [
+        SetError(folder + name, f"missing: {manifest_path} lists it ({entry['bytes']} bytes, {entry['samples']} "
+                 f"samples), as after a copy or an upload cut short", "Copy it again, or convert again")
+        for name, entry in listed.items() if name not in found and fnmatch.fnmatchcase(name, pattern)]
+    unlisted = [name for name in found if name not in listed]
+    held = f" ({sum(counts)} samples)" if counts is not None else ""
+    for name in unlisted:
+        out.append(SetError(shards[found[name]], f"not listed in {manifest_path} ({len(listed)} shards, "
+                            f"{manifest.get('samples')} samples), but found with its shards: {len(found)} shards"
+                            f"{held}, {len(unlisted)} unlisted, as when two conversions write one folder",
+                            STALE_FIX))
+    return out
+
+
+def classes_problem(manifest: dict, manifest_path: str, classes_path: str, classes: list[str] | None) -> DatasetError | None:
+    """classes.json's classes against the manifest's, when both name them: a difference is a stale file."""
+    listed = manifest.get("classes")
+    if classes is None or listed is None or list(classes) == list(listed):
+        return None
+    return DatasetError(classes_path, f"lists {len(classes)} classes ({_first(classes)}), but {manifest_path} lists "
+                        f"{len(listed)} ({_first(listed)})", "One of them is stale: convert again")
+
+
+def _first(names: list[str], n: int = 3) -> str:
+    return ", ".join(map(str, names[:n])) + (", ..." if len(names) > n else "")
+
+
+def label_problems(manifest: dict, manifest_path: str, ranges: dict[str, tuple[int, int]],
+                   offset: int = 0) -> list[DatasetError]:
+    """Each shard's (lowest, highest) label as read, after `offset`, against the range the manifest lists."""
+    listed = {s["name"]: s for s in manifest.get("shards", [])}
+    out = []
+    for shard, (low, high) in ranges.items():
+        entry = listed.get(_base(shard))
+        if entry is None or not entry.get("labels"):
+            continue
+        want = [entry["labels"][0] - offset, entry["labels"][1] - offset]
+        if [low, high] != want:
+            out.append(DatasetError(shard, f"labels {low} .. {high}, but {manifest_path} lists {want[0]} .. {want[1]}"
+                                    + (f" (after label offset {offset})" if offset else ""),
+                                    "Convert again, or check --label-offset"))
     return out
 
 

@@ -575,3 +575,10 @@ def upload(path: str, url: str, client=None) -> ObjectInfo:
     if info.size != os.path.getsize(path):
         raise DatasetError(f"{url}: stored {info.size} bytes but {path} has {os.path.getsize(path)}; upload again")
     return info
+
+
+def delete(url: str, client=None) -> None:
+    """Delete one object (a conversion's old set, replaced with --overwrite); a missing one is no error."""
+    client = client or s3_client()
+    parsed = S3Url.parse(url)
+    retrying(url, client, lambda: client.delete_object(Bucket=parsed.bucket, Key=parsed.key))

@@ -44,7 +44,7 @@ from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.files import atomic_write
 from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, cache_root
-from dali_pipes.labels import check_label
+from dali_pipes.labels import check_label, label_bound
 from dali_pipes.reader import ReaderModel
 from dali_pipes.samples import PADDING_LABEL, SampleRef
 from dali_pipes.source import Source
@@ -270,7 +270,7 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
     Headers are checked against `max_pixels` first: an oversized image never reaches a decoder."""
     every = source.refs()
     refs = [every[i] for i in indices]
-    num_classes = len(source.classes) if source.classes and source.format.SHARDED else None  # files: checked at open
+    num_classes, classes_from = label_bound(source) if source.format.SHARDED else (None, "")  # files: checked at open
     for end in range(len(refs), 0, -window):
         chunk = refs[max(0, end - window):end]
         datas, reasons = [], []
@@ -278,7 +278,7 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
             try:
                 sample = read_sample(ref)  # a label out of range raises LabelError: never a bad sample to skip
                 if sample.label != PADDING_LABEL:  # a placeholder (read_sample refuses every other negative)
-                    check_label(sample.label, sample.origin, num_classes=num_classes, classes_from=source.location)
+                    check_label(sample.label, sample.origin, num_classes=num_classes, classes_from=classes_from)
                 data = sample.data
             except LabelError:
                 raise

@@ -70,6 +70,7 @@ class SourceRecord(Protocol):
     index_files: list[str] | None
     counts: list[int] | None
     classes: list[str] | None
+    num_classes: int | None  # the class count the run uses (a model's outputs), where given: labels.label_bound
     keys: TFRecordKeys
     label_ext: str
     remote: list[Any] | None  # object_store.ObjectInfo per file, for s3:// sources

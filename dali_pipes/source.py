@@ -23,13 +23,13 @@ import json
 import os
 import posixpath
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from dali_pipes import fingerprint, indexes, manifest, object_store
 from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.formats import format_of, image_files, read_sample
-from dali_pipes.labels import check_label, offset_fix
+from dali_pipes.labels import check_label, label_bound, offset_fix
 from dali_pipes.location import Location, classify, classify_remote, describe, is_remote
 from dali_pipes.object_store import ObjectInfo
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys
@@ -45,6 +45,9 @@ class Source:
     index_files: list[str] | None = None  # per shard, for tfrecord and webdataset
     counts: list[int] | None = None  # samples per shard
     classes: list[str] | None = None
+    # The class count the run uses (open_source's num_classes: a model's outputs, --num-classes), where given.
+    # Labels must be below it and below len(classes): labels.label_bound, in the graph and at open.
+    num_classes: int | None = None
     keys: TFRecordKeys = field(default_factory=TFRecordKeys)
     label_ext: str = "cls"
     remote: list[ObjectInfo] | None = None  # per file, for s3:// sources: what was listed
@@ -81,7 +84,8 @@ class Source:
 
 def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls",
                 index_cache_dir: str | None = None, build_indexes: bool = True, progress: bool = True,
-                check_keys: bool = True, skip_bad: bool = False, allow_duplicates: bool = False) -> Source:
+                check_keys: bool = True, skip_bad: bool = False, allow_duplicates: bool = False,
+                num_classes: int | None = None) -> Source:
     """Recognise what `location` is, check it, build missing indexes, and return a Source.
 
     Raises FileNotFoundError for paths that do not exist and DatasetError (a ValueError) for
@@ -90,10 +94,13 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
     skip_bad=True, damage confined to samples (a zero-byte or unreadable image, a truncated last record
     or tar member, an incomplete tar sample) is listed in `source.damaged` instead; damage that leaves
     nothing readable (a compressed or foreign shard) still raises. A file list naming a sample twice is
-    refused unless allow_duplicates (then each repeat is warned of)."""
+    refused unless allow_duplicates (then each repeat is warned of). `num_classes`, the class count the
+    run uses (a model's outputs), bounds the labels as a class list does (labels.label_bound)."""
     keys = keys or TFRecordKeys()
+    _check_class_count(num_classes)
     if is_remote(location):
-        source = _remote_source(location, keys, label_ext, index_cache_dir, build_indexes, progress, allow_duplicates)
+        source = _remote_source(location, keys, label_ext, index_cache_dir, build_indexes, progress, allow_duplicates,
+                                num_classes)
     else:
         kind, shards = classify(location)
         if kind == "folder":
@@ -105,7 +112,10 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
                 glob.has_magic(str(location)) and not os.path.exists(location)))  # not named one by one
             source = _shard_source(kind, describe(location), shards, keys, label_ext, index_cache_dir,
                                    build_indexes, progress, skip_bad)
+            source.num_classes = num_classes  # before the manifest's label range is checked against it
             _check_manifest(source, searched, skip_bad)
+    source.num_classes = num_classes
+    _check_listed_labels(source)
     _check_files(source, skip_bad)
     if check_keys:
         source.format.check_source(source, keys)  # the format's own check, before DALI sees the data
@@ -126,7 +136,7 @@ def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, 
 
 
 def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
-                   build: bool, progress: bool, allow_duplicates: bool = False) -> Source:
+                   build: bool, progress: bool, allow_duplicates: bool = False, num_classes: int | None = None) -> Source:
     """open_source for s3:// locations: listed through object_store, indexes built by streaming."""
     kind, infos = classify_remote(location)
     if kind == "folder":
@@ -135,6 +145,7 @@ def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index
         return remote_list_source(str(location), keys, label_ext, index_cache_dir, build, progress,
                                   allow_duplicates=allow_duplicates)
     source = _remote_shard_source(kind, describe(location), infos, keys, label_ext, index_cache_dir, build, progress)
+    source.num_classes = num_classes  # before the manifest's label range is checked against it
     searched = isinstance(location, (str, os.PathLike)) and [o.url for o in infos] != [str(location)]
     _check_manifest(source, searched, False)  # a prefix or glob: the manifest's every shard must be there
     return source
@@ -221,6 +232,36 @@ def _classes_json_beside_object(shard_url: str) -> list[str] | None:
         return None
 
 
+def with_num_classes(source: Source, num_classes: int | None) -> Source:
+    """`source` bounded by the class count the run uses (a Source opened elsewhere, a dataset's sample list):
+    a copy whose labels known now (image files) are checked, and whose records are checked in the graph."""
+    _check_class_count(num_classes)
+    if num_classes is None:
+        return source
+    bounded = replace(source, num_classes=num_classes)
+    _check_listed_labels(bounded)
+    return bounded
+
+
+def _check_class_count(num_classes: int | None) -> None:
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+                                    or num_classes < 1):
+        raise ValueError(f"num_classes must be a count of at least 1 (or None: the dataset's), got {num_classes!r}")
+
+
+def _check_listed_labels(source: Source) -> None:
+    """Labels known without reading (image folders, file lists) against the class count the run uses: the
+    first one at or above it raises LabelError naming its file. Their class list checked them already."""
+    if source.num_classes is None or not source.labels:
+        return
+    bound, bound_from = label_bound(source)
+    bad = next((i for i, label in enumerate(source.labels) if label >= bound), None)
+    if bad is not None:
+        more = sum(label >= bound for label in source.labels) - 1
+        where = source.files[bad] + (f" (and {more} more in {source.location})" if more else "")
+        check_label(source.labels[bad], where, num_classes=bound, classes_from=bound_from)
+
+
 def samples_source(root: str, samples: list[tuple[str, int]], classes: list[str] | None,
                    skip_bad: bool = False) -> Source:
     """A Source over a given list of (image path, label), as a torchvision dataset lists them: its
@@ -291,10 +332,11 @@ def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], 
 
 
 def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
-    """The shards against a manifest.json beside them (manifest.py), when there is one: a missing shard
-    (`complete`: shards found by a folder, prefix or glob, not named one by one)
-    is refused; one of another size or count too, or with skip_bad (whose index build named the damage)
-    warned of. The manifest's classes and label ranges are checked against the label offset."""
+    """The shards against a manifest.json beside them (manifest.py), when there is one: a missing shard, or
+    one it does not list (`complete`: shards found by a folder, prefix or glob, not named one by one), is
+    refused (manifest.SetError); one of another size or count too, or with skip_bad (whose index build named
+    the damage) warned of; so is a sample total other than its own. A classes.json that disagrees with its
+    classes is refused. Its label ranges are checked against the label offset and the class count."""
     path = manifest.path_beside(source.files[0])
     found = manifest.read(path)
     if found is None:
@@ -304,19 +346,27 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
     problems = manifest.problems(found, path, source.files, sizes, source.counts, complete,
                                  manifest.name_pattern(source.location))
     for error in problems:
-        if not skip_bad or error.problem.startswith("missing"):
+        if not skip_bad or isinstance(error, manifest.SetError):
             raise error
         warnings.warn(f"{error}")
+    stale = manifest.classes_problem(found, path, manifest.classes_path(path), source.classes)
+    if stale is not None:
+        raise stale
     if source.classes is None:
         source.classes = found.get("classes")
-    span = manifest.label_range(found, source.files)
+    _check_label_span(source, manifest.label_range(found, source.files), path)
+
+
+def _check_label_span(source: Source, span: tuple[int, int] | None, manifest_path: str) -> None:
+    """A manifest's (lowest, highest) stored label against the label offset and the class count."""
     offset = source.keys.label_offset  # stored labels: TFRecord and WebDataset alike
     if span and span[0] - offset < 0:
-        raise LabelError(source.location, f"{path} lists labels from {span[0]}: label offset {offset} makes "
+        raise LabelError(source.location, f"{manifest_path} lists labels from {span[0]}: label offset {offset} makes "
                          f"them negative", offset_fix(offset))
-    if span and source.classes:
-        check_label(span[1] - offset, source.location, offset=offset, num_classes=len(source.classes),
-                    classes_from=path)
+    num_classes, classes_from = label_bound(source)
+    if span and num_classes is not None:
+        check_label(span[1] - offset, source.location, offset=offset, num_classes=num_classes,
+                    classes_from=manifest_path if classes_from == "classes.json" else classes_from)
 
 
 def classes_beside(beside: str) -> list[str] | None:

@@ -6,7 +6,8 @@ frames and CRCs; Examples without the image or label key; tar members cut short;
 no images; images whose header claims more pixels than a limit (a decompression-bomb guard,
 checked before any pixel is decoded); labels out of range (negative after the label offset, or at or
 above the classes of classes.json or the manifest); file-list lines naming a sample twice; and, where
-a conversion's manifest.json sits beside shards, every shard it lists: present, of its size and count.
+a conversion's manifest.json sits beside shards, every shard it lists: present, of its size, count and
+range of labels; no shard beside them that it does not list; its sample total and classes as found.
 """
 
 from __future__ import annotations
@@ -154,22 +155,45 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
         counts = [sum(1 for ref in refs if ref.path == shard) for shard in shards] if len(shards) < 1000 else None
         num_classes = _check_manifest(report, shards, [os.path.getsize(s) for s in shards], counts,
                                       complete=isinstance(location, (str, os.PathLike)) and not os.path.isfile(location))
-        return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress, num_classes))
+        results = _parallel_checks(refs, max_pixels, workers, progress, num_classes)
+        _check_label_ranges(report, shards[0], _label_ranges(refs, results), keys.label_offset)
+        return _record(report, refs, results)
     return _record(report, refs, _parallel_checks(refs, max_pixels, workers, progress))
 
 
 def _check_manifest(report: Report, shards: list[str], sizes: list[int], counts: list[int] | None,
                     complete: bool) -> int | None:
-    """The shards against a manifest.json beside them (manifest.py), each problem into the report; returns
-    the number of classes (classes.json, else the manifest's), which labels must be below."""
+    """The shards against a manifest.json beside them (manifest.py), each problem into the report, and
+    classes.json against its classes; returns the number of classes (classes.json, else the manifest's),
+    which labels must be below."""
     path = manifest.path_beside(shards[0])
     found = manifest.read(path)
+    classes = classes_beside(shards[0])
     if found is not None:
         report.problems += [Problem(e.where, e.problem) for e in
                             manifest.problems(found, path, shards, sizes, counts, complete,
                                               manifest.name_pattern(report.location))]
-    classes = classes_beside(shards[0]) or (found or {}).get("classes")
+        stale = manifest.classes_problem(found, path, manifest.classes_path(path), classes)
+        report.problems += [Problem(stale.where, stale.problem)] if stale else []
+    classes = classes or (found or {}).get("classes")
     return len(classes) if classes else None
+
+
+def _label_ranges(refs: list[SampleRef], results: list) -> dict[str, tuple[int, int]]:
+    """(lowest, highest) label read of each shard whose every sample gave one (placeholders left out)."""
+    labels: dict[str, list] = {}
+    for ref, (_, label, _) in zip(refs, results):
+        labels.setdefault(ref.path, []).append(label)
+    return {shard: (min(ok), max(ok)) for shard, found in labels.items()
+            if None not in found and (ok := [l for l in found if l != PADDING_LABEL])}
+
+
+def _check_label_ranges(report: Report, shard: str, ranges: dict[str, tuple[int, int]], offset: int) -> None:
+    """Each shard's range of labels (after `offset`) against the one the manifest beside `shard` lists."""
+    path = manifest.path_beside(shard)
+    found = manifest.read(path)
+    if found is not None:
+        report.problems += [Problem(e.where, e.problem) for e in manifest.label_problems(found, path, ranges, offset)]
 
 
 def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int, workers: int | None,
@@ -191,17 +215,21 @@ def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int
 
     complete = isinstance(location, (str, os.PathLike)) and [o.url for o in infos] != [str(location)]
     num_classes = _check_manifest(report, [o.url for o in infos], [o.size for o in infos], None, complete)
+    ranges: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory(prefix="dali_pipes-verify-") as folder:
         for i, info in enumerate(infos):
             local = os.path.join(folder, f"{i:06d}-{os.path.basename(object_store.S3Url.parse(info.url).key)}")
             object_store.download(info, local)
             shard_report = Report(info.url, kind)
             refs = _shard_refs(kind, [local], keys, label_ext, shard_report)
-            _record(shard_report, refs, _parallel_checks(refs, max_pixels, workers, False, num_classes))
+            results = _parallel_checks(refs, max_pixels, workers, False, num_classes)
+            ranges.update({info.url: r for r in _label_ranges(refs, results).values()})
+            _record(shard_report, refs, results)
             report.checked += shard_report.checked
             report.problems += [Problem(p.where.replace(local, info.url), p.message.replace(local, info.url))
                                 for p in shard_report.problems]
             os.remove(local)
+    _check_label_ranges(report, infos[0].url, ranges, keys.label_offset)
     return report
 
 

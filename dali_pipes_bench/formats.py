@@ -41,8 +41,8 @@ def format_copies(root: str, shards: int) -> dict[str, str]:
     copies = {"image folder": train.location, "TFRecord": os.path.join(root, "tfrecord"),
               "WebDataset": os.path.join(root, "webdataset")}
     for name, write in (("TFRecord", write_tfrecords), ("WebDataset", write_webdataset)):
-        if not os.path.exists(os.path.join(copies[name], "classes.json")):
-            print(f"{name}: {write(train, copies[name], shards=shards)}")
+        if not os.path.exists(os.path.join(copies[name], "classes.json")):  # overwrite: a copy cut short is ours
+            print(f"{name}: {write(train, copies[name], shards=shards, overwrite=True)}")
     return copies
 
 

@@ -427,8 +427,8 @@ def format_copies(source: Source, out: str, shard_counts: list[int], progress: b
         k = min(k, source.num_samples)
         for kind, write in (("tfrecord", write_tfrecords), ("webdataset", write_webdataset)):
             folder = os.path.join(out, f"{kind}-{k}")
-            if not os.path.exists(os.path.join(folder, "classes.json")):
-                write(source, folder, shards=k, progress=progress)
+            if not os.path.exists(os.path.join(folder, "classes.json")):  # overwrite: a copy cut short is ours
+                write(source, folder, shards=k, progress=progress, overwrite=True)
             copies[f"{kind} x{k} shards"] = folder
     return copies
 

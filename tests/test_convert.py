@@ -50,3 +50,59 @@ def test_a_full_disk_during_convert_is_one_line_naming_the_output_and_leaves_no_
     assert "\n" not in message and message.startswith(f"error: {out}/train-0000")
     assert "no space left on the device" in message and "convert's output argument" in message
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
+def _listing(out) -> list[str]:
+    return sorted(os.listdir(out))
+
+
+def test_converting_again_into_a_folder_is_refused_and_overwrite_replaces_the_old_set(tmp_path, capsys):
+    """Issue 24: convert OUT --shards 6, then --shards 4, left both sets: OUT read twice the samples and verify
+    found nothing wrong. The second conversion is refused naming OUT and what it holds; --overwrite removes the
+    old set first (shards of either format, .idx, classes.json, manifest.json), so OUT holds the new set alone."""
+    import pytest
+    from dali_pipes.cli import main
+    from dali_pipes.errors import DatasetError
+    from dali_pipes.verify import verify
+    write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
+    source, out = open_source(str(tmp_path / "images")), str(tmp_path / "out")
+    write_tfrecords(source, out, shards=6, progress=False)
+    before = {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)}
+    with pytest.raises(DatasetError, match=rf"^{out}: not empty: holds an earlier conversion \(classes.json, "
+                                           r"manifest.json, train-00000-of-00006.tfrecord, train-00001-of-00006.tfrecord"
+                                           r", \.\.\. \(14 in all\)\); .* "
+                                           r"Pass --overwrite \(overwrite=True\)"):
+        write_tfrecords(source, out, shards=4, progress=False)
+    with pytest.raises(SystemExit, match=rf"^error: {out}: not empty: holds an earlier conversion"):
+        main(["convert", "webdataset", str(tmp_path / "images"), out, "--shards", "4", "--workers", "1"])
+    assert {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)} == before  # untouched
+    assert main(["convert", "webdataset", str(tmp_path / "images"), out, "--shards", "4", "--workers", "1",
+                 "--overwrite"]) == 0
+    assert _listing(out) == ["classes.json", "manifest.json"] + [f"train-{i:05d}-of-00004.tar{idx}"
+                                                                 for i in range(4) for idx in ("", ".idx")]
+    assert open_source(out).num_samples == 12 and verify(out, progress=False).ok
+    assert json.load(open(os.path.join(out, "classes.json")))["samples_per_shard"] == [3, 3, 3, 3]
+    capsys.readouterr()
+
+
+def test_overwrite_keeps_other_prefixes_and_never_removes_files_no_conversion_wrote(tmp_path):
+    """train and val converted into one folder both stay (the manifest lists both); --overwrite of train leaves
+    val. A file no conversion wrote is refused, named, with --overwrite too, and left where it is."""
+    import pytest
+    from dali_pipes.errors import DatasetError
+    write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
+    source, out = open_source(str(tmp_path / "images")), str(tmp_path / "both")
+    write_tfrecords(source, out, shards=2, prefix="train", progress=False)
+    write_tfrecords(source, out, shards=1, prefix="val", progress=False)
+    write_tfrecords(source, out, shards=3, prefix="train", overwrite=True, progress=False)
+    assert [n for n in _listing(out) if n.endswith(".tfrecord")] == [f"train-{i:05d}-of-00003.tfrecord"
+                                                                     for i in range(3)] + ["val-00000-of-00001.tfrecord"]
+    assert open_source(os.path.join(out, "train-*")).num_samples == 12 and open_source(out).num_samples == 24
+    (tmp_path / "both" / "notes.md").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(DatasetError, match=rf"^{out}: not empty: holds 1 files or folders that no conversion "
+                                               r"with prefix 'train' wrote \(notes.md\)\. .* move them away"):
+            write_tfrecords(source, out, shards=2, overwrite=overwrite, progress=False)
+    assert (tmp_path / "both" / "notes.md").read_text() == "mine" and open_source(out).num_samples == 24
+    with pytest.raises(DatasetError, match=r"images: not empty: holds 3 files or folders .* \(cat, dog, fish\)"):
+        write_tfrecords(source, str(tmp_path / "images"), shards=2, overwrite=True, progress=False)

@@ -162,3 +162,44 @@ def test_excluded_samples_still_read_as_padding(tmp_path):
         warnings.simplefilter("ignore")
         loader = DaliLoader(shard, skip_bad=True, **KW)
         assert all_labels(loader) == [-1, 0, 1, 2, 3, 4, 6, 7]
+
+
+def test_the_run_class_count_bounds_record_labels_in_the_graph(tmp_path):
+    """Issue 24: with no classes.json, the class count the run uses (DaliLoader's num_classes, python -m train
+    --num-classes) was no label check: label 9 reached the loss as torch's IndexError. Now the batch holding it
+    fails, naming the record and the count, with skip_bad too; open already refuses a first record at or above
+    it. Labels below it come out exactly."""
+    folder = tmp_path / "tfr"
+    folder.mkdir()
+    write_records(folder / "train-00000-of-00001.tfrecord", [9 if i == 5 else i % 4 for i in range(8)])
+    assert all_labels(DaliLoader(str(folder), **KW)) == [0, 0, 1, 2, 2, 3, 3, 9]  # no count known: as stored
+    assert all_labels(DaliLoader(str(folder), num_classes=10, **KW)) == [0, 0, 1, 2, 2, 3, 3, 9]
+    for skip_bad in (False, True):
+        with pytest.raises(LabelError, match=r"train-00000-of-00001.tfrecord#5: label 9 is not below the 4 classes "
+                                             r"of the run \(num_classes=4, --num-classes\)"):
+            all_labels(DaliLoader(str(folder), num_classes=4, skip_bad=skip_bad, **KW))
+    with pytest.raises(ValueError, match=r"num_classes must be a count of at least 1 .*, got 0"):
+        open_source(str(folder), num_classes=0)
+    first_is_3 = write_records(tmp_path / "a.tfrecord", [3, 0, 1])
+    with pytest.raises(LabelError, match=r"a.tfrecord#0: label 3 is not below the 3 classes of the run"):
+        open_source(first_is_3, num_classes=3)
+
+
+def test_the_run_class_count_bounds_listed_labels_at_open(tmp_path, jpeg_folder):
+    """Image folders and file lists: their labels are known at open, and checked there against the count (the
+    smaller of it and the class list bounds them); a Source opened elsewhere is checked as DaliLoader takes it."""
+    with pytest.raises(LabelError, match=r"fish/fish_000.jpg \(and 4 more in .*images\): label 2 is not below the "
+                                         r"2 classes of the run \(num_classes=2, --num-classes\)"):
+        open_source(jpeg_folder, num_classes=2)
+    assert open_source(jpeg_folder, num_classes=3).num_samples == 12
+    with pytest.raises(LabelError, match=r"fish_000.jpg .*label 2 is not below the 2 classes"):
+        DaliLoader(open_source(jpeg_folder), num_classes=2, **KW)
+    assert all_labels(DaliLoader(open_source(jpeg_folder), num_classes=5, **KW)) == [0] * 4 + [1] * 3 + [2] * 5
+
+
+def test_the_torch_baseline_checks_labels_against_the_run_class_count(tmp_path):
+    from dali_pipes.baseline import TorchLoader
+    shard = write_records(tmp_path / "a.tfrecord", [0, 1, 9, 2])
+    loader = TorchLoader(shard, batch_size=2, train=False, num_workers=0, image_size=16, num_classes=4)
+    with pytest.raises(LabelError, match=r"a.tfrecord#2: label 9 is not below the 4 classes of the run"):
+        list(loader)

@@ -73,7 +73,8 @@ def test_a_shard_the_manifest_lists_but_the_folder_lacks_is_refused(tmp_path):
             for i, label in enumerate(labels):
                 f.write(tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(i),
                                                                       "image/class/label": label})))
-        entries.append({"name": name, "bytes": os.path.getsize(folder / name), "samples": 2, "labels": [0, 2]})
+        entries.append({"name": name, "bytes": os.path.getsize(folder / name), "samples": 2,
+                        "labels": [min(labels), max(labels)]})
     write(str(folder), build("tfrecord", ["x", "y", "z"], entries))
     assert open_source(str(folder)).classes == ["x", "y", "z"]  # classes from the manifest
     os.remove(folder / "b.tfrecord")
@@ -122,3 +123,67 @@ def test_two_conversions_into_one_folder_keep_both_in_the_manifest(tmp_path):
                                                         "val-00000-of-00001.tfrecord"]
     assert open_source(os.path.join(out, "val-*")).num_samples == 12
     assert open_source(os.path.join(out, "train-*")).num_samples == 12
+
+
+def test_a_folder_holding_two_conversions_is_refused_by_open_and_verify(tmp_path):
+    """Issue 24: two conversions in one folder (--shards 6, then --shards 4, as convert allowed before it
+    refused; here: the old set copied in) read as twice the samples, and verify said 0 problems. The shards the
+    manifest does not list are named, at open (skip_bad too: a stale set is no bad sample) and by verify."""
+    import shutil
+    from dali_pipes.cli import main
+    write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
+    source = open_source(str(tmp_path / "images"))
+    old, out = str(tmp_path / "old"), str(tmp_path / "out")
+    write_tfrecords(source, old, shards=6, progress=False)
+    write_tfrecords(source, out, shards=4, progress=False)
+    for name in os.listdir(old):
+        if name.startswith("train-"):
+            shutil.copy(os.path.join(old, name), out)
+    expected = (rf"^{out}/train-00000-of-00006.tfrecord: not listed in {out}/{MANIFEST_NAME} \(4 shards, 12 samples\), "
+                r"but found with its shards: 10 shards \(24 samples\), 6 unlisted, as when two conversions write one "
+                r"folder\. .*--overwrite")
+    for location in (out, os.path.join(out, "train-*")):
+        with pytest.raises(DatasetError, match=expected):
+            open_source(location)
+    with pytest.raises(DatasetError, match=expected):
+        open_source(out, skip_bad=True)
+    assert open_source([os.path.join(out, f"train-{i:05d}-of-00004.tfrecord") for i in range(4)]).num_samples == 12
+    report = verify(out, progress=False)
+    assert report.checked == 24
+    assert sorted(p.where for p in report.problems) == [os.path.join(out, f"train-{i:05d}-of-00006.tfrecord")
+                                                        for i in range(6)]
+    assert all("not listed in" in p.message for p in report.problems)
+    assert main(["verify", out, "--workers", "1"]) == 1
+
+
+def test_the_manifest_total_classes_and_label_ranges_are_compared_with_the_data(tmp_path):
+    """Issue 24: verify (and open, where it can tell without reading every label) compares the manifest's
+    sample total, each shard's label range and its classes with what the folder holds, each difference a
+    problem: exit 1."""
+    from dali_pipes.cli import main
+    out = converted(tmp_path)
+    path = os.path.join(out, MANIFEST_NAME)
+    good = json.load(open(path))
+    wrong_total = {**good, "samples": 13}
+    write(out, wrong_total)
+    with pytest.raises(DatasetError, match=rf"^{out}: 12 samples in its 3 shards, but {path} lists 13 in all"):
+        open_source(out)
+    assert [p.message for p in verify(out, progress=False).problems] == [f"12 samples in its 3 shards, but {path} "
+                                                                         f"lists 13 in all"]
+    low, high = good["shards"][1]["labels"]
+    assert low < high
+    write(out, {**good, "shards": [good["shards"][0], {**good["shards"][1], "labels": [low, low]},
+                                   good["shards"][2]]})
+    open_source(out)  # a range within the classes: only reading every label tells
+    [problem] = verify(out, progress=False).problems
+    assert problem.where == os.path.join(out, "train-00001-of-00003.tfrecord")
+    assert problem.message == f"labels {low} .. {high}, but {path} lists {low} .. {low}"
+    assert main(["verify", out, "--workers", "1"]) == 1
+    write(out, good)
+    classes = os.path.join(out, "classes.json")
+    json.dump({**json.load(open(classes)), "classes": ["ant", "bee", "cow"]}, open(classes, "w"))
+    expected = rf"^{classes}: lists 3 classes \(ant, bee, cow\), but {path} lists 3 \(cat, dog, fish\)"
+    with pytest.raises(DatasetError, match=expected):
+        open_source(out)
+    assert [str(p) for p in verify(out, progress=False).problems] == [
+        f"{classes}: lists 3 classes (ant, bee, cow), but {path} lists 3 (cat, dog, fish)"]

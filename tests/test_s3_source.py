@@ -395,6 +395,33 @@ def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs
     assert "manifest.json lists" in capsys.readouterr().out
 
 
+def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_set(s3, cache_dirs, tmp_path, capsys):
+    """Issue 24 on s3://: a second conversion to a prefix holding one is refused naming the prefix; --overwrite
+    deletes the old set's objects first, so the prefix lists the new set alone. A shard object the manifest
+    does not list is refused at open and flagged by verify, named."""
+    from dali_pipes.cli import main
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    convert = ["convert", "tfrecord", str(tmp_path / "images"), s3.url("out/"), "--workers", "1"]
+    assert main(convert + ["--shards", "3"]) == 0
+    with pytest.raises(SystemExit, match=r"^error: s3://.*/out/: not empty: holds an earlier conversion \(classes.json, "
+                                         r"manifest.json, train-00000-of-00003.tfrecord"):
+        main(convert + ["--shards", "2"])
+    assert main(convert + ["--shards", "2", "--overwrite"]) == 0
+    keys = sorted(object_store.S3Url.parse(o.url).key for o in object_store.list_objects(s3.url("out/")))
+    assert keys == sorted(["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002.tfrecord{idx}"
+                                                                       for i in range(2) for idx in ("", ".idx")])
+    assert open_source(s3.url("out/")).num_samples == 12
+    extra = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(3), "image/class/label": 1}))
+    s3.put("out/extra.tfrecord", extra)
+    with pytest.raises(DatasetError, match=r"^s3://.*/out/extra.tfrecord: not listed in s3://.*/out/manifest.json "
+                                           r"\(2 shards, 12 samples\), but found with its shards: 3 shards"):
+        open_source(s3.url("out/"))
+    capsys.readouterr()
+    assert main(["verify", s3.url("out/"), "--workers", "1"]) == 1
+    assert "out/extra.tfrecord: not listed in" in capsys.readouterr().out
+
+
 def test_verify_names_a_bad_image_by_its_url(s3, cache_dirs, capsys):
     from dali_pipes.cli import main
     image_objects(s3, n=6)

@@ -503,3 +503,35 @@ def test_a_run_killed_in_the_second_size_resumes_on_the_same_batches(tiny, tmp_p
         assert [expected[s][0] for s in sorted(expected)] == [32] * 6 + [40] * 6 + [48] * 6
         assert sizes_and_labels(crashed, rank) == expected
     assert [m["image_size"] for m in metrics(crashed)] == [32, 40, 48]
+
+
+@pytest.mark.parametrize("manifest", [False, True])
+def test_a_label_at_or_above_num_classes_ends_the_run_naming_the_record(tmp_path, manifest):
+    """Issue 24: with no classes.json, --num-classes 4 was not a label check: label 9 reached the loss as
+    torch's "IndexError: Target 9 is out of bounds" (a device-side assert on a GPU), naming nothing. The count
+    the run uses bounds the labels: the batch holding record 5 fails, named (shard#record), in one line. With a
+    manifest (labels 0 .. 9, no classes), open already refuses it from the manifest's range."""
+    from conftest import jpeg_bytes
+    from dali_pipes.formats import tfrecord
+    from dali_pipes.manifest import build, write
+    folder = tmp_path / "tfr"
+    folder.mkdir()
+    shard = folder / "train-00000-of-00001.tfrecord"
+    labels = [9 if i == 5 else i % 4 for i in range(16)]
+    with open(shard, "wb") as f:
+        for i, label in enumerate(labels):
+            f.write(tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(i),
+                                                                  "image/class/label": label})))
+    if manifest:
+        write(str(folder), build("tfrecord", None, [{"name": shard.name, "bytes": os.path.getsize(shard),
+                                                     "samples": 16, "labels": [0, 9]}]))
+    cmd = [sys.executable, "-m", "train", "--data", str(folder), "--device", "cpu", "--arch", "resnet10",
+           "--width", "16", "--image-size", "32", "--batch-size", "8", "--epochs", "1", "--threads", "1",
+           "--workdir", str(tmp_path / "run"), "--num-classes", "4"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 1 and "Traceback" not in run.stderr and "IndexError" not in run.stderr, run.stderr[-3000:]
+    line = run.stderr.strip().splitlines()[-1].split("step/s]")[-1]  # after a progress bar, when one started
+    where = f"error: {folder}: " if manifest else f"error: {shard}#5: "
+    assert line.startswith(where) and "label 9 is not below the 4 classes of the run (num_classes=4, --num-classes)" \
+        in line, line
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")

@@ -126,7 +126,8 @@ def build_loader(args, data: str, train: bool, shard: Shard):
     """The one place where the two loaders differ: the constructor."""
     cfg = loader_configs(args)
     common = dict(batch_size=args.batch_size, train=train, rank=shard.rank, world_size=shard.world_size,
-                  seed=args.seed, augment=cfg["augment"])
+                  seed=args.seed, augment=cfg["augment"], num_classes=args.num_classes or None)  # the model's outputs:
+    # a label at or above them fails in the loader, named, not in the loss as "Target 9 is out of bounds"
     source_args = cfg["source"].open_kwargs()
     if args.loader == "dali":  # its CUDA device: torch's current one (pipeline.cuda_device_id)
         loader_args = {**dataclasses.asdict(cfg["loader"]), "device": args.device}

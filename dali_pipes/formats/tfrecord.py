@@ -23,7 +23,7 @@ import google_crc32c
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.files import atomic_write
-from dali_pipes.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, stored_to_label
+from dali_pipes.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.protobuf import fields, read_varint
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
@@ -466,20 +466,19 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     # A record without the label key gets MISSING_LABEL, negative: like a label out of range it fails
     # its batch (labels.dali_checked_labels) rather than train on it, so the bad-sample search names the
     # record. A record without the image key fails in the decoder (its default is empty), found the same way.
-    num_classes = len(source.classes) if source.classes else None
-    return out[keys.image], dali_checked_labels(out[keys.label][0], keys.label_offset, num_classes)
+    return out[keys.image], dali_checked_labels(out[keys.label][0], keys.label_offset, label_bound(source)[0])
 
 
 def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     """The first record of the first and last shards has the image and label keys (check_keys): one
     ranged read each, local or s3://, from the index."""
-    num_classes = len(source.classes) if source.classes else None
+    num_classes, classes_from = label_bound(source)
     for i in sorted({0, len(source.files) - 1}):
         entries = read_tfrecord_index(source.index_files[i])
         if entries:  # an empty shard is named by the empty-file check
             label = check_keys(source.files[i], keys, first_frame=entries[0])
             check_label(label - keys.label_offset, f"{source.files[i]}#0", offset=keys.label_offset,
-                        num_classes=num_classes, classes_from="classes.json")
+                        num_classes=num_classes, classes_from=classes_from)
 
 
 def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> int:

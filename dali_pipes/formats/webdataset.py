@@ -20,7 +20,7 @@ import numpy as np
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.files import atomic_write
-from dali_pipes.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, stored_to_label
+from dali_pipes.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
 SHARD_NAME = "a .tar shard"  # in messages
@@ -41,14 +41,14 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     """Indexing found every sample's image and label members. The label of the first sample of the first
     and last shards, after the label offset, is checked here (one ranged read each, local or s3://), as
     TFRecord's first record is: a --label-offset 1 on 0-based data is refused at open when one shows it."""
-    num_classes = len(source.classes) if source.classes else None
+    num_classes, classes_from = label_bound(source)
     for i in sorted({0, len(source.files) - 1}):
         samples = read_tar_index(source.index_files[i])
         ref = _ref(source.files[i], 0, samples[0], source.label_ext, keys.label_offset) if samples else None
         if ref is not None:
             (text,) = _read_members(ref, ref.extra[1:2])  # the .cls member alone
             check_label(stored_label(text, ref.origin) - keys.label_offset, ref.origin, offset=keys.label_offset,
-                        num_classes=num_classes, classes_from="classes.json")
+                        num_classes=num_classes, classes_from=classes_from)
 
 
 INDEX_VERSION = "v1.2"
@@ -319,9 +319,8 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     images, cls = fn.readers.webdataset(
         paths=source.files, index_paths=source.index_files, ext=[";".join(IMAGE_EXTS), source.label_ext],
         missing_component_behavior="error", **reader_args)
-    num_classes = len(source.classes) if source.classes else None
     # less --label-offset; out of range (negative after it, or >= the classes): the batch fails
-    return images, dali_checked_labels(ascii_to_int64(cls), source.keys.label_offset, num_classes)
+    return images, dali_checked_labels(ascii_to_int64(cls), source.keys.label_offset, label_bound(source)[0])
 
 
 def ascii_to_int64(cls):
