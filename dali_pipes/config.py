@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: 
         default = (defaults or {}).get(f.name, f.default)
         meta = f.metadata
         kind: dict[str, Any] = {}
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) or meta["type"] is bool:  # bool | None: --x, --no-x, or neither (None)
             kind["action"] = argparse.BooleanOptionalAction
         elif isinstance(f.default, tuple):
             kind.update(nargs=len(f.default), type=type(f.default[0]))

@@ -4,14 +4,23 @@ DaliLoader takes `torch.utils.data.DataLoader`'s arguments with DataLoader's mea
 script swaps the class name and nothing else:
   * the dataset: a torchvision ImageFolder / DatasetFolder (anything with `root` and `samples`), or
     a Subset of one, is read as its sample list and class mapping (no rescan); its `transform` is
-    read as the DALI graph (transforms.py) and its `target_transform` maps the labels once, here;
+    read as the DALI graph (transforms.py) and its `target_transform` maps the labels once, here.
+    What DataLoader would run as Python per sample and DALI cannot is refused, naming it: a `loader=`
+    other than torchvision's default, a subclass's own `__getitem__` or `__len__`;
+  * images are read as the default loader (PIL's convert("RGB")) reads them: no EXIF rotation, 16-bit
+    PNGs as PIL reduces them (read_as_pil; AugmentConfig's exif_orientation and png16 choose otherwise);
   * `sampler`: a DistributedSampler (or a look-alike with num_replicas and rank) gives the rank, world
     size, seed, shuffle and drop_last; a RandomSampler or SequentialSampler means shuffle or not;
-    any other sampler, a batch_sampler or a custom collate_fn is refused (DALI batches by itself);
+    any other sampler, a batch_sampler, a custom collate_fn or a worker_init_fn is refused (DALI batches by
+    itself, and has no worker processes);
   * without a sampler a dataset object is read whole by every process, as DataLoader reads it, except
     where a Lightning Trainer would give a DataLoader built there a DistributedSampler (its hooks under a
     distributed strategy, use_distributed_sampler=True): there it is sharded as Lightning would shard it;
-  * `shuffle=True` or a random transform means train mode; `drop_last` is DataLoader's.
+  * `shuffle=True` or a random transform means train mode; `drop_last` is DataLoader's. The reader
+    shuffles a dataset object only where DataLoader would: `shuffle=True` or a sampler that shuffles.
+    `shuffle` unset or False, or a sampler that does not shuffle (DistributedSampler(shuffle=False),
+    SequentialSampler), keeps storage order (each rank on its own slice every epoch) while a random
+    transform stays random;
 Called the dali_pipes way (a location first, `train=`), the rank comes from torch.distributed or
 torchrun and train keeps DALI's own full batches (drop_last unset), as before.
 """
@@ -21,11 +30,12 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from dataclasses import dataclass
 import weakref
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dali_pipes.formats.image_files import IMAGE_EXTENSIONS
+from dali_pipes.graph import AugmentConfig
 from dali_pipes.transforms import augment_from_transform
 
 LOCATION_TYPES = (str, os.PathLike, list)
@@ -43,6 +53,7 @@ class DataLoaderCall:
     train: bool
     drop_last: bool
     dali_drop: bool            # keyword-form train with drop_last unset: DALI's DROP policy
+    shuffle: bool              # the reader shuffles (and rotates the ranks' slices per epoch): train, unless told not
     sampler: Any               # the user's sampler, or None
     sampler_drop_last: bool
     rank: int | None
@@ -52,11 +63,12 @@ class DataLoaderCall:
 
 def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler: Any, batch_sampler: Any,
                  collate_fn: Any, drop_last: bool | None, train: bool | None, seed: int | None, generator: Any,
-                 rank: int | None, world_size: int | None, is_location: bool) -> DataLoaderCall:
+                 rank: int | None, world_size: int | None, is_location: bool,
+                 worker_init_fn: Any = None) -> DataLoaderCall:
     """Check DataLoader's arguments and resolve them (DataLoader's defaults for a dataset object)."""
     if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r} (DALI always batches)")
-    _refuse_unsupported(batch_sampler, collate_fn)
+    _refuse_unsupported(batch_sampler, collate_fn, worker_init_fn)
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle (as in DataLoader)")
     drawn = read_sampler(sampler)
@@ -88,9 +100,27 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
             samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
     seed = seed if seed is not None else drawn.get("seed", _generator_seed(generator))
+    # A random transform alone never reorders the data: DataLoader's shuffle defaults to False, so a dataset
+    # object is shuffled only by shuffle=True or a sampler that shuffles; a location in train shuffles unless
+    # told not to (shuffle=False, or a sampler that does not)
+    if is_location:
+        reader_shuffle = bool(train) and shuffle is not False and drawn.get("shuffle", True)
+    else:
+        reader_shuffle = bool(train) and bool(shuffle or drawn.get("shuffle"))
     return DataLoaderCall(None if not is_location else dataset, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
-                          dali_drop, sampler, sampler_drop_last, rank_, world_, seed)
+                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed)
+
+
+def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
+    """`augment` with how images are read decided where it says None. A dataset object is read as DataLoader
+    + torchvision's default loader read it (PIL: no EXIF rotation; 16-bit PNGs reduced as convert("RGB")
+    does); a location, DALI's way. png16="pil" adds a per-sample branch to the graph (graph.decode_rgb), so
+    it is taken only where the dataset lists .png files: a JPEG dataset keeps the graph it always had."""
+    pil = call.location is None
+    exif = augment.exif_orientation if augment.exif_orientation is not None else not pil
+    lists_png = pil and any(str(path).lower().endswith(".png") for path, _ in call.samples)
+    return replace(augment, exif_orientation=exif, png16=augment.png16 or ("pil" if lists_png else "scale"))
 
 
 def lightning_shard() -> tuple[int, int] | None:
@@ -117,13 +147,18 @@ def lightning_shard() -> tuple[int, int] | None:
     return None
 
 
-def _refuse_unsupported(batch_sampler: Any, collate_fn: Any) -> None:
+def _refuse_unsupported(batch_sampler: Any, collate_fn: Any, worker_init_fn: Any) -> None:
     if batch_sampler is not None:
         raise ValueError("batch_sampler is not supported: DALI forms the batches itself (batch_size, shuffle, "
                          "and a DistributedSampler for the rank); pass those instead")
     if collate_fn is not None and getattr(collate_fn, "__name__", "") != "default_collate":
         raise ValueError(f"collate_fn={getattr(collate_fn, '__name__', collate_fn)!r} is not supported: batches "
                          f"come out of DALI as (images, labels) tensors; do the rest in the training step")
+    if worker_init_fn is not None:  # DataLoader calls it in each worker process; DALI decodes on its own threads
+        raise ValueError(f"worker_init_fn={getattr(worker_init_fn, '__name__', worker_init_fn)!r} is not supported: "
+                         f"DaliLoader has no worker processes to call it in (DALI reads and decodes on its own "
+                         f"threads); seed the augmentation with seed= (or generator=), and run other per-process "
+                         f"setup once before building the loader")
 
 
 def read_sampler(sampler: Any) -> dict:
@@ -159,6 +194,7 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         raise TypeError(f"DaliLoader cannot read {type(dataset).__name__}: it reads image files in DALI, so it needs a "
                         f"torchvision ImageFolder / DatasetFolder (anything with .root and .samples), a Subset of "
                         f"one, or a dataset location (a folder, file list, TFRecord or WebDataset shards)")
+    _refuse_python_code(dataset)
     samples = list(dataset.samples)
     if indices is not None:
         samples = [samples[i] for i in indices]
@@ -178,6 +214,39 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         raise ValueError(f"{root}: the dataset holds no samples")
     classes = list(dataset.classes) if hasattr(dataset, "classes") else None
     return out, classes, root, getattr(dataset, "transform", None)
+
+
+DEFAULT_LOADERS = ("default_loader", "pil_loader")  # torchvision.datasets.folder's: PIL, then convert("RGB")
+
+
+def _refuse_python_code(dataset: Any) -> None:
+    """Refuse what DataLoader would run per sample and DaliLoader would skip: DALI decodes the files itself
+    (as torchvision's default loader does) and cannot call Python per sample at its speed."""
+    loader = getattr(dataset, "loader", None)
+    if loader is not None and not (getattr(loader, "__module__", "") == "torchvision.datasets.folder"
+                                   and getattr(loader, "__name__", "") in DEFAULT_LOADERS):
+        raise ValueError(f"{dataset.root}: {type(dataset).__name__}(loader={getattr(loader, '__name__', loader)!r}) "
+                         f"is not supported: DaliLoader decodes the image files in DALI as torchvision's default "
+                         f"loader does (PIL, convert('RGB')) and cannot call another; drop loader= (or pass "
+                         f"torchvision.datasets.folder.default_loader), or keep DataLoader for this dataset")
+    overridden = _overridden(type(dataset))
+    if overridden:
+        raise ValueError(f"{dataset.root}: {overridden} overrides torchvision's, and DaliLoader never calls it (it "
+                         f"reads .samples, .transform and .target_transform and runs them in DALI); move what it "
+                         f"does into target_transform (labels) or a subclass that only sets .samples, or keep "
+                         f"DataLoader for this dataset")
+
+
+def _overridden(cls: type) -> str | None:
+    """"Class.method" for a __getitem__ or __len__ defined below the torchvision class `cls` derives from."""
+    library = next((base for base in cls.__mro__ if base.__module__.startswith("torchvision.")), None)
+    if library is None:  # not a torchvision dataset: read by its attributes, as documented
+        return None
+    for base in cls.__mro__[:cls.__mro__.index(library)]:
+        for method in ("__getitem__", "__len__"):
+            if method in vars(base):
+                return f"{base.__name__}.{method}"
+    return None
 
 
 def dataloader_attributes(call: DataLoaderCall, batch_size: int, num_workers: int, pin_memory: bool, timeout: float,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from dali_pipes import resolution
 from dali_pipes.config import option
@@ -40,6 +40,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment")
 DEVICES = ("gpu", "cpu")
+PNG16_MODES = ("pil", "scale")
 
 # nvJPEG buffers of the mixed decoders. DALI preallocates them *per CPU thread*: one device buffer of
 # `device_memory_padding` and two pinned host buffers of `host_memory_padding` per thread. DALI's
@@ -79,6 +80,15 @@ class AugmentConfig:
     channels_last: bool = option(False, "NHWC memory (the logical shape stays N,3,H,W): faster convs on GPU")
     float16: bool = option(False, "float16 output instead of float32: half the bytes to move")
     hw_decoder_load: float = option(0.65, "gpu: share of images sent to the hardware JPEG decoder (A100/H100)")
+    # How images are read where DALI and PIL differ. None: the loader's form decides (DaliLoader(dataset) reads
+    # as DataLoader + PIL; a location keeps DALI's way); the graph reads None as DALI's way.
+    exif_orientation: bool | None = option(None, "rotate JPEGs as their EXIF orientation tag says (DALI's way); "
+                                           "--no-exif-orientation: as stored (PIL's, DataLoader's). default: PIL's "
+                                           "for a dataset object, DALI's for a location", type=bool)
+    png16: str | None = option(None, "16-bit PNGs: 'pil' as PIL reads them (grey clipped at 255, colour's high "
+                               "byte; those images are decoded at 16 bits), 'scale' DALI's (x 255/65535, rounded). "
+                               "default: 'pil' for a dataset object that lists .png files, else 'scale'", type=str,
+                               choices=(*PNG16_MODES, None))
 
     def __post_init__(self) -> None:
         problems = augment_problems(self)
@@ -126,6 +136,10 @@ def augment_problems(cfg: AugmentConfig) -> list[str]:
     problems += _normalisation_problems(cfg.mean, cfg.std)
     if not _number(cfg.hw_decoder_load) or not 0 <= cfg.hw_decoder_load <= 1:
         problems.append(f"hw_decoder_load must be in [0, 1], got {cfg.hw_decoder_load!r}")
+    if cfg.exif_orientation is not None and not isinstance(cfg.exif_orientation, bool):
+        problems.append(f"exif_orientation must be True, False or None, got {cfg.exif_orientation!r}")
+    if cfg.png16 not in (None, *PNG16_MODES):
+        problems.append(f"png16 must be one of {PNG16_MODES} or None, got {cfg.png16!r}")
     return problems
 
 
@@ -199,14 +213,45 @@ def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> di
     from nvidia.dali import types
     # Fancy upsampling makes the mixed decoder upsample chroma as libjpeg-turbo does, so GPU and CPU
     # decodes agree at colour edges. DALI 2.4 accepts it on both backends; it changes only the mixed one.
+    # adjust_orientation: False reads a JPEG as stored, as PIL does (DataLoader's ImageFolder applies no EXIF tag)
     args = dict(device="mixed" if decode_device == "gpu" else "cpu", output_type=types.RGB,
-                jpeg_fancy_upsampling=True)
+                jpeg_fancy_upsampling=True, adjust_orientation=cfg.exif_orientation is not False)
     if decode_device == "gpu":
         device_padding, host_padding = decoder_paddings(num_threads)
         args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
                     hw_decoder_load=cfg.hw_decoder_load, preallocate_width_hint=HW_DECODER_WIDTH_HINT,
                     preallocate_height_hint=HW_DECODER_HEIGHT_HINT)
     return check_decoder_args(args)
+
+
+def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str, **args) -> DataNode:
+    """`decoder` (one of DALI's image decoders) of `jpegs` with `args` and decoder_args: uint8 RGB HWC.
+
+    png16="pil" reads 16-bit PNGs as PIL's convert("RGB") does, which DALI's uint8 decode cannot: PIL clips
+    16-bit grey (mode I;16) at 255 and keeps the high byte of colour (and of grey + alpha); DALI scales each
+    16-bit image by 255/65535, rounded. Those samples alone (a per-sample `if`: the pipeline is built with
+    enable_conditionals, pipeline.py) are decoded at 16 bits and divided as their PNG header says; every
+    other image takes the plain decode. tests/test_dataloader_args.py checks it against PIL, pixel for pixel."""
+    from nvidia.dali import fn, types
+    args.update(decoder_args(decode_device, cfg, _pipeline_threads()))
+    if cfg.png16 != "pil":
+        return decoder(jpegs, **args)
+    # A PNG: 8-byte signature, then IHDR: length, "IHDR", width, height, bit depth (byte 24), colour type (25)
+    head = fn.slice(jpegs, [0], [26], axes=[0], out_of_bounds_policy="pad", fill_values=0)
+    if (head[0] == 0x89) & (head[1] == 0x50) & (head[24] == 16):  # a branch's operator needs a name of its own
+        wide = {**args, "name": args["name"] + "16"} if "name" in args else args
+        images = _as_pil_reduces(decoder(jpegs, dtype=types.UINT16, **wide), grey=head[25] == 0)
+    else:
+        images = decoder(jpegs, **args)
+    return images
+
+
+def _as_pil_reduces(images: DataNode, grey: DataNode) -> DataNode:
+    """16-bit images to uint8 as PIL reduces them: grey (mode I;16) clipped at 255, else the high byte."""
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+    divisor = 256 - 255 * fn.cast(grey, dtype=types.INT32)
+    return fn.cast(dmath.min(images // divisor, 255), dtype=types.UINT8)
 
 
 def _pipeline_threads() -> int:
@@ -235,9 +280,9 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
         raise ValueError(f"train_augment builds one size, got the schedule {cfg.image_size}: pass "
                          f"cfg.for_epoch(epoch, train=True)")
     decode_device = resolve_decode_device(device, decode_device)
-    images = fn.decoders.image_random_crop(jpegs, name="RandomCrop", random_area=list(cfg.random_area),
-                                           random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100,
-                                           **decoder_args(decode_device, cfg, _pipeline_threads()))
+    images = decode_rgb(fn.decoders.image_random_crop, jpegs, cfg, decode_device, name="RandomCrop",
+                        random_area=list(cfg.random_area),
+                        random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100)
     if device == "gpu":
         images = images.gpu()  # hybrid: the decoded crop moves once; a no-op after the mixed decoder
     images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, interp_type=types.INTERP_LINEAR,
@@ -257,8 +302,7 @@ def decode_only(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode
     stage, timed without the augmentation after it. Train's graph decodes only its crop's region, so
     this is the upper bound of its decode cost."""
     from nvidia.dali import fn
-    images = fn.decoders.image(jpegs, **decoder_args(resolve_decode_device(device, decode_device), cfg,
-                                                     _pipeline_threads()))
+    images = decode_rgb(fn.decoders.image, jpegs, cfg, resolve_decode_device(device, decode_device))
     return images.gpu() if device == "gpu" else images
 
 
@@ -278,7 +322,7 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
     or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`."""
     from nvidia.dali import fn, types
     decode_device = resolve_decode_device(device, decode_device)
-    images = fn.decoders.image(jpegs, **decoder_args(decode_device, cfg, _pipeline_threads()))
+    images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
     if device == "gpu":
         images = images.gpu()
     size = cfg.val_size

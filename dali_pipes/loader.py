@@ -35,7 +35,7 @@ from dali_pipes import object_store, resume
 from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.contract import Contract, EpochCut, Position
 from dali_pipes.dataloader_args import (LOCATION_TYPES, DatasetView, EpochRequests, SamplerView,
-                                        dataloader_attributes, resolve_call)
+                                        dataloader_attributes, read_as_pil, resolve_call)
 from dali_pipes.dist import Shard
 from dali_pipes.graph import AugmentConfig, resolve_decode_device
 from dali_pipes.pipeline import RankPipeline, cuda_device_id
@@ -129,7 +129,7 @@ class DaliLoader:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
                             batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last, train=train,
-                            generator=generator, rank=rank, world_size=world_size,
+                            generator=generator, rank=rank, world_size=world_size, worker_init_fn=worker_init_fn,
                             is_location=isinstance(dataset, (Source, *LOCATION_TYPES)))
         self.__dict__.update(dataloader_attributes(call, batch_size, num_workers, pin_memory, timeout, prefetch_factor,
                                                    persistent_workers, generator, worker_init_fn, multiprocessing_context))
@@ -145,12 +145,13 @@ class DaliLoader:
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start
         sizes = {"image_size": image_size} if image_size is not None else {}
-        self.augment = augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args})
+        self.augment = read_as_pil(augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args}), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
         policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels,
                                  device_id=cuda_device_id(self.shard) if self.device == "gpu" else None)
-        args = dict(train=self.train, batch_size=batch_size, device=self.device, shard=self.shard, seed=self.seed,
-                    augment=self.augment, num_threads=num_threads or num_workers or None, max_pixels=max_pixels,
+        args = dict(train=self.train, shuffle=call.shuffle, batch_size=batch_size, device=self.device,
+                    shard=self.shard, seed=self.seed, augment=self.augment,
+                    num_threads=num_threads or num_workers or None, max_pixels=max_pixels,
                     shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
                     decode_device=decode_device)
         self.position = Position()

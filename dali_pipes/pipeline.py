@@ -39,13 +39,15 @@ def build_pipeline(source: Source, *, train: bool, batch_size: int, device: str 
                    seed: int = 0, shuffle_buffer: int = 4096, prefetch_queue_depth: int = 2,
                    checkpoint: str | None = None, enable_checkpointing: bool = True,
                    decode_device: str | None = None, device_id: int | None = None, sample_ids: bool = False,
-                   max_pixels: int | None = None, stage: str = "augment") -> Pipeline:
+                   max_pixels: int | None = None, stage: str = "augment", shuffle: bool | None = None) -> Pipeline:
     """An unbuilt DALI pipeline yielding (images, labels) for one rank.
 
     Train: the reader shuffles through a buffer of `shuffle_buffer` samples and moves to the
     next shard each epoch (stick_to_shard=False), so ranks see other data every epoch. Val: no
-    shuffle, each rank keeps its shard. Both pad the last batch (pad_last_batch=True) so that
-    every rank runs the same number of batches; DaliLoader drops or masks the padding.
+    shuffle, each rank keeps its shard. `shuffle` (None: `train`) sets the reader apart from the
+    graph: False reads the train graph in val's order (DataLoader's shuffle=False). Both pad the last
+    batch (pad_last_batch=True) so that every rank runs the same number of batches; DaliLoader drops
+    or masks the padding.
 
     device="gpu": images and labels come out on the GPU (`device_id`, default `cuda_device_id(shard)`);
     labels too, as DALI's own examples return them: a CPU output of a GPU pipeline arrives in
@@ -56,17 +58,19 @@ def build_pipeline(source: Source, *, train: bool, batch_size: int, device: str 
     `dali-pipes profile` times each stage alone."""
     from nvidia.dali import pipeline_def
     resolve_decode_device(device, decode_device)  # refuse a bad combination before DALI sees it
+    shuffle = train if shuffle is None else shuffle
     if device == "gpu" and device_id is None:
         device_id = cuda_device_id(shard)
 
     @pipeline_def(batch_size=batch_size, num_threads=num_threads or default_threads(shard),
                   device_id=device_id if device == "gpu" else None, seed=rank_seed(seed, shard.rank),
                   prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=enable_checkpointing,
-                  enable_conditionals=train and augment.auto_augment is not None)
+                  # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
+                  enable_conditionals=train and augment.auto_augment is not None or augment.png16 == "pil")
     def graph():
         jpegs, labels = source.dali_reader(
-            name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=train,
-            initial_fill=shuffle_buffer, pad_last_batch=True, stick_to_shard=not train, max_pixels=max_pixels)
+            name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=shuffle,
+            initial_fill=shuffle_buffer, pad_last_batch=True, stick_to_shard=not shuffle, max_pixels=max_pixels)
         # After a decode error the loader finds the culprit from the reader's position (recovery.py);
         # sample_ids=True adds each sample's identity (elastic.py: what an elastic resume must skip).
         if stage == "read":
@@ -241,7 +245,8 @@ class RankPipeline:
             args = {**args, "tune": False}
             if args["prefetch_queue_depth"] == tuning.AUTO:
                 args["prefetch_queue_depth"] = 2
-        feed = RemoteFeed(remote_feed, train=args["train"], batch_size=args["batch_size"], shard=args["shard"],
+        reader_train = args.get("shuffle", args["train"])  # the reader's mode (shuffled, rotating): ReaderModel's
+        feed = RemoteFeed(remote_feed, train=reader_train, batch_size=args["batch_size"], shard=args["shard"],
                           shuffle_buffer=args["shuffle_buffer"], prefetch_queue_depth=max(tuning.DEPTHS)
                           if args["prefetch_queue_depth"] == tuning.AUTO else args["prefetch_queue_depth"],
                           cache_dir=cache_dir, cache_bytes=cache_bytes, cache_prefetch=cache_prefetch)
@@ -299,11 +304,13 @@ class RankPipeline:
             raise
 
     def reader(self) -> ReaderModel:
-        """DALI's reader of this pipeline (reader.py)."""
+        """DALI's reader of this pipeline (reader.py): its train mode is the reader's (shuffled, rotating),
+        which DataLoader's shuffle=False turns off in a train graph."""
         a, shard = self.args, self.args["shard"]
-        return ReaderModel(self.source.num_samples, shard.rank, shard.world_size, a["train"], a["batch_size"],
+        shuffled = a.get("shuffle", a["train"])
+        return ReaderModel(self.source.num_samples, shard.rank, shard.world_size, shuffled, a["batch_size"],
                            a["shuffle_buffer"], a["prefetch_queue_depth"],
-                           list_shuffled=a["train"] and self.source.format.SHUFFLES_LIST)
+                           list_shuffled=shuffled and self.source.format.SHUFFLES_LIST)
 
     def begin_epoch(self, batches: int) -> None:
         """An epoch of `batches` batches starts (at position.batch): its clock, and the tuner's budget

@@ -97,6 +97,12 @@ def graph_key(args: dict, kind: str) -> dict:
     hw_decoder_load: a profile at batch 64 seeds a run at 256)."""
     augment = dataclasses.asdict(args["augment"]) if dataclasses.is_dataclass(args["augment"]) else dict(args["augment"])
     augment.pop("hw_decoder_load", None)  # a decoder knob that profile recommends: the same graph for the threads
+    # DALI's own reads (None, or said explicitly, as DaliLoader resolves them for a location) keep the key they had
+    # before these fields existed: remembered settings and `dali-pipes profile`'s (None) stay found
+    if augment.get("exif_orientation", True) in (None, True):
+        augment.pop("exif_orientation", None)
+    if augment.get("png16") in (None, "scale"):
+        augment.pop("png16", None)
     return {"train": args["train"], "device": args["device"], "decode_device": args.get("decode_device"),
             "format": kind, "augment": augment}
 

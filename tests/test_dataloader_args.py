@@ -4,7 +4,10 @@ from the side install in tests/torchvision_side.py; nothing of torchvision in th
 
 Checked: the DALI graph takes the transform's arguments; batches have DataLoader's count, shapes, dtypes,
 labels and (val) pixel values within resize tolerance; DistributedSampler's rank, drop_last and
-set_epoch; DataLoader's attributes as real scripts read them; refusals that name what is unsupported."""
+set_epoch; DataLoader's attributes as real scripts read them; refusals that name what is unsupported;
+images read as PIL reads them (EXIF orientation, 16-bit PNGs) and DALI's reads as options; what DataLoader
+would run per sample (loader=, a subclass's __getitem__ / __len__, worker_init_fn) refused, never skipped;
+shuffle=False honoured with a random transform."""
 
 import collections
 import os
@@ -195,3 +198,184 @@ def test_relative_root_and_a_val_sampler_left_at_its_default_shuffle(folder, tv,
     dataset = datasets.ImageFolder(os.path.basename(folder), val_transform(T))
     loader = DaliLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, num_replicas=2, rank=0))
     assert not loader.train and sum(len(t) for _, t in loader) == -(-N // 2)
+
+
+# -- images are read as DataLoader + torchvision's default loader (PIL) read them -------------------------
+
+def write_png16(path, pixels) -> None:
+    """A 16-bit PNG of `pixels` (H x W grey or H x W x 3 RGB, uint16), written by hand: PIL writes 16-bit grey
+    only, never 16-bit colour."""
+    import struct
+    import zlib
+    height, width = pixels.shape[:2]
+    rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in pixels)
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data
+                                + struct.pack(">I", zlib.crc32(kind + data)))
+    header = struct.pack(">IIBBBBB", width, height, 16, 0 if pixels.ndim == 2 else 2, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+                + chunk(b"IEND", b""))
+
+
+@pytest.fixture(scope="module")
+def odd_images(tmp_path_factory):
+    """a/: a 32 x 16 JPEG (dark left half, bright right half) tagged EXIF orientation 6 (shown rotated 90
+    degrees clockwise); b/: a 16-bit grey PNG with levels 0-765 and a 16-bit RGB PNG; c/: a plain 8-bit JPEG.
+    Every image's shorter side is 16, so Resize(16) + CenterCrop(16) keeps its pixels as they are."""
+    from PIL import Image
+    root = tmp_path_factory.mktemp("odd") / "images"
+    for name in "abc":
+        (root / name).mkdir(parents=True)
+    halves = np.zeros((16, 32, 3), np.uint8)
+    halves[:, :16], halves[:, 16:] = (40, 60, 80), (220, 200, 180)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 CW to display
+    Image.fromarray(halves).save(root / "a" / "exif6.jpg", quality=95, exif=exif.tobytes())
+    levels = np.arange(256, dtype=np.uint16).reshape(16, 16) * 3  # 0..765: past 255, where PIL clips
+    write_png16(root / "b" / "grey16.png", levels)
+    write_png16(root / "b" / "rgb16.png", np.stack([levels * 85, 65535 - levels * 85, np.full_like(levels, 1000)], -1))
+    Image.fromarray(np.dstack([np.arange(16, dtype=np.uint8).reshape(1, 16) * 15] * 16 * 3)
+                    .reshape(16, 16, 3)).save(root / "c" / "plain.jpg", quality=95)
+    return str(root)
+
+
+def plain_val(T):
+    return T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
+
+
+def images_of(loader) -> torch.Tensor:
+    return torch.cat([images for images, _ in loader])
+
+
+def levels(images: torch.Tensor) -> torch.Tensor:
+    """[0, 1] floats back to 0-255 levels (DALI's x / 255 and ToTensor's differ in the last float bit)."""
+    return (images * 255).round().to(torch.int16)
+
+
+def read_both(odd_images, T, datasets) -> tuple[DaliLoader, torch.Tensor, torch.Tensor]:
+    """(DaliLoader, its images, DataLoader's images) of the odd images, in ImageFolder's order: a/exif6.jpg,
+    b/grey16.png, b/rgb16.png, c/plain.jpg."""
+    dataset = datasets.ImageFolder(odd_images, plain_val(T))
+    ours = DaliLoader(dataset, batch_size=4, shuffle=False)
+    got, expected = images_of(ours), images_of(DataLoader(dataset, batch_size=4, shuffle=False))
+    assert got.shape == expected.shape == (4, 3, 16, 16)
+    return ours, got, expected
+
+
+def test_an_exif_rotated_jpeg_is_read_as_dataloader_reads_it(odd_images, tv):
+    """DataLoader + PIL applies no EXIF orientation: the JPEG as stored, a left-right split (rotated, it would
+    be a top-bottom one). The DataLoader form does the same by default."""
+    datasets, T = tv
+    ours, got, expected = read_both(odd_images, T, datasets)
+    assert (got[0] - expected[0]).abs().max() <= 2 / 255
+    assert (got[3] - expected[3]).abs().max() <= 2 / 255  # a plain JPEG beside it, as before
+    assert ours.augment.exif_orientation is False
+
+
+def test_16_bit_pngs_are_read_as_dataloader_reads_them(odd_images, tv):
+    """DataLoader + PIL clips 16-bit grey at 255 and keeps 16-bit colour's high byte; the DataLoader form gives
+    the same 8-bit levels by default, exactly."""
+    datasets, T = tv
+    ours, got, expected = read_both(odd_images, T, datasets)
+    assert torch.equal(levels(got[1:3]), levels(expected[1:3]))
+    assert levels(expected[1])[0, 0, :4].tolist() == [0, 3, 6, 9] and levels(expected[1]).max() == 255
+    assert ours.augment.png16 == "pil"
+    whole = T.Compose([T.RandomResizedCrop(16, scale=(1.0, 1.0), ratio=(1.0, 1.0)), T.ToTensor()])  # train's decode
+    train = DaliLoader(datasets.ImageFolder(odd_images, whole), batch_size=4, shuffle=False)
+    assert train.train and torch.equal(levels(images_of(train)[1:3]), levels(expected[1:3]))
+
+
+def test_dali_reads_of_exif_and_16_bit_png_are_an_option(odd_images, tv):
+    """exif_orientation=True rotates as the EXIF tag says (PIL's ImageOps.exif_transpose); png16="scale" is
+    DALI's 16-to-8-bit scaling (x 255/65535, rounded); the keyword form keeps both as before."""
+    from PIL import Image, ImageOps
+    datasets, T = tv
+    dataset = datasets.ImageFolder(odd_images, plain_val(T))
+    ours = images_of(DaliLoader(dataset, batch_size=4, exif_orientation=True, png16="scale"))
+    with Image.open(os.path.join(odd_images, "a", "exif6.jpg")) as img:
+        rotated = plain_val(T)(ImageOps.exif_transpose(img).convert("RGB"))
+    assert (ours[0] - rotated).abs().max() <= 2 / 255 and (ours[0] - dataset[0][0]).abs().max() > 0.5
+    grey16 = torch.arange(256, dtype=torch.float64).reshape(16, 16) * 3
+    assert torch.equal(levels(ours[1]), torch.round(grey16 * 255 / 65535).to(torch.int16).expand(3, 16, 16))
+    keyword = DaliLoader(odd_images, batch_size=4, train=False, image_size=16, crop_ratio=1.0, mean=(0, 0, 0),
+                         std=(1, 1, 1))
+    assert (keyword.augment.exif_orientation, keyword.augment.png16) == (True, "scale")
+    assert torch.equal(images_of(keyword), ours)
+
+
+def test_a_loader_other_than_torchvisions_default_is_refused(folder, tv):
+    from PIL import Image
+    datasets, T = tv
+    grey = lambda path: Image.open(path).convert("L")
+    plain = T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor()])
+    dataset = datasets.ImageFolder(folder, plain, loader=grey)
+    assert next(iter(DataLoader(dataset, batch_size=2)))[0].shape[1] == 1  # DataLoader yields the loader's grey
+    with pytest.raises(ValueError, match=r"ImageFolder\(loader='<lambda>'\) is not supported.*drop loader="):
+        DaliLoader(dataset, batch_size=2)
+    default = datasets.ImageFolder(folder, plain, loader=datasets.folder.default_loader)
+    assert sum(len(t) for _, t in DaliLoader(default, batch_size=4)) == N
+
+
+def test_a_subclass_that_overrides_getitem_or_len_is_refused(folder, tv):
+    datasets, T = tv
+
+    class Relabelled(datasets.ImageFolder):
+        def __getitem__(self, index):
+            image, label = super().__getitem__(index)
+            return image, label % 2
+
+    class Shorter(datasets.ImageFolder):
+        def __len__(self):
+            return 5
+
+    class Renamed(datasets.ImageFolder):  # find_classes is read once, into .samples: nothing is lost
+        def find_classes(self, directory):
+            classes, _ = super().find_classes(directory)
+            return classes, {name: len(classes) - 1 - i for i, name in enumerate(classes)}
+
+    relabelled, shorter = Relabelled(folder, val_transform(T)), Shorter(folder, val_transform(T))
+    assert [t for _, t in DataLoader(relabelled, batch_size=N)][0].tolist() == [y % 2 for y in relabelled.targets]
+    assert len(DataLoader(shorter, batch_size=1)) == 5
+    with pytest.raises(ValueError, match=r"Relabelled.__getitem__ overrides torchvision's.*target_transform"):
+        DaliLoader(relabelled, batch_size=4)
+    with pytest.raises(ValueError, match=r"Shorter.__len__ overrides torchvision's"):
+        DaliLoader(shorter, batch_size=4)
+    renamed = Renamed(folder, val_transform(T))
+    expected = [t.tolist() for _, t in DataLoader(renamed, batch_size=4)]
+    assert [t.tolist() for _, t in DaliLoader(renamed, batch_size=4)] == expected and expected[0][0] == 2
+
+
+def test_worker_init_fn_is_refused_not_ignored(folder, tv):
+    datasets, T = tv
+
+    def seed_worker(worker_id):
+        np.random.seed(worker_id)
+
+    with pytest.raises(ValueError, match=r"worker_init_fn='seed_worker' is not supported: DaliLoader has no worker"):
+        DaliLoader(datasets.ImageFolder(folder, val_transform(T)), batch_size=2, worker_init_fn=seed_worker)
+
+
+def test_shuffle_false_with_a_random_transform_keeps_dataloaders_order(folder, tv):
+    """shuffle=False (or a sampler that does not shuffle) with a random transform: DataLoader's order, the same
+    every epoch, while the crops stay random."""
+    datasets, T = tv
+    dataset = datasets.ImageFolder(folder, train_transform(T))
+    expected = [t.tolist() for _, t in DataLoader(dataset, batch_size=4, shuffle=False)]
+    ours = DaliLoader(dataset, batch_size=4, shuffle=False)
+    assert ours.train
+    epochs = [[(images, t.tolist()) for images, t in ours] for _ in range(2)]
+    assert [[t for _, t in epoch] for epoch in epochs] == [expected, expected]
+    assert not torch.equal(epochs[0][0][0], epochs[1][0][0])  # the same samples, other crops
+    sequential = DaliLoader(dataset, batch_size=4, sampler=torch.utils.data.SequentialSampler(dataset))
+    assert [t.tolist() for _, t in sequential] == expected
+    unset = DaliLoader(dataset, batch_size=4)  # DataLoader's shuffle defaults to False: its order, not a shuffle
+    assert unset.train and [t.tolist() for _, t in unset] == expected == [t.tolist() for _, t in
+                                                                          DataLoader(dataset, batch_size=4)]
+    keyword = DaliLoader(folder, batch_size=4, train=True, shuffle=False, drop_last=False, image_size=16)
+    assert [t.tolist() for _, t in keyword] == expected
+    for rank, part in enumerate((slice(0, 7), slice(7, N))):  # DALI's slices of 15 over 2 ranks: 7 and 8
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False)
+        loader = DaliLoader(dataset, batch_size=4, sampler=sampler)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            assert sum((t.tolist() for _, t in loader), []) == dataset.targets[part]

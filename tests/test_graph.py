@@ -30,6 +30,8 @@ from dali_pipes.graph import (AugmentConfig, DEVICE_PADDING_BUDGET, HOST_PADDING
     ("hw_decoder_load", -0.1, r"hw_decoder_load must be in \[0, 1\]"),
     ("hw_decoder_load", float("nan"), r"hw_decoder_load must be in \[0, 1\]"),
     ("auto_augment", "cutmix", "auto_augment must be one of"),
+    ("exif_orientation", "no", "exif_orientation must be True, False or None"),
+    ("png16", "clip", "png16 must be one of"),
 ])
 def test_augment_values_are_checked(field, value, match):
     with pytest.raises(ValueError, match=match):

@@ -244,3 +244,17 @@ def test_writers_at_once_lose_no_entry(tmp_path):
     assert [writer.wait(timeout=300) for writer in writers] == [0] * processes
     entries = json.loads((tmp_path / "cache" / "tuning.json").read_text())["entries"]
     assert sorted(entries) == sorted(f"{p}-{i}" for p in range(processes) for i in range(count))
+
+
+def test_a_locations_resolved_reads_keep_the_remembered_key(numbered):
+    """A location's loader says exif_orientation=True, png16="scale" (DALI's own reads); `dali-pipes profile`
+    leaves them None. Both find the same remembered settings: the key they had before these fields existed."""
+    import dataclasses
+    loader = DaliLoader(numbered, **KW, num_threads=1, prefetch_queue_depth=2)
+    args = loader.pipe.args
+    assert (args["augment"].exif_orientation, args["augment"].png16) == (True, "scale")
+    as_profile = {**args, "augment": dataclasses.replace(args["augment"], exif_orientation=None, png16=None)}
+    assert tuning.memory_key(args, numbered.kind) == tuning.memory_key(as_profile, numbered.kind)
+    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(args, numbered.kind)["augment"])
+    as_pil = {**args, "augment": dataclasses.replace(args["augment"], exif_orientation=False, png16="pil")}
+    assert tuning.memory_key(as_pil, numbered.kind) != tuning.memory_key(args, numbered.kind)
