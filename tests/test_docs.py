@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
+INLINE_LINK = re.compile(r'!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)')  # [text](target "title")
+REFERENCE_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")  # [label]: target
+OUR_MODULES = ("train", "dali_pipes", "dali_pipes.cli", "dali_pipes.doctor")  # and dali_pipes_bench.*
 
 
 def _id(path: Path) -> str:
@@ -50,9 +53,14 @@ def fenced_blocks(text: str) -> list[tuple[str, int, list[str]]]:
     return blocks
 
 
+def fenced_line_numbers(text: str) -> set[int]:
+    """The numbers of the lines that belong to fenced blocks, fences included."""
+    return {n for _, start, lines in fenced_blocks(text) for n in range(start, start + len(lines) + 2)}
+
+
 def prose_lines(text: str) -> list[tuple[int, str]]:
     """(line number, line) outside fenced blocks, with inline code spans blanked out."""
-    inside = {n for _, start, lines in fenced_blocks(text) for n in range(start, start + len(lines) + 2)}
+    inside = fenced_line_numbers(text)
     return [(n, re.sub(r"(`+).+?\1", "", line)) for n, line in enumerate(text.splitlines(), 1) if n not in inside]
 
 
@@ -65,7 +73,7 @@ def slug(heading: str) -> str:
 def anchors(path: Path) -> set[str]:
     """Every heading's anchor in `path`; a repeated heading gets -1, -2, ... as on GitHub."""
     text = path.read_text()
-    inside = {n for _, start, lines in fenced_blocks(text) for n in range(start, start + len(lines) + 2)}
+    inside = fenced_line_numbers(text)
     found, seen = set(), {}
     for number, line in enumerate(text.splitlines(), 1):
         match = None if number in inside else re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
@@ -80,8 +88,8 @@ def links(text: str) -> list[tuple[int, str]]:
     """(line number, target) of every inline link or image and every reference definition."""
     found = []
     for number, line in prose_lines(text):
-        found += [(number, m.group(1)) for m in re.finditer(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", line)]
-        found += [(number, m.group(1)) for m in re.finditer(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", line)]
+        found += [(number, m.group(1)) for m in INLINE_LINK.finditer(line)]
+        found += [(number, m.group(1)) for m in REFERENCE_LINK.finditer(line)]
     return found
 
 
@@ -136,12 +144,12 @@ def our_command(argv: list[str]) -> tuple[str, list[str]] | None:
         return "dali_pipes", argv[1:]
     if re.search(r"(^|/)python(3(\.\d+)?)?$", head) and len(argv) > 2 and argv[1] == "-m":
         module = argv[2]
-        if module in ("train", "dali_pipes", "dali_pipes.cli", "dali_pipes.doctor") or module.startswith("dali_pipes_bench."):
+        if module in OUR_MODULES or module.startswith("dali_pipes_bench."):
             return module, argv[3:]
-    if head == "torchrun":
+    if head == "torchrun":  # torchrun's own flags are checked by its own parser; then -m MODULE ARGS
         from torch.distributed.run import get_args_parser as torchrun_parser
-        args = torchrun_parser().parse_args(argv[1:])  # torchrun's own flags: a bad one exits here
-        if args.module:
+        args = parsed(lambda a: torchrun_parser().parse_args(a), argv[1:])
+        if args is not None and args.module:
             return our_command(["python", "-m", args.training_script, *args.training_script_args])
     return None
 
