@@ -108,36 +108,17 @@ class Contract:
             count = min(count, max(real, (batches - 1) * b + 1)) if batches else 0
         return EpochCut(batches, b, count, real, False, per_rank)
 
-    def epoch_cut(self, reader, position: "Position", remainder, dali_batches: int, num_samples: int) -> EpochCut:
-        """This rank's epoch at `position`: DALI's own batches (DROP), an elastic resume's remainder plan,
-        or this epoch's slice as `reader` (reader.ReaderModel) says DALI reads it."""
+    def epoch_cut(self, reader, pipeline_epoch: int, remainder, dali_batches: int, num_samples: int) -> EpochCut:
+        """This rank's epoch: DALI's own batches (DROP), an elastic resume's remainder plan, or the slice
+        `reader` (reader.ReaderModel) says DALI reads in the pipeline's epoch `pipeline_epoch`."""
         if self.dali_drop:
             return self.dali_cut(dali_batches)
         if remainder is not None:
             return self.cut(remainder.real, len(remainder.indices))
-        real = reader.slice_size(reader.shard_of(position.pipeline_epoch))
+        real = reader.slice_size(reader.shard_of(pipeline_epoch))
         return self.cut(real, self.per_rank(num_samples, reader.world_size))
 
     def dali_cut(self, dali_batches: int) -> EpochCut:
         """DALI's DROP policy: its own full batches, all real."""
         count = dali_batches * self.batch_size
         return EpochCut(dali_batches, self.batch_size, count, count, False, count)
-
-
-@dataclass
-class Position:
-    """Where a loader is, in one place: `batch` batches of epoch `epoch` yielded; `resumed`: that epoch
-    was restored midway by load_state_dict (continue it, do not finish it as abandoned); `dali_epoch0`:
-    the loader epoch that is its current pipeline's first (DALI rotates train slices from it)."""
-    epoch: int = 0
-    batch: int = 0
-    resumed: bool = False
-    dali_epoch0: int = 0
-
-    @property
-    def pipeline_epoch(self) -> int:
-        """The epoch as the current pipeline counts it (ReaderModel.shard_of)."""
-        return self.epoch - self.dali_epoch0
-
-    def next_epoch(self) -> None:
-        self.epoch, self.batch = self.epoch + 1, 0

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from dali_pipes import manifest
 from dali_pipes.files import atomic_write, is_temp, moved_by, private_tmp, remove_own_temps
-from dali_pipes.dist import process_pool
+from dali_pipes.workers import process_pool
 from dali_pipes.formats import tfrecord, webdataset
 from dali_pipes.errors import DatasetError
 from dali_pipes.indexes import INDEX_SUFFIX

@@ -249,15 +249,34 @@ def _overridden(cls: type) -> str | None:
     return None
 
 
-def dataloader_attributes(call: DataLoaderCall, batch_size: int, num_workers: int, pin_memory: bool, timeout: float,
-                          prefetch_factor: int | None, persistent_workers: bool, generator: Any, worker_init_fn: Any,
-                          multiprocessing_context: Any) -> dict:
-    """DataLoader's attributes as it sets them (timm, pytorch/examples and Lightning read them)."""
-    from torch.utils.data import default_collate
-    return {"batch_size": batch_size, "drop_last": call.drop_last, "collate_fn": default_collate,
-            "batch_sampler": None, "num_workers": num_workers, "pin_memory": pin_memory, "timeout": timeout,
-            "prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers, "generator": generator,
-            "worker_init_fn": worker_init_fn, "multiprocessing_context": multiprocessing_context}
+class DataLoaderAttributes:
+    """DataLoader's attributes, set as DataLoader sets them (timm, pytorch/examples and Lightning read them).
+    There are no worker processes: num_workers and the rest are kept as given, and reported."""
+    drop_last: bool
+    collate_fn: Any
+    batch_sampler: None
+    num_workers: int
+    pin_memory: bool
+    timeout: float
+    prefetch_factor: int | None
+    persistent_workers: bool
+    generator: Any
+    worker_init_fn: None  # refused unless None (resolve_call)
+    multiprocessing_context: Any
+    contract: Any  # contract.Contract: the batch size's one home on the loader
+
+    @property
+    def batch_size(self) -> int:
+        return self.contract.batch_size
+
+    def keep_dataloader_arguments(self, call: DataLoaderCall, num_workers: int, pin_memory: bool, timeout: float,
+                                  prefetch_factor: int | None, persistent_workers: bool, generator: Any,
+                                  multiprocessing_context: Any) -> None:
+        from torch.utils.data import default_collate
+        self.drop_last, self.collate_fn, self.batch_sampler = call.drop_last, default_collate, None
+        self.num_workers, self.pin_memory, self.timeout = num_workers, pin_memory, timeout
+        self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
+        self.worker_init_fn, self.multiprocessing_context = None, multiprocessing_context
 
 
 class EpochRequests:

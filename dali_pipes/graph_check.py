@@ -194,13 +194,15 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
     (kind -> Source: folder, tfrecord, webdataset), then, on the first source, each auto-augment
     policy, colour jitter, float16, channels_last, the hybrid decode, a second rank, each size of an
     image_size schedule, and the bad-sample search's decode graph. A new graph variant in the library gets a line here."""
-    from dali_pipes.pipeline import build_pipeline
-    from dali_pipes.recovery import decode_pipeline, placeholder_jpeg
+    from dali_pipes.decode_probe import decode_pipeline
+    from dali_pipes.pipeline import PipelineSpec, build_pipeline
+    from dali_pipes.recovery import placeholder_jpeg
 
     def variant(name: str, source: Source, train: bool, decoder: str = "mixed", device_id: int = 0,
-                **args) -> GraphVariant:
-        define = lambda: build_pipeline(source, train=train, batch_size=batch_size, device="gpu", num_threads=1,
-                                        device_id=device_id, shuffle_buffer=4, **args)
+                sample_ids: bool = False, stage: str = "augment", **spec_args) -> GraphVariant:
+        spec = PipelineSpec(train, batch_size, "gpu", num_threads=1, device_id=device_id, shuffle_buffer=4,
+                            **spec_args)
+        define = lambda: build_pipeline(source, spec, sample_ids=sample_ids, stage=stage)
         return GraphVariant(f"{name} ({'train' if train else 'val'})", define, decoder)
 
     first = next(iter(sources.values()))
@@ -243,15 +245,14 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
     out.append(variant("profile's decode stage, hybrid", first, True, "cpu", decode_device="cpu", stage="decode"))
     for threads in (2, 8, 64):
         out.append(replace(variant(f"num_threads={threads} (tuning)", first, True),
-                           define=lambda t=threads: build_pipeline(first, train=True, batch_size=batch_size,
-                                                                   device="gpu", num_threads=t, device_id=0,
-                                                                   shuffle_buffer=4)))
+                           define=lambda t=threads: build_pipeline(first, PipelineSpec(
+                               True, batch_size, "gpu", num_threads=t, device_id=0, shuffle_buffer=4))))
     # Progressive resizing: the loader builds one graph per size of its schedule, as for_epoch gives it.
     scheduled = AugmentConfig(image_size=SIZE_SCHEDULE, val_image_size=256)
     out += [variant(f"image_size {scheduled.size_at(epoch)} of the schedule {SIZE_SCHEDULE}", first, True,
                     augment=scheduled.for_epoch(epoch, True)) for epoch in SIZE_SCHEDULE]
     out.append(variant("val_image_size 256 beside a schedule", first, False, augment=scheduled.for_epoch(0, False)))
-    out.append(GraphVariant("bad-sample search decode (recovery.decode_pipeline)",
+    out.append(GraphVariant("bad-sample search decode (decode_probe.decode_pipeline)",
                             lambda: decode_pipeline([placeholder_jpeg()] * 2, "gpu", device_id=0)))
     return out
 

@@ -25,6 +25,7 @@ Epoch contract (contract.py), DataLoader + DistributedSampler's unless asked oth
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any, Iterator, Protocol, runtime_checkable
@@ -33,12 +34,15 @@ import torch
 
 from dali_pipes import object_store, resume
 from dali_pipes.config import LoaderConfig, SourceConfig
-from dali_pipes.contract import Contract, EpochCut, Position
-from dali_pipes.dataloader_args import (LOCATION_TYPES, DatasetView, EpochRequests, SamplerView,
-                                        dataloader_attributes, read_as_pil, resolve_call)
+from dali_pipes.contract import Contract, EpochCut
+from dali_pipes.dataloader_args import (LOCATION_TYPES, DataLoaderAttributes, DatasetView, EpochRequests, SamplerView,
+                                        read_as_pil, resolve_call)
 from dali_pipes.dist import Shard
 from dali_pipes.graph import AugmentConfig, resolve_decode_device
-from dali_pipes.pipeline import RankPipeline, cuda_device_id
+from dali_pipes.pipeline import PipelineSpec, cuda_device_id
+from dali_pipes.position import Position
+from dali_pipes.rank import FeedOptions, RankPipeline, rank_pipeline
+from dali_pipes.tuning import AUTO
 from dali_pipes.procfs import release_free_memory_now_and_then
 from dali_pipes.recovery import BadSamplePolicy
 from dali_pipes.resolution import ImageSize
@@ -100,7 +104,7 @@ def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_di
                        skip_bad=skip_bad, allow_duplicates=allow_duplicates, num_classes=num_classes)
 
 
-class DaliLoader:
+class DaliLoader(DataLoaderAttributes):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     supports_elastic = True
@@ -131,8 +135,8 @@ class DaliLoader:
                             batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last, train=train,
                             generator=generator, rank=rank, world_size=world_size, worker_init_fn=worker_init_fn,
                             is_location=isinstance(dataset, (Source, *LOCATION_TYPES)))
-        self.__dict__.update(dataloader_attributes(call, batch_size, num_workers, pin_memory, timeout, prefetch_factor,
-                                                   persistent_workers, generator, worker_init_fn, multiprocessing_context))
+        self.keep_dataloader_arguments(call, num_workers, pin_memory, timeout, prefetch_factor, persistent_workers,
+                                       generator, multiprocessing_context)
         self.contract = Contract(call.train, batch_size, call.drop_last, val_padding, call.sampler_drop_last,
                                  call.dali_drop)
         self.train, self.seed, self.val_padding, self.device = call.train, call.seed, val_padding, resolve_device(device)
@@ -149,37 +153,45 @@ class DaliLoader:
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
         policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels,
                                  device_id=cuda_device_id(self.shard) if self.device == "gpu" else None)
-        args = dict(train=self.train, shuffle=call.shuffle, batch_size=batch_size, device=self.device,
-                    shard=self.shard, seed=self.seed, augment=self.augment,
-                    num_threads=num_threads or num_workers or None, max_pixels=max_pixels,
-                    shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth,
-                    decode_device=decode_device)
+        threads = num_threads or num_workers or None  # DataLoader's workers become DALI's threads
+        spec = PipelineSpec(self.train, batch_size, self.device, decode_device, self.shard, self.seed, self.augment,
+                            None if threads == AUTO else threads, 2 if prefetch_queue_depth == AUTO else
+                            prefetch_queue_depth, shuffle_buffer, call.shuffle, max_pixels)
         self.position = Position()
-        self.pipe = RankPipeline.create(source, args, self.position, policy, contract=self.contract,
-                                        remote_feed=remote_feed, cache_dir=cache_dir, cache_bytes=cache_bytes,
-                                        cache_prefetch=cache_prefetch, sharding_check=sharding_check)
+        self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
+                                  feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch),
+                                  sharding_check=sharding_check, tune_threads=threads == AUTO,
+                                  tune_depth=prefetch_queue_depth == AUTO)
         try:
             self.pipe.build()
         except BaseException:
             self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
             raise
 
-    source = property(lambda self: self.pipe.source, doc="what this loader reads (bad samples excluded so far "
-                                                         "replaced in place)")
-    bad_policy = property(lambda self: self.pipe.policy, doc="the bad-sample policy (recovery.py)")
-    skip_bad = property(lambda self: self.pipe.policy.skip, doc="bad samples are excluded, not raised")
-    bad_samples = property(lambda self: self.pipe.policy.bad_samples, doc="samples excluded so far (skip_bad=True)")
+    @property
+    def source(self) -> Source:  # what this loader reads (bad samples excluded so far replaced in place)
+        return self.pipe.source
 
-    def close(self) -> None:
-        """Free the pipeline (its threads and memory) and the shard cache now, not at garbage collection."""
+    @property
+    def bad_samples(self) -> list:
+        """Samples excluded so far (skip_bad=True); the policy is self.pipe.policy (recovery.py)."""
+        return self.pipe.policy.bad_samples
+
+    def close(self) -> None:  # the pipeline (threads, memory) and the shard cache now, not at garbage collection
         if self.pipe is not None:
             self.pipe.close()
 
     def __del__(self) -> None:
         _close_quietly(self)
 
-    epoch = property(lambda self: self.position.epoch, doc="epochs completed")
-    num_samples = property(lambda self: self.source.num_samples, doc="samples in the whole dataset (all ranks)")
+    @property
+    def epoch(self) -> int:  # epochs completed
+        return self.position.epoch
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the whole dataset (all ranks)."""
+        return self.source.num_samples
 
     @property
     def image_size(self) -> int:
@@ -191,12 +203,12 @@ class DaliLoader:
         return self._cut().batches
 
     def _cut(self) -> EpochCut:
-        return self.contract.epoch_cut(self.pipe.reader(), self.position, self.pipe.record.remainder,
-                                       len(self.pipe.run), self.num_samples)
+        pipe = self.pipe
+        return self.contract.epoch_cut(pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run),
+                                       self.num_samples)
 
     @property
-    def samples_per_epoch(self) -> int:
-        """Real samples this rank yields per epoch (repeats and padding not counted)."""
+    def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
         return self._cut().real_count
 
     @property
@@ -222,64 +234,84 @@ class DaliLoader:
             for _ in self._batches():  # an epoch abandoned midway: DALI can only start at a boundary
                 pass
         self._follow_requested_epoch()
-        self.pipe.follow_schedule()  # this epoch's image size (resolution.py)
         self.position.resumed = False
         yield from self._batches()
 
     def _follow_requested_epoch(self) -> None:
         requested, at = self._epoch_requests.take(), self.position
         if self.train and requested is not None and requested > at.epoch and not at.batch and not at.resumed \
-                and self.pipe.record.remainder is None:  # DALI's epochs only go forward, from a boundary
+                and self.pipe.remainder is None:  # DALI's epochs only go forward, from a boundary
             at.epoch = requested
-            self.pipe.build()  # a fresh pipeline: its shard rotation starts at this epoch
+            self.pipe.build()  # a fresh pipeline: its slice rotation starts at this epoch
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         cut, at = self._cut(), self.position
-        self.pipe.begin_epoch(cut.batches)
+        self.pipe.begin_epoch(cut.batches)  # the hooks' epoch: clock, tuning, image-size schedule, ...
         while at.batch < cut.batches:
             batch = self.pipe.next(cut.size(at.batch))
             if batch is None:
                 break  # DALI ended the epoch first: never, as contract.py models it
-            images, labels = self._shape(batch, cut)
+            self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
+            images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self._pin)
             at.batch += 1
             if at.batch == cut.batches:
-                self.pipe.end_epoch_later()  # DALI's batches past the contract's, after the step (settle)
+                self.pipe.run.drain_later()  # DALI's batches past the contract's, after the step (settle)
             yield images, labels
         self.pipe.settle()
-        self.pipe.finish_epoch()  # tuning's choice if still open; the sharding check after the first epoch
+        remainder_done = self.pipe.end_epoch()  # tuning's choice if still open; the sharding check
         at.next_epoch()
-        if self.pipe.record.end_epoch():  # a resumed epoch's rest is done: this world's own pipeline now
+        if remainder_done:  # a resumed epoch's rest is done: this world's own pipeline now
             self.pipe.build()
         if self.pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
             log.warning("rank %d: %d bad samples excluded after epoch %d", self.shard.rank, len(self.bad_samples),
                         at.epoch - 1)
         release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
 
-    def _shape(self, batch: dict, cut: EpochCut) -> tuple[torch.Tensor, torch.Tensor]:
-        """This batch as the contract cuts it; records what it delivers."""
-        size, real = cut.size(self.position.batch), cut.real_in(self.position.batch)
-        images, labels = batch["images"][:size], batch["labels"][:size]
-        if cut.pad_label and real < size:
-            labels = labels.clone()
-            labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
-        self.pipe.record.add(batch["ids"], real)
-        if self.augment.channels_last:
-            images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
-        return (images.pin_memory(), labels.pin_memory()) if self._pin else (images, labels)
-
     def stats(self) -> dict:
-        """This epoch's figures so far, or the last epoch's once it ended (RankPipeline.stats)."""
-        return self.pipe.stats()
+        """This epoch's figures so far, or the last epoch's once it ended (stats_of)."""
+        return stats_of(self.pipe)
 
     def state_dict(self) -> dict:
         """Where this rank is (resume.py's layout: DALI's checkpoint, counters, bad samples, delivered
         samples). Take it between batches."""
-        return resume.state_of(self)
+        self.pipe.settle()  # after an epoch's last batch: DALI's epoch end first, so the state starts the next
+        return resume.state_of(self.pipe, self.next_batch, self.position, facts_of(self), self.source.fingerprint)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Continue exactly where `state` was taken, images included. Given every old rank's state in rank
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
-        resume.restore(self, state)
+        resume.restore(self.pipe, self.position, facts_of(self), state)
+
+
+def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool,
+              pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch `index` of the epoch as the contract cuts it: padding cut or labelled, laid out, pinned."""
+    size, real = cut.size(index), cut.real_in(index)
+    images, labels = batch["images"][:size], batch["labels"][:size]
+    if cut.pad_label and real < size:
+        labels = labels.clone()
+        labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
+    if channels_last:
+        images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
+    return (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
+
+
+def stats_of(pipe: RankPipeline) -> dict:
+    """A rank's figures (stats.LoaderClock.stats: waits, rates, CPU, threads, rebuilds and trials), its shard
+    cache's (s3:// data: "shard_cache", remote_feed.py), and what the hooks tell of themselves ("tuned":
+    online tuning's start, trials and choice; tuning.py)."""
+    spec = pipe.spec
+    return {**pipe.clock.stats(spec.num_threads, spec.prefetch_queue_depth), "shard_cache": pipe.feed.stats(),
+            **{hook.name: hook.describe() for hook in pipe.hooks if hook.name}}
+
+
+def facts_of(loader: DaliLoader) -> resume.LoaderFacts:
+    """What the loader's state records of it and must match on resume (resume.py)."""
+    identity = {"rank": loader.shard.rank, "world_size": loader.shard.world_size, "batch_size": loader.batch_size,
+                "train": loader.train, "num_samples": loader.num_samples, "seed": loader.seed}
+    contract = loader.contract
+    return resume.LoaderFacts(identity, dataclasses.asdict(contract), resume.image_sizes(loader.augment, loader.train),
+                              loader.train and (contract.dali_drop or contract.drop_last))
 
 
 def _close_quietly(loader: DaliLoader) -> None:

@@ -14,12 +14,9 @@ fewer samples. So the loader hands every pipeline error to `BadSamplePolicy.hand
      padding;
   3. raises once more samples than the budget (`max_bad`) have been excluded.
 
-A network fault is not a bad sample. Before any culprit search, an error of an s3:// source's
-reader that reads as one (`network_fault`: curl's and the AWS SDK's connection errors, timeouts,
-5xx replies) goes to `StoreOutage` instead, which waits for the store with backoff and has the
-pipeline rebuilt at its last good batch, or raises ConnectionError naming the endpoint and the
-object: nothing is excluded, even with skip=True. A read that fails on the network during a
-culprit search raises the same way (object_store retries it first).
+A network fault is not a bad sample: the rank's pipeline hands one to the outage handler
+(outage.py) before any culprit search. A read that fails on the network during a culprit search
+raises ConnectionError (object_store retries it first).
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ import dataclasses
 import hashlib
 import io
 import os
-import re
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -37,10 +32,8 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from dali_pipes import object_store
-from dali_pipes._dali import shutdown_pipeline
-from dali_pipes.dist import usable_cpus
 from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.decode_probe import dali_decodes
 from dali_pipes.files import atomic_write
 from dali_pipes.formats import image_files, read_sample
 from dali_pipes.indexes import INDEX_SUFFIX, cache_root
@@ -51,12 +44,6 @@ from dali_pipes.source import Source
 from dali_pipes.verify import check_image, oversized
 
 SHOWN = 5  # bad samples named in a message; the rest are counted
-# What DALI's S3 reader (libcurl under the AWS SDK) says when the store, not a sample, failed.
-NETWORK_MESSAGE = re.compile(
-    r"curlCode: \d+|could not connect|couldn't connect|failed to connect|connection (refused|reset|timed out)|"
-    r"timeout was reached|couldn't resolve host|network_connection|unable to connect|RequestTimeout|SlowDown|"
-    r"ServiceUnavailable|InternalError|response code: 5\d\d", re.IGNORECASE)
-S3_URL = re.compile(r"s3://[^\s'\"]+")
 
 
 @dataclass(frozen=True)
@@ -176,89 +163,10 @@ class BadSamplePolicy:
         return source
 
 
-def network_fault(error: BaseException, source: Source) -> bool:
-    """Whether a pipeline error of `source` is the network's: an s3:// source whose reader's message
-    reads as a connection error, a timeout or a 5xx reply of the store."""
-    return source.remote is not None and bool(NETWORK_MESSAGE.search(str(error)))
-
-
-class StoreOutage:
-    """Network faults of an s3:// source's reader, ridden out: `wait` probes the store (a HEAD of the
-    object the error names, retried with backoff by object_store) and returns once it answers, so the
-    caller rebuilds at its last good batch; it raises ConnectionError once the store stays away for
-    object_store's attempts, or after that many rebuilds in a row that delivered nothing."""
-
-    def __init__(self) -> None:
-        self.rebuilds = 0  # in a row, since the last delivered batch
-
-    def wait(self, error: BaseException, source: Source) -> None:
-        options = object_store.current_options()
-        named = [u for u in S3_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
-        url = named[0] if named else source.remote[0].url
-        lines = [line for line in str(error).splitlines() if NETWORK_MESSAGE.search(line)] or [repr(error)]
-        detail = lines[0].strip(" :")[:300]
-        self.rebuilds += 1
-        if self.rebuilds > options.attempts:
-            raise object_store.UnreachableError(
-                f"{url}: DALI's S3 reader failed {self.rebuilds} times in a row on network errors ({detail}), "
-                f"although the store answers; {object_store.ENDPOINT_HINT}; {object_store.RETRY_HINT}") from error
-        warnings.warn(f"{source.location}: a network fault, not a bad sample ({detail}); waiting for the store "
-                      f"and going on from the last good batch")
-        if self.rebuilds > 1:  # the store answered last time, yet the reader failed again: back off
-            time.sleep(min(object_store.BACKOFF_CAP_S, object_store.BACKOFF_BASE_S * 2 ** (self.rebuilds - 2)))
-        try:
-            object_store.head(url)
-        except ConnectionError as unreachable:
-            raise unreachable from error
-
-    def delivered(self) -> None:
-        self.rebuilds = 0
-
-
 def placeholder_jpeg() -> bytes:
     out = io.BytesIO()
     Image.fromarray(np.full((16, 16, 3), 128, np.uint8)).save(out, "JPEG", quality=90)
     return out.getvalue()
-
-
-def dali_decodes(datas: list[bytes], device: str = "cpu", device_id: int | None = None) -> list[bool]:
-    """Whether DALI's decoder (mixed on gpu, cpu otherwise) decodes each encoded image. One
-    pipeline per batch; a failed batch is split in halves until the failures are single samples."""
-    if not datas:
-        return []
-    if _decode_batch(datas, device, device_id):
-        return [True] * len(datas)
-    if len(datas) == 1:
-        return [False]
-    mid = len(datas) // 2
-    return dali_decodes(datas[:mid], device, device_id) + dali_decodes(datas[mid:], device, device_id)
-
-
-def decode_pipeline(datas: list[bytes], device: str = "cpu", device_id: int | None = None):
-    """An unbuilt pipeline that decodes `datas` as one batch with the loader's decoder: mixed
-    (nvJPEG / hardware decoder) on `device_id` (the rank's own GPU) for gpu, cpu otherwise."""
-    from nvidia.dali import fn, pipeline_def, types
-    batch = [np.frombuffer(d, np.uint8) if d else np.zeros(0, np.uint8) for d in datas]
-
-    @pipeline_def(batch_size=len(batch), num_threads=min(4, usable_cpus()),
-                  device_id=device_id if device == "gpu" else None, exec_pipelined=False, exec_async=False)
-    def decode():
-        return fn.decoders.image(fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8),
-                                 device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)
-
-    return decode()
-
-
-def _decode_batch(datas: list[bytes], device: str, device_id: int | None) -> bool:
-    pipe = decode_pipeline(datas, device, device_id)
-    try:
-        pipe.build()
-        pipe.run()
-        return True
-    except RuntimeError:
-        return False
-    finally:
-        shutdown_pipeline(pipe)
 
 
 def find_bad_samples(source: Source, indices: Sequence[int], window: int, device: str = "cpu",

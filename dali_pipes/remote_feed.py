@@ -24,8 +24,7 @@ opens every tar file when it is built) and an elastic resume's remainder epoch (
 
 from __future__ import annotations
 
-from dali_pipes.dist import Shard
-from dali_pipes.reader import ReaderModel
+from dali_pipes.pipeline import PipelineSpec, reader_model
 from dali_pipes.shard_cache import DEFAULT_MAX_BYTES, DEFAULT_PREFETCH, CacheTooSmallError, ReadAheadGate, ShardCache
 
 FEEDS = ("cache", "native")
@@ -35,16 +34,14 @@ LAZY_KINDS = ("tfrecord", "folder", "file_list")  # DALI readers that open files
 class RemoteFeed:
     """Turns a remote Source into what its DALI reader reads, and keeps the cache ahead of it."""
 
-    def __init__(self, mode: str = "cache", *, train: bool, batch_size: int, shard: Shard, shuffle_buffer: int,
-                 prefetch_queue_depth: int, cache_dir: str | None = None, cache_bytes: int = DEFAULT_MAX_BYTES,
-                 cache_prefetch: int = DEFAULT_PREFETCH) -> None:
+    def __init__(self, mode: str, spec: PipelineSpec, *, cache_dir: str | None = None,
+                 cache_bytes: int = DEFAULT_MAX_BYTES, cache_prefetch: int = DEFAULT_PREFETCH) -> None:
+        """`spec`: the rank's pipeline settings, its prefetch depth the deepest the pipeline may run (tuning)."""
         if mode not in FEEDS:
             raise ValueError(f"remote_feed must be one of {FEEDS}, got {mode!r}")
-        self.mode, self.train, self.batch_size, self.shard = mode, train, batch_size, shard
+        self.mode, self.spec = mode, spec
         self.cache_dir, self.cache_bytes, self.cache_prefetch = cache_dir, cache_bytes, cache_prefetch
-        self._reader_args = dict(rank=shard.rank, world_size=shard.world_size, train=train, batch_size=batch_size,
-                                 shuffle_buffer=shuffle_buffer, prefetch_queue_depth=prefetch_queue_depth)
-        self.reader = ReaderModel(0, **self._reader_args)  # of the source, once dali_source sees it
+        self.reader = reader_model(spec, 0, False)  # of the source, once dali_source sees it
         self.cache: ShardCache | None = None
         self._gate: ReadAheadGate | None = None
         self._first_epoch = 0  # loader epoch of the pipeline's reader epoch 0 (shard rotation)
@@ -78,11 +75,10 @@ class RemoteFeed:
         import dataclasses
         self._source, self._starts, self._sizes = source, {}, {}
         self._counts = source.counts or [1] * len(source.files)
-        self.reader = ReaderModel(sum(self._counts), **self._reader_args,
-                                  list_shuffled=self.train and source.format.SHUFFLES_LIST)
+        self.reader = reader_model(self.spec, sum(self._counts), source.format.SHUFFLES_LIST)
         self._gate = ReadAheadGate(self.cache, [], self.reader.read_ahead)
         self._extend(epoch)
-        consumed = min(position * self.batch_size, self._sizes[epoch])
+        consumed = min(position * self.spec.batch_size, self._sizes[epoch])
         self._cover(consumed)
         # DALI replays a restored epoch from its start: hold it all until built() (a fresh one: nothing)
         self._gate.fetch(consumed + self.reader.read_ahead)
@@ -106,7 +102,7 @@ class RemoteFeed:
         if self._untouched and epoch != self._first_epoch and not position:
             self._renumber(epoch - self._first_epoch)
         self._untouched = False
-        consumed = self._starts[epoch] + min(position * self.batch_size, self._sizes[epoch])
+        consumed = self._starts[epoch] + min(position * self.spec.batch_size, self._sizes[epoch])
         self._cover(consumed)
         self._gate.advance(consumed)
 
@@ -121,7 +117,7 @@ class RemoteFeed:
         """Extend the stream by whole epochs past what the reader may reach: it reads across epoch
         ends, past several epochs when an epoch is shorter than its read-ahead."""
         empty = 0  # a slice may be empty (fewer samples than ranks): stop after a whole rotation of them
-        while sum(self._sizes.values()) <= consumed + self.reader.read_ahead and empty <= self.shard.world_size:
+        while sum(self._sizes.values()) <= consumed + self.reader.read_ahead and empty <= self.spec.shard.world_size:
             self._extend(max(self._starts) + 1)
             empty = empty + 1 if not self._sizes[max(self._starts)] else 0
 
@@ -134,7 +130,8 @@ class RemoteFeed:
         self._gate.extend([n for _, n in taken])
 
     def stats(self) -> dict | None:
-        return self.cache.stats() if self.cache is not None else None
+        """The shard cache's figures (shard_cache.ShardCache.stats) and its folder, or None without a cache."""
+        return {**self.cache.stats(), "folder": self.cache.folder} if self.cache is not None else None
 
     def close(self) -> None:
         if self.cache is not None:

@@ -6,7 +6,10 @@
      "pipeline":    {"dali", "dali_epoch0", "tuned"}, # DALI's checkpoint, the epoch its pipeline began at,
                                                       # the tuner's choice once made (tuning.py; absent before 0.3)
      "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
-     "record":      {"delivered", "delivered_complete", "elastic_base"}}   # elastic.DeliveryRecord.state()
+     "record":      {"delivered", "delivered_complete", "elastic_base"}}   # delivery.DeliveryRecord.state()
+
+Each part comes from its owner and goes back to it (RankPipeline.state / restore, Position.restore): this
+module only lays the parts out, checks versions and fit, and plans an elastic resume.
 
 Version 2 (dali_pipes 0.2.0) kept the same fields flat at the top; it is read as it is and resumes
 exactly (its graph and cut are today's). Any other version is refused naming both versions.
@@ -20,14 +23,20 @@ schedule, the one val size for val); states written before schedules existed hav
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dali_pipes import __version__, elastic, fingerprint, resolution
-from dali_pipes.contract import Position
+from dali_pipes.delivery import pack as pack_bits
+from dali_pipes.delivery import unpack
 from dali_pipes.errors import DatasetError
+from dali_pipes.graph import AugmentConfig
+
+if TYPE_CHECKING:
+    from dali_pipes.position import Position
+    from dali_pipes.rank import RankPipeline
 
 STATE_VERSION = 3
 RELEASE = f"dali_pipes {__version__}"  # in each state: an error about an old state can name its release
@@ -78,10 +87,9 @@ def check_data(state: dict, source: Any) -> None:
                            "(without the state; python -m train: a new --workdir)")
 
 
-def image_sizes(loader: Any) -> str:
-    """The sizes a DaliLoader yields: train, its image_size schedule; val, its one size."""
-    augment = loader.augment
-    return resolution.schedule_text(augment.image_size) if loader.train else str(augment.val_size)
+def image_sizes(augment: AugmentConfig, train: bool) -> str:
+    """The sizes a loader yields: train, its image_size schedule; val, its one size."""
+    return resolution.schedule_text(augment.image_size) if train else str(augment.val_size)
 
 
 def check_image_sizes(states: list[dict], now: str) -> None:
@@ -115,53 +123,49 @@ def elastic_plan(states: list[dict], identity: dict, contract: dict, *, rank: in
     return (epoch + 1 if base.any() and plan is None else epoch), base, plan
 
 
-def identity(loader: Any) -> dict:
-    """What a resumed state must match (check_fits)."""
-    return {"rank": loader.shard.rank, "world_size": loader.shard.world_size, "batch_size": loader.batch_size,
-            "train": loader.train, "num_samples": loader.num_samples, "seed": loader.seed}
+@dataclass(frozen=True)
+class LoaderFacts:
+    """What a loader's state records of it, and what a state must match to resume here (the loader gives it)."""
+    identity: dict       # rank, world_size, batch_size, train, num_samples, seed: check_fits
+    contract: dict       # contract.Contract as a dict
+    image_size: str      # image_sizes(): the train schedule or the val size
+    whole_batches: bool  # train in full batches only (DALI's DROP, or drop_last): an elastic remainder too
 
 
-def state_of(loader: Any) -> dict:
-    """A DaliLoader's state (loader.py), between batches."""
-    loader.pipe.settle()  # after an epoch's last batch: DALI's epoch end first, so the state starts the next
-    epoch, batch = loader.next_batch
-    done = epoch != loader.position.epoch
-    record = loader.pipe.record
-    dali = None if done and record.remainder is not None else loader.pipe.run.checkpoint()  # then: afresh
-    return pack(loader={"epoch": epoch, "position": batch, **identity(loader), "written_by": RELEASE,
-                        "contract": dataclasses.asdict(loader.contract), "fingerprint": loader.source.fingerprint,
-                        "image_size": image_sizes(loader)},
-                pipeline={"dali": dali, "dali_epoch0": loader.position.dali_epoch0,
-                          "tuned": loader.pipe.tuning_state()},
-                bad_samples=loader.pipe.policy.state(), record=record.state(epoch_done=done))
+def state_of(rank: RankPipeline, next_batch: tuple[int, int], position: Position, facts: LoaderFacts,
+             fingerprint: dict | None) -> dict:
+    """A loader's state between batches, each part from its owner: the position (`next_batch`, what the
+    loader yields next; DALI's epoch end already read), the loader's facts, the rank's parts (rank.state)."""
+    epoch, batch = next_batch
+    parts = rank.state(epoch_done=epoch != position.epoch)
+    return pack(loader={"epoch": epoch, "position": batch, **facts.identity, "written_by": RELEASE,
+                        "contract": facts.contract, "fingerprint": fingerprint, "image_size": facts.image_size},
+                **parts)
 
 
-def restore(loader: Any, state: dict | list[dict]) -> None:
-    """Put a DaliLoader where `state` (one, or every old rank's in rank order) was taken."""
-    world, rank = loader.shard.world_size, loader.shard.rank
+def restore(rank: RankPipeline, position: Position, facts: LoaderFacts, state: dict | list[dict]) -> None:
+    """Put a loader where `state` (one, or every old rank's in rank order) was taken."""
+    world, me = facts.identity["world_size"], facts.identity["rank"]
     if isinstance(state, (list, tuple)):
         states = [flat(s) for s in state]
-        check_image_sizes(states, image_sizes(loader))
+        check_image_sizes(states, facts.image_size)
         if len(states) != world or any(s.get("world_size") != world for s in states):
-            return restore_elastic(loader, states)
-        state = states[rank]
+            return restore_elastic(rank, position, facts, states)
+        state = states[me]
     else:
         state = flat(state)
-        check_image_sizes([state], image_sizes(loader))
-    check_data(state, loader.source)
-    check_fits(state, identity(loader), dataclasses.asdict(loader.contract))
-    loader.pipe.source = loader.pipe.policy.restore(state, loader.source)
-    record, n = loader.pipe.record, loader.num_samples
-    record.restore(state, n)
-    base = state.get("elastic_base")  # taken in an elastic resume's remainder epoch: the same slice again
-    record.remainder = elastic.plan_remainder(elastic.unpack(base, n), epoch=state["epoch"], rank=rank,
-                                              world_size=world, batch_size=loader.batch_size, train=loader.train,
-                                              seed=loader.seed, whole_batches=whole_batches(loader)) if base else None
+        check_image_sizes([state], facts.image_size)
+    check_data(state, rank.source)
+    check_fits(state, facts.identity, facts.contract)
+    base, n = state.get("elastic_base"), facts.identity["num_samples"]
+    remainder = elastic.plan_remainder(unpack(base, n), epoch=state["epoch"], rank=me, world_size=world,
+                                       batch_size=facts.identity["batch_size"], train=facts.identity["train"],
+                                       seed=facts.identity["seed"], whole_batches=facts.whole_batches) if base else None
     # The position first: the iterator runs a batch while it is built, and a bad sample there is
-    # searched for from this position (and this epoch's shard), not from the start.
-    move(loader, Position(state["epoch"], state["position"], state["position"] > 0, state.get("dali_epoch0", 0)))
-    loader.pipe.restore_tuning(state.get("tuned"))
-    loader.pipe.build(checkpoint=state["dali"], written_by=written_by(state))
+    # searched for from this position (and this epoch's slice), not from the start.
+    position.restore(state["epoch"], state["position"])
+    rank.restore(state, remainder)  # taken in an elastic resume's remainder epoch: the same slice again
+    rank.build(checkpoint=state["dali"], written_by=written_by(state))
 
 
 def written_by(state: dict) -> str:
@@ -171,29 +175,19 @@ def written_by(state: dict) -> str:
     return "dali_pipes 0.2.0" if state.get("flat_version") == _FLAT_VERSION else "dali_pipes before 0.3.0"
 
 
-def restore_elastic(loader: Any, states: list[dict]) -> None:
+def restore_elastic(rank: RankPipeline, position: Position, facts: LoaderFacts, states: list[dict]) -> None:
     """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's share of
     what they had not delivered, then this world's own pipeline from the next epoch."""
     for state in states:
-        check_data(state, loader.source)
-    epoch, base, plan = elastic_plan(states, {"version": STATE_VERSION, **identity(loader)},
-                                     dataclasses.asdict(loader.contract), rank=loader.shard.rank,
-                                     world_size=loader.shard.world_size, batch_size=loader.batch_size,
-                                     train=loader.train, seed=loader.seed, whole_batches=whole_batches(loader))
-    loader.pipe.source = loader.pipe.policy.restore(merged_bad_samples(states), loader.source)
-    loader.pipe.record.end_epoch()
-    if plan is not None:
-        loader.pipe.record.delivered, loader.pipe.record.remainder = base.copy(), plan
-    move(loader, Position(epoch))
-    loader.pipe.restore_tuning(next((s["tuned"] for s in states if s.get("tuned")), None))
-    loader.pipe.build()
-
-
-def whole_batches(loader: Any) -> bool:
-    """Train in full batches only (DALI's DROP, or drop_last): an elastic remainder drops its tail too."""
-    return loader.train and (loader.contract.dali_drop or loader.contract.drop_last)
-
-
-def move(loader: Any, position: Position) -> None:
-    """The loader's one Position object takes the new values (its epoch generator and pipeline share it)."""
-    loader.position.__dict__.update(dataclasses.asdict(position))
+        check_data(state, rank.source)
+    identity = facts.identity
+    epoch, base, plan = elastic_plan(states, {"version": STATE_VERSION, **identity}, facts.contract,
+                                     rank=identity["rank"], world_size=identity["world_size"],
+                                     batch_size=identity["batch_size"], train=identity["train"], seed=identity["seed"],
+                                     whole_batches=facts.whole_batches)
+    tuned = next((s["tuned"] for s in states if s.get("tuned")), None)
+    merged = {**merged_bad_samples(states), "tuned": tuned, "delivered": pack_bits(base) if plan else None,
+              "delivered_complete": True}
+    position.restore(epoch)
+    rank.restore(merged, plan)
+    rank.build()

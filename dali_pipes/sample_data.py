@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
-from dali_pipes.dist import process_pool
+from dali_pipes.workers import process_pool
 from dali_pipes.config import option
 
 # (package, file inside the package) of colour photographs, then greyscale ones.

@@ -26,9 +26,29 @@ import numpy as np
 
 from dali_pipes.dist import Shard
 from dali_pipes.errors import DatasetError
+from dali_pipes.hooks import BatchHook, RankView
 
 TIMEOUT_S = 300  # for the other ranks to end the same epoch (they run the same number of batches)
 _CALLS: Counter = Counter()  # per process: the n-th check of a loader with this key (ranks agree on n)
+
+
+class ShardingCheck(BatchHook):
+    """The check as a hook: once per loader, at the end of the first epoch it ran whole (from its first
+    batch, on this world's own pipeline, not an elastic resume's remainder)."""
+
+    def __init__(self, enabled: bool, *, every_sample: bool) -> None:
+        self.enabled, self.every_sample = enabled, every_sample  # every_sample: val promises full cover
+        self.whole_epoch = False
+
+    def begin_epoch(self, rank: RankView, batches: int) -> None:
+        self.whole_epoch = rank.position.batch == 0 and rank.remainder is None
+
+    def end_epoch(self, rank: RankView) -> None:
+        if self.enabled and self.whole_epoch:
+            self.enabled = False  # once per run
+            source = rank.source
+            check_delivery(rank.record, rank.spec.shard, train=rank.spec.train, every_sample=self.every_sample,
+                           location=source.location, excluded=len(rank.policy.bad_samples), name_of=lambda i: str(source.refs()[i]))
 
 
 def check_delivery(record, shard: Shard, *, train: bool, every_sample: bool, location: str, excluded: int,

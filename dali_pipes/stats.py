@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from dali_pipes.hooks import BatchHook, BatchTiming, RankView
+
 
 @dataclass
 class EpochStats:
@@ -32,14 +34,24 @@ class EpochStats:
         return out
 
 
-class LoaderClock:
-    """Times each next() of a loader and keeps one EpochStats per epoch (the last few)."""
+class LoaderClock(BatchHook):
+    """Times each next() of a loader and keeps one EpochStats per epoch (the last few). A hook, run first:
+    `last` is the latest batch's (wait, wall, cpu), which the tuner judges (tuning.py)."""
 
     KEEP = 8  # epochs kept: stats() is read once an epoch; a long run must not grow
 
     def __init__(self) -> None:
         self.epochs: list[EpochStats] = []
+        self.last: tuple[float, float, float] = (0.0, 0.0, 0.0)
         self._last: tuple[float, float] | None = None  # (perf_counter, process_time) of the last batch
+
+    def begin_epoch(self, rank: RankView, batches: int) -> None:
+        at = rank.position  # an abandoned epoch being finished keeps its figures
+        if not self.epochs or self.epochs[-1].epoch != at.epoch or at.batch == 0:
+            self.begin(at.epoch)
+
+    def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
+        self.last = self.batch(timing.asked, timing.got, timing.images)
 
     def begin(self, epoch: int) -> None:
         self.epochs = self.epochs[-(self.KEEP - 1):] + [EpochStats(epoch)]
@@ -65,6 +77,14 @@ class LoaderClock:
 
     def event(self, name: str, start: float, end: float, **args) -> None:
         self.current.events.append((name, start, end, args))
+
+    def stats(self, num_threads: int | None, prefetch_queue_depth: int) -> dict:
+        """This epoch's figures so far (the last epoch's once it ended): data-wait fraction, seconds inside
+        next() per batch, step rate, CPU; the pipeline's threads and depth now; its rebuilds and tuning trials
+        as (name, start, end, args) on time.perf_counter's clock."""
+        current = self.current
+        return {**current.summary(), "num_threads": num_threads, "prefetch_queue_depth": prefetch_queue_depth,
+                "events": list(current.events)}
 
     def summaries(self) -> list[dict]:
         return [e.summary() for e in self.epochs]

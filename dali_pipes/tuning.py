@@ -35,10 +35,15 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from dali_pipes.dist import default_threads, usable_cpus
 from dali_pipes.files import atomic_write, locked
+from dali_pipes.hooks import BatchHook, BatchTiming, RankView
+from dali_pipes.machine import default_threads, usable_cpus
+
+if TYPE_CHECKING:
+    from dali_pipes.pipeline import PipelineSpec
+    from dali_pipes.stats import LoaderClock
 
 AUTO = "auto"
 MAX_TRIALS = 8
@@ -92,10 +97,10 @@ def gpu_model() -> str:
     return "cuda" if torch.cuda.is_available() else ""
 
 
-def graph_key(args: dict, kind: str) -> dict:
+def graph_key(spec: PipelineSpec, kind: str) -> dict:
     """The pipeline's graph as far as the threads it needs go (not the rank, seed, batch size or
     hw_decoder_load: a profile at batch 64 seeds a run at 256)."""
-    augment = dataclasses.asdict(args["augment"]) if dataclasses.is_dataclass(args["augment"]) else dict(args["augment"])
+    augment = dataclasses.asdict(spec.augment)
     augment.pop("hw_decoder_load", None)  # a decoder knob that profile recommends: the same graph for the threads
     # DALI's own reads (None, or said explicitly, as DaliLoader resolves them for a location) keep the key they had
     # before these fields existed: remembered settings and `dali-pipes profile`'s (None) stay found
@@ -103,13 +108,13 @@ def graph_key(args: dict, kind: str) -> dict:
         augment.pop("exif_orientation", None)
     if augment.get("png16") in (None, "scale"):
         augment.pop("png16", None)
-    return {"train": args["train"], "device": args["device"], "decode_device": args.get("decode_device"),
-            "format": kind, "augment": augment}
+    return {"train": spec.train, "device": spec.device, "decode_device": spec.decode_device, "format": kind,
+            "augment": augment}
 
 
-def memory_key(args: dict, kind: str) -> str:
+def memory_key(spec: PipelineSpec, kind: str) -> str:
     ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    text = json.dumps({"machine": machine(), "graph": graph_key(args, kind), "ranks_per_node": ranks_per_node},
+    text = json.dumps({"machine": machine(), "graph": graph_key(spec, kind), "ranks_per_node": ranks_per_node},
                       sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
@@ -352,25 +357,74 @@ class Tuner:
         return dataclasses.asdict(self.chosen) if self.done and self.chosen else None
 
 
-def plan(args: dict, kind: str, rank: int, local_rank: int) -> tuple[dict, Tuner | None, str | None]:
-    """(pipeline args with numbers for "auto", the tuner or None, the memory key or None)."""
-    args = dict(args)
-    online = args.pop("tune", True)  # False where a rebuild is not allowed (pipeline.py says where)
-    threads, depth = args["num_threads"], args["prefetch_queue_depth"]
-    tune_threads, tune_depth = threads == AUTO, depth == AUTO
+def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, tune_threads: bool, tune_depth: bool,
+         online: bool = True) -> tuple[PipelineSpec, OnlineTuning | None]:
+    """(the spec to start with: remembered or default values for the knobs left "auto", the tuning hook or
+    None). `online=False` where a rebuild is not allowed (rank.py says where): the start values run."""
     if not (tune_threads or tune_depth):
-        return args, None, None
-    cores = default_threads(args["shard"])
-    key = memory_key(args, kind)
+        return spec, None
+    cores = default_threads()
+    key = memory_key(spec, kind)
     entry = recall(key) or {}
-    start = Settings(entry.get("num_threads", cores) if tune_threads else threads,
-                     entry.get("prefetch_queue_depth", 2) if tune_depth else depth)
+    start = Settings(entry.get("num_threads", cores) if tune_threads else spec.num_threads or cores,
+                     entry.get("prefetch_queue_depth", 2) if tune_depth else spec.prefetch_queue_depth)
+    spec, rank = dataclasses.replace(spec, **dataclasses.asdict(start)), spec.shard.rank
     if not online:
         log.info("tuning rank %d: not tuned online here (s3:// through the shard cache); running %s%s", rank, start,
                  " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
-        return {**args, **dataclasses.asdict(start)}, None, None
+        return spec, None
     tuner = Tuner(start, tune_threads, tune_depth, cores, remembered=bool(entry), rank=rank)
     if entry:
         log.info("tuning rank %d: starting from the remembered %s (%s, %s)", rank, start, entry.get("source"),
                  entry.get("date"))
-    return {**args, **dataclasses.asdict(start)}, tuner, key if local_rank == 0 else None
+    return spec, OnlineTuning(tuner, clock, key if spec.shard.local_rank == 0 else None)
+
+
+class OnlineTuning(BatchHook):
+    """The tuner as a hook on the rank's batches: it judges each batch of the first epoch by the clock's
+    figures, has the rank rebuild with each trial's settings (from the last delivered batch: the batches
+    go on unchanged), and remembers the choice (local rank 0 only). Its state is the choice once made."""
+    name = "tuned"
+
+    def __init__(self, tuner: Tuner, clock: LoaderClock, key: str | None) -> None:
+        self.tuner, self.clock, self.key = tuner, clock, key
+        # Its trials on the loader's clock (a trace shows them): the clock, never the rank (no reference cycle)
+        tuner.on_trial = lambda t: clock.event("tuning trial", t.started, time.perf_counter(),
+                                               settings=str(t.settings), result=t.describe())
+
+    def begin_epoch(self, rank: RankView, batches: int) -> None:
+        if not self.tuner.done and not self.tuner.trials:
+            self.tuner.begin(batches)
+
+    def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
+        if not self.tuner.done:
+            self._follow(rank, self.tuner.observe(*self.clock.last))
+
+    def end_epoch(self, rank: RankView) -> None:
+        if not self.tuner.done and self.tuner.trials:  # the search outlived the first epoch
+            self._follow(rank, self.tuner.epoch_ended())
+
+    def _follow(self, rank: RankView, settings: Settings | None) -> None:
+        if settings is not None:
+            rank.rebuild(dataclasses.replace(rank.spec, **dataclasses.asdict(settings)))
+        if self.tuner.done and self.key is not None:
+            remember(self.key, {**self.tuner.tuned_values(), "source": "online"})
+            self.key = None
+
+    def state(self) -> dict | None:
+        return self.tuner.state()
+
+    def describe(self) -> dict:
+        """The search as the loader's stats() shows it: where it started (remembered or not), each trial's
+        settings and figures, and the choice once made."""
+        tuner = self.tuner
+        return {"start": dataclasses.asdict(tuner.start), "remembered": tuner.remembered, "done": tuner.done,
+                "trials": [{**dataclasses.asdict(t.settings), "seen": t.seen, "measured": t.measured}
+                           for t in tuner.trials],
+                "chosen": dataclasses.asdict(tuner.chosen) if tuner.chosen else None}
+
+    def restore(self, rank: RankView, state: dict | None) -> None:
+        """A state's choice: no search here (values the user fixed stay fixed; a pending trial is dropped)."""
+        if state:
+            self.tuner.done, self.tuner.chosen = True, Settings(**state)
+            rank.rebuild(dataclasses.replace(rank.spec, **self.tuner.tuned_values()))  # the restore builds

@@ -23,7 +23,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_pipes import manifest
-from dali_pipes.dist import process_pool
+from dali_pipes.workers import process_pool
 from dali_pipes.errors import DatasetError
 from dali_pipes.formats import format_of, read_sample
 from dali_pipes.labels import PADDING_LABEL, check_label

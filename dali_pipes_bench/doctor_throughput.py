@@ -62,7 +62,7 @@ def throughput(train_dir: str, seconds: float) -> tuple[str, list[dict]]:
     and DataLoader + PIL with a worker per CPU, batches moved to the GPU as a training step would."""
     from dali_pipes import DaliLoader
     from dali_pipes.baseline import TorchLoader
-    from dali_pipes.pipeline import usable_cpus
+    from dali_pipes.machine import usable_cpus
     per_case = seconds / (len(HW_LOADS) + 1)
     cases = {f"DALI gpu hw_decoder_load={load}": (lambda load=load: DaliLoader(
         train_dir, batch_size=100, train=True, device="gpu", image_size=224, hw_decoder_load=load))

@@ -40,7 +40,8 @@ from dali_pipes.baseline import TorchLoader
 from dali_pipes.dist import Shard
 from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
 from dali_pipes.loader import DaliLoader
-from dali_pipes.pipeline import build_pipeline, usable_cpus
+from dali_pipes.machine import usable_cpus
+from dali_pipes.pipeline import PipelineSpec, build_pipeline
 from dali_pipes.procfs import PeakSampler, cpu_seconds
 from dali_pipes.reader import READER_NAME, ReaderModel
 from dali_pipes.formats import read_sample
@@ -287,8 +288,10 @@ class _BareDali(_IteratorBatches):
     def __init__(self, source: Source, *, batch_size: int, train: bool, pipeline_args: dict) -> None:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
         self.train, self.batch_size, self.shard, self.num_samples = train, batch_size, Shard(), source.num_samples
-        pipe = build_pipeline(source, train=train, batch_size=batch_size, shard=self.shard, **pipeline_args)
-        outputs = ["images", "labels", "ids"] if pipeline_args.get("sample_ids") else ["images", "labels"]
+        sample_ids = pipeline_args.pop("sample_ids", False)
+        spec = PipelineSpec(train=train, batch_size=batch_size, shard=self.shard, **pipeline_args)
+        pipe = build_pipeline(source, spec, sample_ids=sample_ids)
+        outputs = ["images", "labels", "ids"] if sample_ids else ["images", "labels"]
         self.iterator = DALIGenericIterator(pipe, outputs, reader_name=READER_NAME, auto_reset=True,
                                             last_batch_policy=LastBatchPolicy.DROP if train else LastBatchPolicy.FILL)
 

@@ -21,6 +21,7 @@ under --out (default $DALI_PIPES_CACHE/profile/<time>/).
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import datetime
 import json
 import os
@@ -34,7 +35,9 @@ from tqdm import tqdm
 
 from dali_pipes import tuning
 from dali_pipes.config import LoaderConfig, SourceConfig, add_arguments, from_args
-from dali_pipes.dist import Shard, default_threads
+from dali_pipes.dist import Shard
+from dali_pipes.machine import default_threads
+from dali_pipes.pipeline import PipelineSpec
 from dali_pipes.graph import AugmentConfig
 from dali_pipes_bench.cli import data_or_builtin, run_main
 from dali_pipes_bench.doctor_throughput import NvmlSampler
@@ -52,13 +55,13 @@ def thread_levels(cores: int) -> list[int]:
     return sorted({1, max(1, cores // 2), cores})
 
 
-def measure(stage: str, source, args: dict, batches: int, warmup: int) -> dict:
+def measure(stage: str, source, spec: PipelineSpec, batches: int, warmup: int) -> dict:
     """One case: images/s and CPU cores busy over `batches` batches after `warmup`."""
     import torch
     from dali_pipes._dali import shutdown_pipeline
     from dali_pipes.pipeline import READER_NAME, build_pipeline
     graph_stage = stage if stage in ("read", "decode") else "augment"
-    pipe = build_pipeline(source, stage=graph_stage, **args)
+    pipe = build_pipeline(source, spec, stage=graph_stage)
     try:
         if stage in ("iterator", "copy"):
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -82,7 +85,7 @@ def measure(stage: str, source, args: dict, batches: int, warmup: int) -> dict:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     finally:
         shutdown_pipeline(pipe)
-    return {"images_per_s": batches * args["batch_size"] / wall, "cpu_cores": cpu / wall}
+    return {"images_per_s": batches * spec.batch_size / wall, "cpu_cores": cpu / wall}
 
 
 def cases(device: str, cores: int, augment: AugmentConfig) -> list[tuple[str, int, dict]]:
@@ -113,18 +116,18 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
     source = open_source(data, **source_cfg.open_kwargs())
     device = resolve_device(loader.device)
     shard = Shard()
-    cores = default_threads(shard)
-    base = dict(train=train, batch_size=batch_size, device=device, shard=shard, augment=augment,
-                decode_device=loader.decode_device, shuffle_buffer=loader.shuffle_buffer,
-                prefetch_queue_depth=2 if loader.prefetch_queue_depth == tuning.AUTO else loader.prefetch_queue_depth,
-                max_pixels=loader.max_pixels)
+    cores = default_threads()
+    base = PipelineSpec(train=train, batch_size=batch_size, device=device, shard=shard, augment=augment,
+                        decode_device=loader.decode_device, shuffle_buffer=loader.shuffle_buffer,
+                        prefetch_queue_depth=2 if loader.prefetch_queue_depth == tuning.AUTO
+                        else loader.prefetch_queue_depth, max_pixels=loader.max_pixels)
     todo = cases(device, cores, augment)
     rates: dict[str, list[dict]] = {case_name(*c): [] for c in todo}
     with tqdm(total=rounds * len(todo), desc="profile", unit="case", disable=not sys.stderr.isatty()) as bar:
         for _ in range(rounds):
             for stage, threads, extra in todo:
                 with NvmlSampler() if device == "gpu" else nullcontext() as nvml:  # hardware decoder use
-                    one = measure(stage, source, {**base, **extra, "num_threads": threads}, batches, warmup)
+                    one = measure(stage, source, replace(base, **extra, num_threads=threads), batches, warmup)
                 rates[case_name(stage, threads, extra)].append({**one, **(nvml.summary() if nvml else {})})
                 bar.update()
     rows = [{"case": case_name(stage, threads, extra), "stage": stage, "threads": threads,

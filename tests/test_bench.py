@@ -52,7 +52,7 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     """dali-pipes profile on CPU: every stage at 1, half and all cores, the binding stage, the flags,
     the results files, and the tuning memory that num_threads="auto" then starts from."""
     from dali_pipes import DaliLoader
-    from dali_pipes.dist import Shard, default_threads
+    from dali_pipes.machine import default_threads
     data = tmp_path / "images"
     write_folder(str(data), counts=(24, 24, 24))
     env = {**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")}
@@ -61,7 +61,7 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.load(open(tmp_path / "out" / "profile.json"))
-    cores = default_threads(Shard())
+    cores = default_threads()
     levels = sorted({1, max(1, cores // 2), cores})
     assert [(r["stage"], r["threads"]) for r in result["rows"]] == [
         (stage, t) for t in levels for stage in ("read", "decode", "augment", "iterator")]
@@ -73,7 +73,8 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
     monkeypatch.setenv("DALI_PIPES_CACHE", env["DALI_PIPES_CACHE"])
     loader = DaliLoader(str(data), batch_size=8, train=True, device="cpu", image_size=32)
-    assert loader.pipe.tuner.remembered and loader.pipe.tuner.start.num_threads == threads
+    tuned = loader.stats()["tuned"]
+    assert tuned["remembered"] and tuned["start"]["num_threads"] == threads
     loader.close()
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.elastic import identity, subset_source
+from dali_pipes.delivery import identity
+from dali_pipes.elastic import subset_source
 
 from conftest import jpeg_bytes
 
@@ -122,18 +123,23 @@ def test_the_rest_is_read_without_the_delivered_samples(sources, tmp_path, monke
     from dali_pipes.formats import read_sample
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path))  # subset indexes go to its elastic/ folder
     source, refs = sources["tfrecord"], sources["tfrecord"].refs()
-    written = []
-    monkeypatch.setattr(elastic, "subset_source", lambda *a, **k: written.append(subset_source(*a, **k)) or written[-1])
+    written = []  # (the subset source each remainder pipeline reads, the storage-order indices it holds)
+
+    def recording(source, indices, *args, **kwargs):
+        written.append((subset_source(source, indices, *args, **kwargs), list(indices)))
+        return written[-1][0]
+
+    monkeypatch.setattr(elastic, "subset_source", recording)
     yielded, states = run_until(ranks(source, 2, False), (0, 1))
     new_loaders = ranks(source, 3, False)
     for loader in new_loaders:
         loader.load_state_dict(states)
     read = []
-    for loader, subset in zip(new_loaders, written):  # what each rank's remainder pipeline reads
+    for loader, (subset, indices) in zip(new_loaders, written):  # what each rank's remainder pipeline reads
         assert subset.counts and sum(subset.counts) == -(-(N - len(yielded[0])) // 3)  # its slice, then padding
         assert all(os.path.dirname(p) == str(tmp_path / "elastic") and not os.path.exists(p)
                    for p in subset.index_files)
-        read += [read_sample(refs[i]).label for i in loader.pipe.record.remainder.indices[:loader.samples_per_epoch]]
+        read += [read_sample(refs[i]).label for i in indices[:loader.samples_per_epoch]]
     assert sorted(read) == sorted(set(range(N)) - set(yielded[0]))
     epoch, rest = epoch_rest(new_loaders)
     check_epoch(yielded[0] + rest, False, 3, resumed=True)
@@ -202,7 +208,7 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
     """The sample_ids output (DALI's source_info) of every sample, for each format, is what
     elastic.identity expects and marks its storage-order index (checked on DALI 2.4.0)."""
     from nvidia.dali import pipeline_def
-    from dali_pipes.elastic import IdentityTable, sample_ids
+    from dali_pipes.delivery import IdentityTable, sample_ids
     for kind, source in sources.items():
         @pipeline_def(batch_size=N, num_threads=1, device_id=None)
         def pipe():
@@ -234,7 +240,7 @@ def test_subset_source_reads_exactly_the_chosen_records(sources, tmp_path):
 def test_repeated_files_are_marked_once_per_listing(tmp_path):
     """A file listed twice (and the placeholders of excluded samples, all one file) is two samples:
     each delivery marks the next of its listings."""
-    from dali_pipes.elastic import IdentityTable
+    from dali_pipes.delivery import IdentityTable
     for name in ("a", "b"):
         (tmp_path / f"{name}.jpg").write_bytes(jpeg_bytes(1))
     (tmp_path / "list.txt").write_text("a.jpg 0\nb.jpg 1\na.jpg 2\n")

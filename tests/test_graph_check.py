@@ -21,7 +21,7 @@ from dali_pipes.dist import Shard
 from dali_pipes.graph import AugmentConfig
 from dali_pipes.graph_check import (GraphError, PrivateApiChanged, check_defined, check_gpu_graph, check_variant,
                                     project_graphs)
-from dali_pipes.pipeline import build_pipeline, cuda_device_id
+from dali_pipes.pipeline import PipelineSpec, build_pipeline, cuda_device_id
 
 from conftest import write_folder
 
@@ -96,7 +96,7 @@ def test_benchmark_preloaded_graph_passes(sources, train):
 
 
 def test_report_lists_operators_and_devices(sources):
-    pipe = build_pipeline(sources["folder"], train=False, batch_size=2, device="gpu", num_threads=1)
+    pipe = build_pipeline(sources["folder"], PipelineSpec(False, 2, "gpu", num_threads=1))
     report = checked(check_gpu_graph, pipe, "val")
     assert report.devices_of("readers__File") == ["cpu"] and report.devices_of("decoders__Image") == ["mixed"]
     assert report.summary()["outputs"] == ["gpu", "gpu"] and report.summary()["ok"]
@@ -200,8 +200,9 @@ def test_gpu_and_cpu_val_outputs_agree(sources):
     decoders' rounding (fancy upsampling on both), and the same labels, which stay on the GPU."""
     outputs = {}
     for name, device, decode in (("cpu", "cpu", None), ("gpu", "gpu", None), ("hybrid", "gpu", "cpu")):
-        pipe = build_pipeline(sources["folder"], train=False, batch_size=12, device=device, decode_device=decode,
-                              num_threads=2, augment=AugmentConfig(image_size=16), device_id=cuda_device_id(Shard()))
+        pipe = build_pipeline(sources["folder"], PipelineSpec(False, 12, device, decode, num_threads=2,
+                                                              augment=AugmentConfig(image_size=16),
+                                                              device_id=cuda_device_id(Shard())))
         outputs[name] = _run_once(pipe)
     images, labels, on_gpu = outputs["cpu"]
     assert not on_gpu and images.shape == (12, 3, 16, 16)

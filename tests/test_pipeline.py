@@ -10,12 +10,13 @@ import torch
 
 from dali_pipes import open_source
 from dali_pipes.dist import Shard
-from dali_pipes.pipeline import build_pipeline, cuda_device_id, default_threads, usable_cpus
+from dali_pipes.machine import default_threads, usable_cpus
+from dali_pipes.pipeline import PipelineSpec, build_pipeline, cuda_device_id
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_gpu_pipelines_are_defined_with_a_device_id_without_cuda(jpeg_folder):
-    pipe = build_pipeline(open_source(jpeg_folder), train=True, batch_size=2, device="gpu", shard=Shard(0, 1, 0))
+    pipe = build_pipeline(open_source(jpeg_folder), PipelineSpec(True, 2, "gpu", shard=Shard(0, 1, 0)))
     assert pipe.device_id == 0  # defined for GPU 0 on a machine without CUDA; only build() needs CUDA
     with pytest.raises(RuntimeError, match="CUDA"):
         pipe.build()
@@ -23,7 +24,7 @@ def test_gpu_pipelines_are_defined_with_a_device_id_without_cuda(jpeg_folder):
 
 def test_build_pipeline_refuses_a_gpu_decode_on_a_cpu_pipeline(jpeg_folder):
     with pytest.raises(ValueError, match="decode_device='gpu' needs device='gpu'.*decode_device='cpu'"):
-        build_pipeline(open_source(jpeg_folder), train=True, batch_size=2, device="cpu", decode_device="gpu")
+        build_pipeline(open_source(jpeg_folder), PipelineSpec(True, 2, "cpu", decode_device="gpu"))
 
 
 @pytest.mark.parametrize("initialized, current, visible, local_rank, expected", [
@@ -52,7 +53,7 @@ def test_default_threads_follow_cpu_affinity(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert default_threads(Shard()) == 2
+    assert default_threads() == 2
 
 
 def test_usable_cpus_is_the_affinity_mask():

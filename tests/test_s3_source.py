@@ -477,10 +477,10 @@ def test_cache_stays_within_its_bound_and_deletes_what_the_rank_read(s3, cache_d
     bound = 5 * max(object_store.head(u).size for u in urls)  # the reader's reach: 12 samples, 3-4 shards
     loader = DaliLoader(s3.url("train/"), batch_size=2, train=True, shuffle_buffer=2, cache_bytes=bound, **KW)
     seen = [l for _ in range(3) for _, b in loader for l in b.tolist()]
-    stats = loader.pipe.feed.stats()
+    stats = loader.stats()["shard_cache"]
     assert stats["peak_bytes"] <= bound and stats["downloads"] > 6  # shards fetched again each epoch
     assert len(seen) == 3 * (N // 2) * 2
-    folder = loader.pipe.feed.cache.folder
+    folder = stats["folder"]
     loader.close()
     assert not os.path.exists(folder)
 

@@ -9,7 +9,6 @@ import os
 
 import numpy as np
 import pytest
-import torch
 
 from dali_pipes import DaliLoader, open_source, tuning
 from dali_pipes.config import auto_or_count
@@ -42,6 +41,15 @@ def epochs(loader, count=2, stop_at=None):
     return out, state
 
 
+def tuned(loader) -> dict | None:
+    """Online tuning as the loader's stats() tell it (its start, trials and choice), or None when not tuned."""
+    return loader.stats().get("tuned")
+
+
+def settings(view: dict | None) -> tuning.Settings | None:
+    return tuning.Settings(view["num_threads"], view["prefetch_queue_depth"]) if view else None
+
+
 def assert_same(got, expected):
     assert len(got) == len(expected)
     for i, ((gi, gl), (ei, el)) in enumerate(zip(got, expected)):
@@ -57,29 +65,32 @@ def fixed(settings: tuning.Settings, source, **kw):
 def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbered, caplog):
     caplog.set_level(logging.INFO, logger="dali_pipes")
     auto = DaliLoader(numbered, **KW)  # "auto" is the default
-    got, _ = epochs(auto)
-    tuner = auto.pipe.tuner
-    assert tuner.done and len(tuner.trials) >= 2, "the search ran trials"
-    assert len({t.settings for t in tuner.trials}) == len(tuner.trials) and len(tuner.trials) <= tuning.MAX_TRIALS
-    assert sum(t.seen for t in tuner.trials) <= tuning.MAX_FRACTION * len(auto), "within 10% of the first epoch"
-    assert sum(1 for t in tuner.trials if t.settings != tuner.start) >= 1, "the pipeline was rebuilt"
+    got, _ = epochs(auto, count=1)
+    assert {e[0] for e in auto.stats()["events"]} >= {"rebuild", "tuning trial"}  # on the first epoch's clock
+    got += epochs(auto, count=1)[0]
+    view = tuned(auto)
+    trials = [settings(t) for t in view["trials"]]
+    assert view["done"] and len(trials) >= 2, "the search ran trials"
+    assert len(set(trials)) == len(trials) and len(trials) <= tuning.MAX_TRIALS
+    assert sum(t["seen"] for t in view["trials"]) <= tuning.MAX_FRACTION * len(auto), "within 10% of the first epoch"
+    assert sum(1 for t in trials if t != settings(view["start"])) >= 1, "the pipeline was rebuilt"
     assert "chose num_threads=" in caplog.text and "trial 2:" in caplog.text
-    assert {e[0] for e in auto.pipe.clock.epochs[0].events} >= {"rebuild", "tuning trial"}
-    reference, _ = epochs(fixed(tuner.chosen, numbered))
+    chosen = settings(view["chosen"])
+    reference, _ = epochs(fixed(chosen, numbered))
     assert_same(got, reference)
     stats = auto.stats()
     assert stats["batches"] == len(auto) and stats["images"] == len(auto) * 2 and stats["epoch"] == 1
-    assert 0 <= stats["data_wait_fraction"] <= 1 and stats["num_threads"] == tuner.chosen.num_threads
+    assert 0 <= stats["data_wait_fraction"] <= 1 and stats["num_threads"] == chosen.num_threads
 
 
 def test_a_resume_taken_while_tuning_gives_the_batches_of_the_fixed_choice(numbered):
     auto = DaliLoader(numbered, **KW)
     head, state = epochs(auto, stop_at=7)  # trial 2 (or later) is running: a rebuilt pipeline
-    assert not auto.pipe.tuner.done and len(auto.pipe.tuner.trials) >= 2
+    assert not tuned(auto)["done"] and len(tuned(auto)["trials"]) >= 2
     resumed = DaliLoader(numbered, **KW)
     resumed.load_state_dict(state)
     rest, _ = epochs(resumed)
-    chosen = resumed.pipe.tuner.chosen
+    chosen = settings(tuned(resumed)["chosen"])
     assert chosen is not None
     reference, _ = epochs(fixed(chosen, numbered), count=3)
     assert_same(head + rest, reference[:len(head) + len(rest)])
@@ -92,7 +103,7 @@ def test_an_elastic_resume_taken_while_tuning_matches_one_of_fixed_loaders(numbe
         return loaders, states
 
     auto_loaders, auto_states = old_world()
-    assert all(len(l.pipe.tuner.trials) >= 2 and not l.pipe.tuner.done for l in auto_loaders)
+    assert all(len(tuned(l)["trials"]) >= 2 and not tuned(l)["done"] for l in auto_loaders)
     fixed_loaders, fixed_states = old_world(num_threads=1, prefetch_queue_depth=2)
     new_auto = DaliLoader(numbered, **KW)
     new_auto.load_state_dict(auto_states)
@@ -106,27 +117,28 @@ def test_the_choice_is_remembered_and_the_next_run_only_confirms_it(numbered, tm
     epochs(first, count=1)
     memory = json.load(open(tmp_path / "cache" / "tuning.json"))["entries"]
     (entry,) = memory.values()
-    assert (entry["num_threads"], entry["prefetch_queue_depth"]) == (first.pipe.tuner.chosen.num_threads,
-                                                                    first.pipe.tuner.chosen.prefetch_queue_depth)
+    chosen = tuned(first)["chosen"]
+    assert (entry["num_threads"], entry["prefetch_queue_depth"]) == (chosen["num_threads"],
+                                                                    chosen["prefetch_queue_depth"])
     second = DaliLoader(numbered, **KW)
-    assert second.pipe.tuner.start == first.pipe.tuner.chosen and second.pipe.tuner.remembered
+    assert tuned(second)["start"] == chosen and tuned(second)["remembered"]
     epochs(second, count=1)
-    assert second.pipe.tuner.done and second.pipe.tuner.trials[0].settings == first.pipe.tuner.chosen
+    assert tuned(second)["done"] and settings(tuned(second)["trials"][0]) == settings(chosen)
 
 
 def test_fixed_values_are_not_tuned_and_one_fixed_knob_leaves_the_other_to_tune(numbered):
     both = DaliLoader(numbered, num_threads=1, prefetch_queue_depth=2, **KW)
-    assert both.pipe.tuner is None and both.pipe.args["num_threads"] == 1
+    assert tuned(both) is None and both.stats()["num_threads"] == 1
     depth_only = DaliLoader(numbered, num_threads=1, **KW)
     epochs(depth_only, count=1)
-    assert {t.settings.num_threads for t in depth_only.pipe.tuner.trials} == {1}
+    assert {t["num_threads"] for t in tuned(depth_only)["trials"]} == {1}
 
 
 def test_a_short_first_epoch_is_not_tuned_and_says_why(numbered, caplog):
     caplog.set_level(logging.INFO, logger="dali_pipes")
     loader = DaliLoader(numbered, **{**KW, "batch_size": 16})  # 15 batches: 1 batch of budget
     epochs(loader, count=1)
-    assert loader.pipe.tuner.done and not loader.pipe.tuner.trials and "too few" in caplog.text
+    assert tuned(loader)["done"] and not tuned(loader)["trials"] and "too few" in caplog.text
 
 
 def test_the_flag_takes_auto_or_a_count():
@@ -152,11 +164,10 @@ def test_the_search_prefers_less_cpu_when_the_loop_never_waits():
 # Issue 24: the memory is a file a person may edit, and several jobs may write at once
 # ---------------------------------------------------------------------------------------------
 
-def plan_args() -> dict:
-    """What DaliLoader hands tuning.plan for a CPU train graph with both knobs "auto"."""
-    from dali_pipes import AugmentConfig, Shard
-    return {"num_threads": tuning.AUTO, "prefetch_queue_depth": tuning.AUTO, "shard": Shard(),
-            "augment": AugmentConfig(), "train": True, "device": "cpu"}
+def plan_spec():
+    """What DaliLoader hands tuning.plan for a CPU train graph (both knobs "auto": plan's flags)."""
+    from dali_pipes.pipeline import PipelineSpec
+    return PipelineSpec(train=True, batch_size=2, device="cpu")
 
 
 def memory_warnings(caplog, path) -> list[str]:
@@ -193,10 +204,12 @@ def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, ent
     caplog.set_level(logging.WARNING, logger="dali_pipes")
     path = tmp_path / "cache" / "tuning.json"
     path.parent.mkdir()
-    key = tuning.memory_key(plan_args(), "tfrecord")
+    key = tuning.memory_key(plan_spec(), "tfrecord")
     path.write_text(json.dumps({"version": 1, "entries": {key: entry, "other": {"num_threads": 1}}}))
-    _, tuner, _ = tuning.plan(plan_args(), "tfrecord", 0, 0)
-    assert tuner.start == tuning.Settings(tuning.default_threads(plan_args()["shard"]), 2) and not tuner.remembered
+    from dali_pipes.stats import LoaderClock
+    spec, hook = tuning.plan(plan_spec(), "tfrecord", LoaderClock(), tune_threads=True, tune_depth=True)
+    assert settings(hook.describe()["start"]) == tuning.Settings(tuning.default_threads(), 2)
+    assert not hook.describe()["remembered"] and spec.num_threads == tuning.default_threads()
     tuning.remember(key, {"prefetch_queue_depth": 3, "source": "online"})  # as a run that tuned the depth only
     (warning,) = memory_warnings(caplog, path)
     assert problem in warning and f"entry {key}" in warning
@@ -214,7 +227,7 @@ def test_a_loader_over_a_memory_that_is_a_list_tunes_and_leaves_a_good_memory(nu
     loader = DaliLoader(numbered, **KW)
     assert len(epochs(loader, count=1)[0]) == len(loader)
     (entry,) = json.loads(path.read_text())["entries"].values()
-    chosen = loader.pipe.tuner.chosen
+    chosen = settings(tuned(loader)["chosen"])
     assert (entry["num_threads"], entry["prefetch_queue_depth"]) == (chosen.num_threads, chosen.prefetch_queue_depth)
     assert len(memory_warnings(caplog, path)) == 1
 
@@ -250,11 +263,13 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered):
     """A location's loader says exif_orientation=True, png16="scale" (DALI's own reads); `dali-pipes profile`
     leaves them None. Both find the same remembered settings: the key they had before these fields existed."""
     import dataclasses
+    from dali_pipes.pipeline import PipelineSpec
     loader = DaliLoader(numbered, **KW, num_threads=1, prefetch_queue_depth=2)
-    args = loader.pipe.args
-    assert (args["augment"].exif_orientation, args["augment"].png16) == (True, "scale")
-    as_profile = {**args, "augment": dataclasses.replace(args["augment"], exif_orientation=None, png16=None)}
-    assert tuning.memory_key(args, numbered.kind) == tuning.memory_key(as_profile, numbered.kind)
-    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(args, numbered.kind)["augment"])
-    as_pil = {**args, "augment": dataclasses.replace(args["augment"], exif_orientation=False, png16="pil")}
-    assert tuning.memory_key(as_pil, numbered.kind) != tuning.memory_key(args, numbered.kind)
+    augment = loader.augment
+    assert (augment.exif_orientation, augment.png16) == (True, "scale")
+    spec = PipelineSpec(train=True, batch_size=2, augment=augment)
+    as_profile = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=None, png16=None))
+    assert tuning.memory_key(spec, numbered.kind) == tuning.memory_key(as_profile, numbered.kind)
+    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(spec, numbered.kind)["augment"])
+    as_pil = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=False, png16="pil"))
+    assert tuning.memory_key(as_pil, numbered.kind) != tuning.memory_key(spec, numbered.kind)

@@ -62,7 +62,7 @@ def binding_stage(loader) -> str | None:
     pipe = getattr(loader, "pipe", None)
     if pipe is None:
         return None
-    entry = tuning.recall(tuning.memory_key(pipe.args, loader.source.kind)) or {}
+    entry = tuning.recall(tuning.memory_key(pipe.spec, loader.source.kind)) or {}
     return entry.get("binding_stage")
 
 

@@ -31,7 +31,7 @@ from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceCon
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
-from dali_pipes.pipeline import default_threads
+from dali_pipes.machine import default_threads
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train import observe
 from train.lock import hold as hold_workdir
@@ -133,7 +133,7 @@ def build_loader(args, data: str, train: bool, shard: Shard):
         loader_args = {**dataclasses.asdict(cfg["loader"]), "device": args.device}
         # val: full batches, padding labelled -1, which evaluate() masks: each sample counted once
         return DaliLoader(data, **source_args, **loader_args, **common, val_padding="label")
-    return TorchLoader(data, num_workers=args.workers or default_threads(shard), pin_memory=True,
+    return TorchLoader(data, num_workers=args.workers or default_threads(), pin_memory=True,
                        persistent_workers=True, keys=source_args["keys"], **common)
 
 
