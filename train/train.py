@@ -39,8 +39,8 @@ from train.compiled import CompileCounter, add_compile_arguments, training_forwa
 from train.metrics import MemoryMeter
 from train.observe import TensorBoard, Trace
 from train.models import ARCHS, create_model
-from train.utils import (DEFAULT_DATA, Preemption, kill_at_step, mean_over_ranks, num_classes_of, param_groups,
-                         resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
+from train.utils import (DEFAULT_DATA, KILL_WHEN_ENV, Preemption, kill_at_step, mean_over_ranks, num_classes_of,
+                         param_groups, resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -273,7 +273,7 @@ def main(args) -> list[dict]:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
     if args.kill_at_step:
         run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank, args.kill_signal,
-                                           args.kill_again_during_save))
+                                           args.kill_again_during_save, os.environ.get(KILL_WHEN_ENV, "step")))
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)

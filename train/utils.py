@@ -51,6 +51,7 @@ class Preemption:
 
     def __init__(self) -> None:
         self.signum = 0
+        self.vote_hooks: list = []  # called as hook(phase) in each vote, "sent" then "decided" (tests: crash)
         self._group = None
         if dist.is_initialized() and dist.get_backend() != "gloo":  # a CPU group for a flag, beside NCCL
             self._group = dist.new_group(backend="gloo")
@@ -66,8 +67,13 @@ class Preemption:
         if not dist.is_initialized():
             return self.signum
         flag = torch.tensor([self.signum], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+        for hook in self.vote_hooks:
+            hook("sent")  # this rank's value is on its way; it waits for the others'
+        work.wait()
         self.signum = int(flag.item())
+        for hook in self.vote_hooks:
+            hook("decided")
         return self.signum
 
 
@@ -125,14 +131,39 @@ def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) ->
     return WarmupCosine(total_samples, warmup_samples, global_batch)
 
 
-def kill_at_step(step: int, rank: int, name: str = "KILL", again_during_save: bool = False):
+KILL_WHEN_ENV = "DALI_PIPES_TEST_KILL_WHEN"  # crash tests: when --kill-at-step signals (see kill_at_step)
+
+
+def kill_at_step(step: int, rank: int, name: str = "KILL", again_during_save: bool = False, when: str = "step"):
     """A crash test's hook: signal rank `rank` right after step `step` (KILL: no cleanup, no goodbye).
     again_during_save: from then on, also signal the process that writes the checkpoint (rank 0) in the
-    middle of writing it: when it opens the temporary file and again just before renaming it."""
+    middle of writing it: when it opens the temporary file and again just before renaming it.
+    when (from $DALI_PIPES_TEST_KILL_WHEN): "step", right after the step; "in-vote", inside the stop vote
+    that follows it, after this rank's value was sent; "after-vote", right after that vote's result."""
+    if when not in ("step", "in-vote", "after-vote"):
+        raise SystemExit(f"${KILL_WHEN_ENV}={when}: expected step, in-vote or after-vote")
+    phase = {"in-vote": "sent", "after-vote": "decided"}.get(when)
+
     def hook(run) -> None:
         if run.step == step and again_during_save:
             _signal_during_checkpoint_writes(name)
         if run.step == step and run.shard.rank == rank:
+            if phase is None:
+                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+            else:
+                run.preemption.vote_hooks.append(_signal_in_next_vote(phase, name))
+    return hook
+
+
+def _signal_in_next_vote(phase: str, name: str):
+    """A vote hook: SIG<name> to this process once, at `phase` of the next vote ("sent": while this rank
+    waits for the others, its own value already on its way; "decided": right after the result)."""
+    sent = []
+
+    def hook(at: str) -> None:
+        if at == phase and not sent:
+            sent.append(at)
+            print(f"crash test: SIG{name} sent in the stop vote ({phase})", file=sys.stderr, flush=True)
             os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
     return hook
 
