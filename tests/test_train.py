@@ -228,12 +228,12 @@ def test_preempted_after_an_epochs_last_step_that_epoch_is_validated_on_resume(t
                    "--kill-signal", "TERM", epochs=3, val=tiny / "val", check=False)
     assert run.returncode == 1 and "preempted by SIGTERM at step 6 (epoch 1, batch 0)" in run.stdout, \
         run.stderr[-3000:]
-    assert "epoch 0's validation runs first on --resume" in run.stdout
     assert not os.path.exists(stopped / "metrics.jsonl")
     torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--resume", epochs=3, val=tiny / "val")
+    assert [m["epoch"] for m in metrics(stopped)] == [0, 1, 2]
     same = ("epoch", "steps", "partial", "train_loss", "val_loss", "val_top1", "val_top5", "val_samples", "step", "lr")
     assert [[m[k] for k in same] for m in metrics(stopped)] == [[m[k] for k in same] for m in metrics(whole_validated)]
-    assert [m["epoch"] for m in metrics(stopped)] == [0, 1, 2]
+    assert "epoch 0's validation runs first on --resume" in run.stdout
 
 
 def started_torchrun(workdir, data, *extra, **kwargs):
@@ -276,7 +276,7 @@ def test_sigusr1_to_the_torchrun_launcher_alone_stops_the_ranks_with_a_checkpoin
     data = _numbered(tmp_path / "numbered", 96)
     work = tmp_path / "run"
     args = ("--record-labels", "--checkpoint-every", "0", "--width", "8", "--batch-size", "2")  # 24 steps an epoch
-    job = started_torchrun(work, data, *args, epochs=3)
+    job = started_torchrun(work, data, *args, epochs=10)  # 240 steps: far from done when the signal comes
     try:
         wait_for_step(work, 26, job)  # into epoch 1: the first epoch's end (its sharding check) is behind
         os.kill(job.pid, signal.SIGUSR1)
@@ -294,10 +294,10 @@ def test_sigusr1_to_the_torchrun_launcher_alone_stops_the_ranks_with_a_checkpoin
     assert f"stopped (the torchrun launcher is gone) at step {step} (epoch {epoch}, batch {batch}): checkpoint" in out
     assert torch.load(work / "checkpoint.pt", map_location="cpu", weights_only=False)["step"] == step
     before = {r: labels_by_step(work, r) for r in (0, 1)}
-    resumed = torchrun(work, data, *args, "--resume", epochs=3)
+    resumed = torchrun(work, data, *args, "--resume", epochs=10)
     assert f"at step {step}" in resumed.stdout and not os.path.exists(work / "preempted.json")
     after = {r: labels_by_step(work, r) for r in (0, 1)}  # steps after `step` rewritten by the resumed run
-    for e in range(3):
+    for e in range(10):
         seen = [label for r in (0, 1) for s in range(24 * e + 1, 24 * e + 25)
                 for label in (before if s <= step else after)[r][s]]
         assert sorted(seen) == list(range(96)), e
@@ -312,7 +312,7 @@ def test_a_preempted_job_tells_a_requeue_script_in_preempted_json(tiny, tmp_path
     import signal
     work = tmp_path / "run"
     args = ("--record-labels", "--checkpoint-every", "0", "--batch-size", "2")  # 24 steps an epoch
-    job = started_torchrun(work, tiny / "train", *args, epochs=2)
+    job = started_torchrun(work, tiny / "train", *args, epochs=6)  # 144 steps: far from done when signalled
     try:
         wait_for_step(work, 3, job)
         os.kill(job.pid, signal.SIGTERM)
@@ -327,7 +327,7 @@ def test_a_preempted_job_tells_a_requeue_script_in_preempted_json(tiny, tmp_path
     assert status == {"signal": "SIGTERM", "launcher_lost": False, "exit_code": 143, "step": step, "epoch": epoch,
                       "batch": batch, "checkpoint": str(work / "checkpoint.pt"),
                       "pending_epoch": None if batch else epoch - 1, "resume": "the same command with --resume"}
-    resumed = torchrun(work, tiny / "train", *args, "--resume", epochs=2)
+    resumed = torchrun(work, tiny / "train", *args, "--resume", epochs=6)
     assert f"at step {step}" in resumed.stdout and not os.path.exists(work / "preempted.json")
 
 

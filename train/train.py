@@ -273,10 +273,9 @@ def main(args) -> list[dict]:
     if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
         raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
     os.makedirs(args.workdir, exist_ok=True)
-    hold_workdir(args.workdir)  # rank 0: one live job per workdir (lock.py), refused naming the holder
+    if hold_workdir(args.workdir):  # rank 0: one live job per workdir (lock.py), refused naming the holder
+        clear_status(args.workdir)  # the last run's preempted.json: stale from now on, whatever comes next
     run = create_run(args)
-    if run.is_main:
-        clear_status(args.workdir)  # the last run's preempted.json, now stale
     if (args.resume or args.resume_if_present) and os.path.exists(checkpoint):
         load_checkpoint(run, checkpoint)
         if run.is_main:
