@@ -4,6 +4,7 @@ runs as two nodes with disjoint shards."""
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def _numbered(root, n):
     root.mkdir()
     with open(root / "list.txt", "w") as f:
         for i in range(n):
-            Image.fromarray(np.full((24, 24, 3), i * 5, np.uint8)).save(root / f"{i}.jpg")
+            Image.fromarray(np.full((24, 24, 3), i * 5 % 256, np.uint8)).save(root / f"{i}.jpg")
             f.write(f"{i}.jpg {i}\n")
     return root / "list.txt"
 
@@ -53,14 +54,18 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def torchrun(workdir, data, *extra, nproc=2, check=True, epochs=4, val=None):
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "train", "--data", str(data), "--device", "cpu",
-           "--arch", "resnet10", "--width", "16", "--image-size", "32", "--batch-size", "8", "--epochs", str(epochs),
-           "--warmup-epochs", "0.5", "--lr", "0.2", "--workdir", str(workdir), "--threads", "1", "--workers", "1",
-           *(["--val-data", str(val)] if val else []), *map(str, extra)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+def torchrun_command(workdir, data, *extra, nproc=2, epochs=4, val=None):
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}", "-m", "train", "--data", str(data), "--device", "cpu",
+            "--arch", "resnet10", "--width", "16", "--image-size", "32", "--batch-size", "8", "--epochs", str(epochs),
+            "--warmup-epochs", "0.5", "--lr", "0.2", "--workdir", str(workdir), "--threads", "1", "--workers", "1",
+            *(["--val-data", str(val)] if val else []), *map(str, extra)]
+
+
+def torchrun(workdir, data, *extra, nproc=2, check=True, epochs=4, val=None, env=None):
+    run = subprocess.run(torchrun_command(workdir, data, *extra, nproc=nproc, epochs=epochs, val=val), cwd=ROOT,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     if check:
         assert run.returncode == 0, run.stderr[-3000:]
     return run
@@ -129,7 +134,8 @@ def whole(tiny, tmp_path_factory):
 def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, whole, tmp_path):
     """SIGTERM to one rank of a 2-rank torchrun job mid-epoch (step 9 of 6-step epochs, no periodic
     checkpoints): both ranks stop after step 9, it is checkpointed, the exit says "preempted" with a
-    non-zero status, and --resume goes on with every step's labels of an uninterrupted run."""
+    non-zero status, and --resume goes on with every step's labels of an uninterrupted run. The resumed
+    epoch's metrics.jsonl line says it is partial, and how many of its steps ran before the resume."""
     stopped = tmp_path / "stopped"
     common = PREEMPTION_ARGS
     run = torchrun(stopped, tiny / "train", *common, "--kill-at-step", 9, "--kill-rank", 1, "--kill-signal", "TERM",
@@ -139,6 +145,9 @@ def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, whole
     assert "at step 9" in resumed.stdout
     for rank in (0, 1):
         assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
+    # epoch 1's line says that its train_loss averages the 3 steps after the resume, not all 6
+    assert [(m["epoch"], m["steps"], m["partial"], m.get("steps_before_resume")) for m in metrics(stopped)] == \
+        [(0, 6, False, None), (1, 3, True, 3), (2, 6, False, None)]
 
 
 def test_a_second_signal_during_the_checkpoint_write_leaves_it_whole(tiny, whole, tmp_path):
@@ -159,6 +168,167 @@ def test_a_second_signal_during_the_checkpoint_write_leaves_it_whole(tiny, whole
     assert "at step 9" in resumed.stdout
     for rank in (0, 1):
         assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
+
+
+KILL_WHEN = "DALI_PIPES_TEST_KILL_WHEN"  # train/utils.py: when --kill-at-step's signal is sent
+
+
+def test_a_signal_that_arrives_while_a_rank_waits_in_the_vote_counts_at_the_next_vote(tiny, whole, tmp_path):
+    """SIGTERM to rank 1 inside the stop vote after step 9, its own "no" already sent (the race that lost 2 of 8
+    external SIGTERMs: the vote's result overwrote the noted signal, and the job trained on to the end). The
+    noted signal is kept: the vote after step 10 carries it, both ranks stop after step 10 with a checkpoint,
+    torchrun exits 1 (a rank's 143 is a failure to it), and --resume goes on with every step's labels of an
+    uninterrupted run."""
+    stopped = tmp_path / "stopped"
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 9, "--kill-rank", 1,
+                   "--kill-signal", "TERM", epochs=3, check=False, env={KILL_WHEN: "in-vote"})
+    assert "crash test: SIGTERM sent in the stop vote (sent)" in run.stderr
+    assert run.returncode == 1 and "preempted by SIGTERM at step 10 (epoch 1, batch 4)" in run.stdout, \
+        run.stderr[-3000:]
+    assert "exitcode  : 143" in run.stderr  # the ranks' status, in torchrun's ChildFailedError report
+    resumed = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--resume", epochs=3)
+    assert "at step 10" in resumed.stdout
+    for rank in (0, 1):
+        assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
+
+
+def test_a_signal_to_one_rank_after_an_epochs_last_vote_stops_every_rank_at_that_epochs_end(tiny, tmp_path):
+    """SIGTERM to rank 1 right after the vote of step 6, the last of epoch 0 (6-step epochs, with validation).
+    Before, the decision after the epoch used each rank's own flag: rank 1 went into the checkpoint's gather,
+    rank 0 into validation, and both waited out --dist-timeout with no checkpoint written. Now that decision is
+    a vote too: both ranks stop after step 6, the checkpoint is written (epoch 0's validation pending in it)."""
+    import torch
+    stopped = tmp_path / "stopped"
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 6, "--kill-rank", 1,
+                   "--kill-signal", "TERM", "--dist-timeout", 60, epochs=3, val=tiny / "val", check=False,
+                   env={KILL_WHEN: "after-vote"})
+    assert "crash test: SIGTERM sent in the stop vote (decided)" in run.stderr
+    assert run.returncode == 1 and "preempted by SIGTERM at step 6 (epoch 1, batch 0)" in run.stdout, \
+        run.stderr[-3000:]
+    state = torch.load(stopped / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert state["step"] == 6 and state["pending_epoch"]["epoch"] == 0
+    assert json.load(open(stopped / "preempted.json"))["pending_epoch"] == 0
+
+
+@pytest.fixture(scope="module")
+def whole_validated(tiny, tmp_path_factory):
+    """The uninterrupted run with validation: 3 epochs of 6 steps."""
+    workdir = tmp_path_factory.mktemp("whole_validated")
+    torchrun(workdir, tiny / "train", *PREEMPTION_ARGS, epochs=3, val=tiny / "val")
+    return workdir
+
+
+def test_preempted_after_an_epochs_last_step_that_epoch_is_validated_on_resume(tiny, whole_validated, tmp_path):
+    """SIGTERM to rank 1 after step 6, the last of epoch 0, before its validation. Before, the checkpoint was at
+    epoch 1's start and epoch 0's validation and metrics.jsonl line were lost for good. Now the checkpoint
+    records the pending validation, and --resume runs it first: metrics.jsonl has every epoch, each line
+    (losses and accuracies included) that of an uninterrupted run."""
+    stopped = tmp_path / "stopped"
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 6, "--kill-rank", 1,
+                   "--kill-signal", "TERM", epochs=3, val=tiny / "val", check=False)
+    assert run.returncode == 1 and "preempted by SIGTERM at step 6 (epoch 1, batch 0)" in run.stdout, \
+        run.stderr[-3000:]
+    assert not os.path.exists(stopped / "metrics.jsonl")
+    torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--resume", epochs=3, val=tiny / "val")
+    assert [m["epoch"] for m in metrics(stopped)] == [0, 1, 2]
+    same = ("epoch", "steps", "partial", "train_loss", "val_loss", "val_top1", "val_top5", "val_samples", "step", "lr")
+    assert [[m[k] for k in same] for m in metrics(stopped)] == [[m[k] for k in same] for m in metrics(whole_validated)]
+    assert "epoch 0's validation runs first on --resume" in run.stdout
+
+
+def started_torchrun(workdir, data, *extra, **kwargs):
+    return subprocess.Popen(torchrun_command(workdir, data, *extra, **kwargs), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def wait_for_step(workdir, step, job):
+    """Return once rank 0 has recorded step `step` (--record-labels); fail if the job ends first."""
+    import time
+    path, deadline = workdir / "labels-rank0.jsonl", time.monotonic() + 600
+    while not (path.exists() and any(json.loads(line)["step"] >= step for line in open(path).read().splitlines(True)
+                                     if line.endswith("\n"))):
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the job never reached that step"
+        time.sleep(0.02)
+
+
+def kill_leftover_ranks(workdir):
+    """SIGKILL any process of this test still running `-m train` on `workdir` (ranks a failed test orphaned)."""
+    import signal
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"train" in args and str(workdir).encode() in args:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def test_sigusr1_to_the_torchrun_launcher_alone_stops_the_ranks_with_a_checkpoint(tmp_path):
+    """SIGUSR1 to the torchrun launcher only, as from a scheduler that signals just the process it started:
+    torchrun does not handle USR1 and dies of it. Before, the orphaned ranks trained on and failed at an epoch's
+    end naming the sharding check. Now each rank sees at its next vote that its launcher is gone and says so in
+    one line naming the cause and the fix; every rank stops after the same step with a checkpoint and
+    WORKDIR/preempted.json, and --resume trains each sample exactly once per epoch over both runs."""
+    import signal
+    import torch
+    data = _numbered(tmp_path / "numbered", 96)
+    work = tmp_path / "run"
+    args = ("--record-labels", "--checkpoint-every", "0", "--width", "8", "--batch-size", "2")  # 24 steps an epoch
+    job = started_torchrun(work, data, *args, epochs=10)  # 240 steps: far from done when the signal comes
+    try:
+        wait_for_step(work, 26, job)  # into epoch 1: the first epoch's end (its sharding check) is behind
+        os.kill(job.pid, signal.SIGUSR1)
+        out, err = job.communicate(timeout=300)  # its pipes close when the last rank exits
+    finally:
+        kill_leftover_ranks(work)
+    assert job.returncode == -signal.SIGUSR1
+    lost = re.findall(r"(rank \d): the torchrun launcher \(pid \d+\) is gone(.*)", err)  # after a progress bar
+    assert sorted(rank for rank, _ in lost) == ["rank 0", "rank 1"], err[-3000:]
+    assert all("--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in rest for _, rest in lost)
+    status = json.load(open(work / "preempted.json"))
+    step = status["step"]
+    assert status["launcher_lost"] and status["signal"] is None and status["exit_code"] == 1
+    epoch, batch = divmod(step, 24)
+    assert f"stopped (the torchrun launcher is gone) at step {step} (epoch {epoch}, batch {batch}): checkpoint" in out
+    assert torch.load(work / "checkpoint.pt", map_location="cpu", weights_only=False)["step"] == step
+    before = {r: labels_by_step(work, r) for r in (0, 1)}
+    resumed = torchrun(work, data, *args, "--resume", epochs=10)
+    assert f"at step {step}" in resumed.stdout and not os.path.exists(work / "preempted.json")
+    after = {r: labels_by_step(work, r) for r in (0, 1)}  # steps after `step` rewritten by the resumed run
+    for e in range(10):
+        seen = [label for r in (0, 1) for s in range(24 * e + 1, 24 * e + 25)
+                for label in (before if s <= step else after)[r][s]]
+        assert sorted(seen) == list(range(96)), e
+
+
+def test_a_preempted_job_tells_a_requeue_script_in_preempted_json(tiny, tmp_path):
+    """What each level returns: SIGTERM to the torchrun launcher, which forwards it to the ranks; they stop
+    after one step with a checkpoint and exit 143 (128 + SIGTERM), and torchrun exits 1 (its SignalException;
+    a signal to a rank gives 1 too, its ChildFailedError). So rank 0 writes WORKDIR/preempted.json with the
+    signal, the ranks' exit status, the step and the checkpoint; the next run in that workdir removes it,
+    and a run that ends well leaves none."""
+    import signal
+    work = tmp_path / "run"
+    args = ("--record-labels", "--checkpoint-every", "0", "--batch-size", "2")  # 24 steps an epoch
+    job = started_torchrun(work, tiny / "train", *args, epochs=6)  # 144 steps: far from done when signalled
+    try:
+        wait_for_step(work, 3, job)
+        os.kill(job.pid, signal.SIGTERM)
+        out, err = job.communicate(timeout=300)
+    finally:
+        kill_leftover_ranks(work)
+    assert job.returncode == 1 and "SignalException" in err
+    status = json.load(open(work / "preempted.json"))
+    step = status["step"]
+    epoch, batch = divmod(step, 24)
+    assert f"preempted by SIGTERM at step {step} (epoch {epoch}, batch {batch})" in out
+    assert status == {"signal": "SIGTERM", "launcher_lost": False, "exit_code": 143, "step": step, "epoch": epoch,
+                      "batch": batch, "checkpoint": str(work / "checkpoint.pt"),
+                      "pending_epoch": None if batch else epoch - 1, "resume": "the same command with --resume"}
+    resumed = torchrun(work, tiny / "train", *args, "--resume", epochs=6)
+    assert f"at step {step}" in resumed.stdout and not os.path.exists(work / "preempted.json")
 
 
 def test_resume_without_a_checkpoint_says_so(tiny, tmp_path):

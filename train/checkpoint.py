@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import signal
@@ -11,10 +13,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dali_pipes.files import atomic_write
 from train.metrics import atomic_save
 
 if TYPE_CHECKING:
     from train.train import Run
+
+STATUS_NAME = "preempted.json"  # WORKDIR/preempted.json: how the last run stopped, for a requeue script
 
 
 # ---------------------------------------------------------------------------------------------
@@ -24,7 +29,9 @@ def _rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
-def save_checkpoint(run: Run) -> None:
+def save_checkpoint(run: Run, pending: dict | None = None) -> None:
+    """pending: the train stats of an epoch whose training is done but whose validation and metrics.jsonl
+    line are not (a preemption between the two); --resume finishes that epoch first."""
     per_rank = {"loader": run.train_loader.state_dict(), "rng": _rng_state()}
     gathered = [per_rank]
     if dist.is_initialized():  # sync point: every rank hands its loader position to rank 0
@@ -32,9 +39,11 @@ def save_checkpoint(run: Run) -> None:
         dist.all_gather_object(gathered, per_rank)
     if run.is_main:
         model = run.model.module if hasattr(run.model, "module") else run.model
+        mid_epoch = run.train_loader.next_batch[1] > 0  # else the next epoch starts at this step
         atomic_save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
                      "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
-                     "step": run.step, "ranks": gathered, "args": vars(run.args)},
+                     "step": run.step, "epoch_start_step": run.epoch_start_step if mid_epoch else run.step,
+                     "pending_epoch": pending, "ranks": gathered, "args": vars(run.args)},
                     os.path.join(run.args.workdir, "checkpoint.pt"))
 
 
@@ -54,6 +63,7 @@ def load_checkpoint(run: Run, path: str) -> None:
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.step = state["step"]
+    run.pending_epoch = state.get("pending_epoch")
     schedule = run.scheduler.lr_lambdas[0]
     schedule.rebase(run.step, run.args.batch_size * world)  # by samples: the global batch may have changed
     if old_world != world:
@@ -62,6 +72,8 @@ def load_checkpoint(run: Run, path: str) -> None:
             group["initial_lr"], group["lr"] = base, base * schedule(run.step)
     loader_states = [r["loader"] for r in state["ranks"]]  # every old rank's, in rank order
     run.train_loader.load_state_dict(loader_states[run.shard.rank] if old_world == world else loader_states)
+    # older checkpoints lack it: on the same world size, the batch index counts the epoch's steps
+    run.epoch_start_step = state.get("epoch_start_step", run.step - run.train_loader.next_batch[1])
     if run.shard.rank >= old_world:  # a rank that did not exist: its own streams, not a copy of rank 0's
         seed = run.args.seed + run.shard.rank + 1_000_003 * run.step
         random.seed(seed)
@@ -76,15 +88,32 @@ def load_checkpoint(run: Run, path: str) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def preempted(run: Run, close_run) -> None:
-    """Checkpoint at this step on every rank, say where it stopped and how to go on, and exit with
-    128 + the signal (non-zero: schedulers and torchrun requeue on it)."""
-    save_checkpoint(run)  # atomic: a second signal or a SIGKILL now leaves the old file or this one
-    name = signal.Signals(run.preemption.signum).name
+def preempted(run: Run, close_run, pending: dict | None = None) -> None:
+    """Checkpoint at this step on every rank (with `pending`: see save_checkpoint), say where it stopped and how
+    to go on, leave WORKDIR/preempted.json for a requeue script, and exit with 128 + the signal (non-zero:
+    schedulers and torchrun requeue on it; torchrun itself exits 1)."""
+    stop, path = run.preemption.decision, os.path.join(run.args.workdir, "checkpoint.pt")
+    save_checkpoint(run, pending)  # atomic: a second signal or a SIGKILL now leaves the old file or this one
     if run.is_main:
         epoch, batch = run.train_loader.next_batch
-        print(f"preempted by {name} at step {run.step} (epoch {epoch}, batch {batch}): checkpoint "
-              f"{os.path.join(run.args.workdir, 'checkpoint.pt')}; go on with the same command and --resume",
-              flush=True)
+        status = {"signal": signal.Signals(stop.signum).name if stop.signum else None,
+                  "launcher_lost": stop.launcher_lost, "exit_code": stop.exit_code, "step": run.step,
+                  "epoch": epoch, "batch": batch, "checkpoint": path,
+                  "pending_epoch": pending["epoch"] if pending else None,
+                  "resume": "the same command with --resume"}
+        with atomic_write(os.path.join(run.args.workdir, STATUS_NAME), "w") as f:
+            json.dump(status, f, indent=1)
+        cause = (f"preempted by {status['signal']}" if stop.signum else "stopped") + \
+            (" (the torchrun launcher is gone)" if stop.launcher_lost else "")
+        first = "" if not pending else f" (epoch {pending['epoch']}'s " + (
+            "validation runs first on --resume)" if run.val_loader else "metrics.jsonl line is written on --resume)")
+        print(f"{cause} at step {run.step} (epoch {epoch}, batch {batch}): checkpoint {path}{first}; "
+              f"go on with the same command and --resume", flush=True)
     close_run(run)
-    raise SystemExit(128 + run.preemption.signum)
+    raise SystemExit(stop.exit_code)
+
+
+def clear_status(workdir: str) -> None:
+    """A new run in `workdir` makes the last run's preempted.json stale (rank 0, once the workdir is held)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(workdir, STATUS_NAME))

@@ -32,15 +32,15 @@ from dali_pipes.baseline import TorchLoader
 from dali_pipes.config import add_arguments, from_args
 from dali_pipes.loader import Loader
 from dali_pipes.machine import default_threads
-from train.checkpoint import load_checkpoint, preempted, save_checkpoint
+from train.checkpoint import clear_status, load_checkpoint, preempted, save_checkpoint
 from train import observe
 from train.lock import hold as hold_workdir
 from train.compiled import CompileCounter, add_compile_arguments, training_forward
 from train.metrics import MemoryMeter
 from train.observe import TensorBoard, Trace
 from train.models import ARCHS, create_model
-from train.utils import (DEFAULT_DATA, Preemption, kill_at_step, mean_over_ranks, num_classes_of, param_groups,
-                         resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
+from train.utils import (DEFAULT_DATA, KILL_WHEN_ENV, Preemption, kill_at_step, mean_over_ranks, num_classes_of,
+                         param_groups, resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,6 +106,8 @@ class Run:
     val_loader: Loader | None
     forward: Callable[[torch.Tensor], torch.Tensor]  # the model's training forward (--compile: compiled)
     step: int = 0
+    epoch_start_step: int = 0  # the step the epoch in progress began at (in an earlier run, when resumed)
+    pending_epoch: dict | None = None  # an epoch trained but not validated when preempted (from the checkpoint)
     memory: MemoryMeter = field(default_factory=MemoryMeter)
     step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
     preemption: Preemption = field(default_factory=Preemption)  # SIGTERM / SIGUSR1: stop at a step boundary
@@ -224,14 +226,17 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
     seconds = time.perf_counter() - start
-    steps = max(1, bar.n)
+    steps, before = max(1, bar.n), first_step - run.epoch_start_step  # before: steps of a run this one resumed
+    if loader.next_batch[0] > epoch:
+        run.epoch_start_step = run.step  # the epoch's training is done: the next one starts here
     seen = loader.stats() if hasattr(loader, "stats") else {}  # the DataLoader baseline has none
     ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, seen))
     run.trace.flush(seen.get("events", ()))
     stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
              "images_per_s": sum_over_ranks(samples) / seconds,
              "data_wait_fraction": mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
-             "first_batch_s": run.first_batch_s, "image_size": size, **(compiles.stats() if compiles else {})}
+             "first_batch_s": run.first_batch_s, "image_size": size, **(compiles.stats() if compiles else {}),
+             "partial": before > 0, **({"steps_before_resume": before} if before else {})}
     if ranks is not None:  # rank 0: every rank's figures and the verdict
         stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.binding_stage(loader)))
     return stats
@@ -244,6 +249,9 @@ def evaluate(run: Run) -> dict:
     so ranks may run different numbers of val batches (the torch loader does)."""
     model = run.model.module if hasattr(run.model, "module") else run.model
     model.eval()
+    if dist.is_initialized():  # sync point: rank 0's norm statistics, as checkpointed (each rank's last
+        for buffer in model.buffers():  # batch moved its own), so a validation run on resume is the same
+            dist.broadcast(buffer, 0)
     sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # correct@1, correct@5, loss, count
     for images, labels in run.val_loader:
         images, labels = _to_device(run, images, labels)
@@ -266,7 +274,8 @@ def main(args) -> list[dict]:
     if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
         raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
     os.makedirs(args.workdir, exist_ok=True)
-    hold_workdir(args.workdir)  # rank 0: one live job per workdir (lock.py), refused naming the holder
+    if hold_workdir(args.workdir):  # rank 0: one live job per workdir (lock.py), refused naming the holder
+        clear_status(args.workdir)  # the last run's preempted.json: stale from now on, whatever comes next
     run = create_run(args)
     if (args.resume or args.resume_if_present) and os.path.exists(checkpoint):
         load_checkpoint(run, checkpoint)
@@ -274,7 +283,7 @@ def main(args) -> list[dict]:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
     if args.kill_at_step:
         run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank, args.kill_signal,
-                                           args.kill_again_during_save))
+                                           args.kill_again_during_save, os.environ.get(KILL_WHEN_ENV, "step")))
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
@@ -283,33 +292,40 @@ def main(args) -> list[dict]:
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)
     label_log = open(os.path.join(args.workdir, f"labels-rank{run.shard.rank}.jsonl"), "a") if args.record_labels else None
     history, board = [], TensorBoard(args.tensorboard or None, run.is_main)
+    if run.pending_epoch is not None:  # preempted between an epoch's training and its validation: finish it
+        finish_epoch(run, dict(run.pending_epoch), history, board)
     while run.train_loader.next_batch[0] < args.epochs:
         epoch = run.train_loader.next_batch[0]
         stats = {"epoch": epoch, **train_one_epoch(run, epoch, criterion, label_log)}
-        if run.preemption.signum:
-            preempted(run, close_run)
-        if run.val_loader is not None:
-            stats.update(evaluate(run))
-        save_checkpoint(run)  # at epoch end, after the loader moved to the next epoch
-        run.memory.sample()
-        bad = run.train_loader.bad_samples
-        if bad:
-            with open(os.path.join(args.workdir, f"bad_samples-rank{run.shard.rank}.txt"), "w") as f:
-                f.writelines(f"{b}\n" for b in bad)
-        stats.update(run.memory.peaks(), bad_samples=len(bad), lr=run.scheduler.get_last_lr()[0], step=run.step,
-                     loader=args.loader, device=args.device, world_size=run.shard.world_size)
-        history.append(stats)
-        if run.is_main:
-            with open(os.path.join(args.workdir, "metrics.jsonl"), "a") as f:
-                f.write(json.dumps(stats) + "\n")
-            board.epoch(stats)
-            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
-                           if k not in ("ranks", "verdict")) + "\n" + stats["verdict"], flush=True)
+        if run.preemption.stop_now():  # sync point: a vote after the epoch's training, also after its last step
+            preempted(run, close_run, stats if run.train_loader.next_batch[0] > epoch else None)
+        finish_epoch(run, stats, history, board)
     if label_log:
         label_log.close()
     board.close()
     close_run(run)
     return history
+
+
+def finish_epoch(run: Run, stats: dict, history: list, board: TensorBoard) -> None:
+    """Validate the epoch just trained, checkpoint, and log its line to metrics.jsonl (rank 0)."""
+    if run.val_loader is not None:
+        stats.update(evaluate(run))
+    save_checkpoint(run)  # at epoch end, after the loader moved to the next epoch
+    run.memory.sample()
+    bad = run.train_loader.bad_samples
+    if bad:
+        with open(os.path.join(run.args.workdir, f"bad_samples-rank{run.shard.rank}.txt"), "w") as f:
+            f.writelines(f"{b}\n" for b in bad)
+    stats.update(run.memory.peaks(), bad_samples=len(bad), lr=run.scheduler.get_last_lr()[0], step=run.step,
+                 loader=run.args.loader, device=run.args.device, world_size=run.shard.world_size)
+    history.append(stats)
+    if run.is_main:
+        with open(os.path.join(run.args.workdir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(stats) + "\n")
+        board.epoch(stats)
+        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
+                       if k not in ("ranks", "verdict")) + "\n" + stats["verdict"], flush=True)
 
 
 def close_run(run: Run) -> None:

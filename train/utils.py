@@ -7,6 +7,7 @@ import datetime
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,14 +44,39 @@ def setup_distributed(args) -> tuple[Shard, torch.device]:
     return shard, device
 
 
+@dataclass(frozen=True)
+class Stop:
+    """A stop vote's result, the same on every rank: the highest signal any rank noted (0: none), and whether
+    any rank lost its torchrun launcher. True when the ranks stop."""
+    signum: int = 0
+    launcher_lost: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.signum or self.launcher_lost)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal, as a shell reports a process killed by it; 1 for a lost launcher alone."""
+        return 128 + self.signum if self.signum else 1
+
+
 class Preemption:
     """SIGTERM or SIGUSR1, which SLURM and Kubernetes send 30-90 s before SIGKILL: the handler only notes
-    it (a second one during a save changes nothing), and the loop acts at the next step boundary."""
+    it (a second one during a save changes nothing), and the loop acts at the next step boundary.
+
+    Every rank acts on a vote, never on its own flag, and all take each vote at the same point (after each
+    step, and after each epoch's training): so all stop after the same step. A noted signal is never
+    lowered: one that arrives while this rank waits in a vote (its own 0 already sent) counts at the next.
+    Under torchrun, a rank whose launcher is gone (its parent changed) votes to stop as well."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self) -> None:
-        self.signum = 0
+        self.signum = 0        # the first signal this process received; only the handler writes it
+        self.decision = Stop()  # the last vote's result
+        self.vote_hooks: list = []  # called as hook(phase) in each vote, "sent" then "decided" (tests: crash)
+        self._launcher = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None  # set by torchrun
+        self._launcher_lost = False
         self._group = None
         if dist.is_initialized() and dist.get_backend() != "gloo":  # a CPU group for a flag, beside NCCL
             self._group = dist.new_group(backend="gloo")
@@ -60,15 +86,32 @@ class Preemption:
     def _note(self, signum, frame) -> None:
         self.signum = self.signum or signum
 
-    def stop_now(self) -> int:
-        """The signal any rank has received, 0 if none: one tiny all-reduce, so every rank stops after
-        the same step (sync point)."""
-        if not dist.is_initialized():
-            return self.signum
-        flag = torch.tensor([self.signum], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        self.signum = int(flag.item())
-        return self.signum
+    def stop_now(self) -> Stop:
+        """The vote: the signal any rank has received and whether any rank lost its launcher, by one tiny
+        all-reduce (sync point); true when every rank is to stop here."""
+        flag = torch.tensor([self.signum, self.launcher_lost()], dtype=torch.int64)  # read before it is sent
+        if dist.is_initialized():
+            work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+            for hook in self.vote_hooks:
+                hook("sent")  # this rank's value is on its way; it waits for the others'
+            work.wait()
+        self.decision = Stop(int(flag[0]), bool(flag[1]))
+        for hook in self.vote_hooks:
+            hook("decided")
+        return self.decision
+
+    def launcher_lost(self) -> bool:
+        """Under torchrun: this rank's parent, the launcher, is gone (the rank was re-parented). Nothing then
+        forwards signals to the ranks or reports the job's end. Said once per rank, on stderr."""
+        if self._launcher is None or self._launcher_lost or os.getppid() == self._launcher:
+            return self._launcher_lost
+        self._launcher_lost = True
+        print(f"rank {int(os.environ.get('RANK', 0))}: the torchrun launcher (pid {self._launcher}) is gone (killed, "
+              f"perhaps by a signal it does not handle, such as SIGUSR1): this job stops after this step, with a "
+              f"checkpoint if the ranks still answer. Send preemption signals to the ranks, or SIGTERM to torchrun, "
+              f"which forwards it (SIGUSR1 too with torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,"
+              f"SIGUSR1)", file=sys.stderr, flush=True)
+        return True
 
 
 def sum_over_ranks(value: float) -> float:
@@ -125,14 +168,39 @@ def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) ->
     return WarmupCosine(total_samples, warmup_samples, global_batch)
 
 
-def kill_at_step(step: int, rank: int, name: str = "KILL", again_during_save: bool = False):
+KILL_WHEN_ENV = "DALI_PIPES_TEST_KILL_WHEN"  # crash tests: when --kill-at-step signals (see kill_at_step)
+
+
+def kill_at_step(step: int, rank: int, name: str = "KILL", again_during_save: bool = False, when: str = "step"):
     """A crash test's hook: signal rank `rank` right after step `step` (KILL: no cleanup, no goodbye).
     again_during_save: from then on, also signal the process that writes the checkpoint (rank 0) in the
-    middle of writing it: when it opens the temporary file and again just before renaming it."""
+    middle of writing it: when it opens the temporary file and again just before renaming it.
+    when (from $DALI_PIPES_TEST_KILL_WHEN): "step", right after the step; "in-vote", inside the stop vote
+    that follows it, after this rank's value was sent; "after-vote", right after that vote's result."""
+    if when not in ("step", "in-vote", "after-vote"):
+        raise SystemExit(f"${KILL_WHEN_ENV}={when}: expected step, in-vote or after-vote")
+    phase = {"in-vote": "sent", "after-vote": "decided"}.get(when)
+
     def hook(run) -> None:
         if run.step == step and again_during_save:
             _signal_during_checkpoint_writes(name)
         if run.step == step and run.shard.rank == rank:
+            if phase is None:
+                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+            else:
+                run.preemption.vote_hooks.append(_signal_in_next_vote(phase, name))
+    return hook
+
+
+def _signal_in_next_vote(phase: str, name: str):
+    """A vote hook: SIG<name> to this process once, at `phase` of the next vote ("sent": while this rank
+    waits for the others, its own value already on its way; "decided": right after the result)."""
+    sent = []
+
+    def hook(at: str) -> None:
+        if at == phase and not sent:
+            sent.append(at)
+            print(f"crash test: SIG{name} sent in the stop vote ({phase})", file=sys.stderr, flush=True)
             os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
     return hook
 
