@@ -1,9 +1,11 @@
 """dali_pipes: image datasets fed to PyTorch through NVIDIA DALI, GPU decoding, one shard per rank.
 
-The data flow, one module per step: location -> source (formats/) -> reader -> graph -> pipeline ->
-loader -> the training loop (train/). The public names below load on first use, so that the
-`dali-pipes` command and the converters start without importing torch; DALI itself is imported only
-when a pipeline is built.
+The library is grouped by the data flow, each floor using only those below it (docs/layout.md):
+storage/ (where bytes live) -> data/ (what they mean: sources, formats, the reader) -> graph/ (DALI's
+decode and augment graphs) -> run/ (one rank's pipeline, its hooks and state) -> the faces users import
+here (loader.py, dataloader_args.py, lightning.py, baseline.py, config.py) -> tools/ (commands). The
+public names below load on first use, so that the `dali-pipes` command and the converters start without
+importing torch; DALI itself is imported only when a pipeline is built.
 """
 
 from __future__ import annotations
@@ -11,26 +13,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.2.0"
+from dali_pipes import _moved
+from dali_pipes._version import __version__
+
+_moved.install()  # the modules' earlier import paths keep working for a release (a DeprecationWarning)
 
 _EXPORTS = {
-    "AugmentConfig": "dali_pipes.graph", "DaliLoader": "dali_pipes.loader", "DatasetError": "dali_pipes.errors",
-    "LoaderConfig": "dali_pipes.config", "PADDING_LABEL": "dali_pipes.samples", "Sample": "dali_pipes.samples",
-    "SampleRef": "dali_pipes.samples", "Shard": "dali_pipes.dist", "Source": "dali_pipes.source",
-    "SourceConfig": "dali_pipes.config", "TFRecordKeys": "dali_pipes.samples", "open_source": "dali_pipes.source",
-    "progressive": "dali_pipes.resolution",
+    "AugmentConfig": "dali_pipes.graph.augment", "DaliLoader": "dali_pipes.loader", "DatasetError": "dali_pipes.errors",
+    "LoaderConfig": "dali_pipes.config", "PADDING_LABEL": "dali_pipes.data.samples", "Sample": "dali_pipes.data.samples",
+    "SampleRef": "dali_pipes.data.samples", "Shard": "dali_pipes.run.dist", "Source": "dali_pipes.data.source",
+    "SourceConfig": "dali_pipes.config", "TFRecordKeys": "dali_pipes.data.samples", "open_source": "dali_pipes.data.source",
+    "progressive": "dali_pipes.graph.resolution",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from dali_pipes.config import LoaderConfig, SourceConfig
-    from dali_pipes.dist import Shard
+    from dali_pipes.run.dist import Shard
     from dali_pipes.errors import DatasetError
-    from dali_pipes.graph import AugmentConfig
+    from dali_pipes.graph.augment import AugmentConfig
     from dali_pipes.loader import DaliLoader
-    from dali_pipes.resolution import progressive
-    from dali_pipes.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
-    from dali_pipes.source import Source, open_source
+    from dali_pipes.graph.resolution import progressive
+    from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
+    from dali_pipes.data.source import Source, open_source
 
 
 def __getattr__(name: str):

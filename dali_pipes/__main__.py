@@ -2,6 +2,6 @@
 
 import sys
 
-from dali_pipes.cli import main
+from dali_pipes.tools.cli import main
 
 sys.exit(main())

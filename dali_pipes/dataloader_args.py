@@ -34,9 +34,9 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dali_pipes.formats.image_files import IMAGE_EXTENSIONS
-from dali_pipes.graph import AugmentConfig
-from dali_pipes.transforms import augment_from_transform
+from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
+from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.graph.transforms import augment_from_transform
 
 LOCATION_TYPES = (str, os.PathLike, list)
 

@@ -1,6 +1,6 @@
 """Lightning: a LightningDataModule over DaliLoader, one loader per split per rank (optional extra).
 
-    from dali_pipes.lightning import DaliDataModule                   # needs: pip install dali_pipes[lightning]
+    from dali_pipes.lightning import DaliDataModule  # needs: pip install dali_pipes[lightning]
     data = DaliDataModule("/data/train", "/data/val", batch_size=256, image_size=224)
     Trainer(accelerator="gpu", devices=8, strategy="ddp").fit(model, datamodule=data)
 

@@ -22,7 +22,7 @@ def data_or_builtin(data: str) -> str:
     if data:
         return data
     if not os.path.isdir(DEFAULT_DATA):
-        from dali_pipes.sample_data import make_sample_dataset
+        from dali_pipes.tools.sample_data import make_sample_dataset
         print(f"making the built-in dataset in {os.path.dirname(DEFAULT_DATA)} (pass --data to use yours)",
               file=sys.stderr, flush=True)
         make_sample_dataset(os.path.dirname(DEFAULT_DATA))

@@ -4,7 +4,7 @@ through NVML (extra [doctor]) and a bar chart (matplotlib, extra [bench]).
 
     python -m dali_pipes_bench.doctor_throughput TRAIN_DIR [--seconds 60] --out DIR
 
-`python -m dali_pipes.doctor` runs it in a process of its own on a GPU machine: the library never
+`python -m dali_pipes.tools.doctor` runs it in a process of its own on a GPU machine: the library never
 imports the benchmarks. Writes DIR/throughput.json ({"summary", "rows"}) and DIR/throughput.png.
 """
 
@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_pipes.doctor import Nvml
-from dali_pipes.procfs import gpu_used_mb
+from dali_pipes.tools.doctor import Nvml
+from dali_pipes.run.procfs import gpu_used_mb
 
 HW_LOADS = (0.0, 0.65, 0.99)
 
@@ -62,7 +62,7 @@ def throughput(train_dir: str, seconds: float) -> tuple[str, list[dict]]:
     and DataLoader + PIL with a worker per CPU, batches moved to the GPU as a training step would."""
     from dali_pipes import DaliLoader
     from dali_pipes.baseline import TorchLoader
-    from dali_pipes.machine import usable_cpus
+    from dali_pipes.run.machine import usable_cpus
     per_case = seconds / (len(HW_LOADS) + 1)
     cases = {f"DALI gpu hw_decoder_load={load}": (lambda load=load: DaliLoader(
         train_dir, batch_size=100, train=True, device="gpu", image_size=224, hw_decoder_load=load))

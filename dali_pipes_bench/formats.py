@@ -14,9 +14,9 @@ from dataclasses import asdict
 from typing import Sequence
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
-from dali_pipes.config import add_arguments, from_args
-from dali_pipes.convert import write_tfrecords, write_webdataset
-from dali_pipes.sample_data import make_sample_dataset
+from dali_pipes.options import add_arguments, from_args
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.tools.sample_data import make_sample_dataset
 from dali_pipes_bench.cli import command, configs, run_main
 
 

@@ -40,7 +40,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     if args.data == DEFAULT_DATA and not os.path.isdir(args.data):
-        from dali_pipes.sample_data import make_sample_dataset
+        from dali_pipes.tools.sample_data import make_sample_dataset
         make_sample_dataset(os.path.dirname(args.data))
     loaders = {name: DaliLoader(args.data, batch_size=args.batch_size, train=True, device=args.device, max_pixels=limit)
                for name, limit in (("guard on", 100_000_000), ("guard off", None))}

@@ -35,17 +35,17 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes._dali import iterator_pipelines, shutdown_pipeline
+from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.baseline import TorchLoader
-from dali_pipes.dist import Shard
-from dali_pipes.graph import AugmentConfig, eval_augment, train_augment
+from dali_pipes.run.dist import Shard
+from dali_pipes.graph.augment import AugmentConfig, eval_augment, train_augment
 from dali_pipes.loader import DaliLoader
-from dali_pipes.machine import usable_cpus
-from dali_pipes.pipeline import PipelineSpec, build_pipeline
-from dali_pipes.procfs import PeakSampler, cpu_seconds
-from dali_pipes.reader import READER_NAME, ReaderModel
-from dali_pipes.formats import read_sample
-from dali_pipes.source import Source, open_source
+from dali_pipes.run.machine import usable_cpus
+from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+from dali_pipes.run.procfs import PeakSampler, cpu_seconds
+from dali_pipes.data.reader import READER_NAME, ReaderModel
+from dali_pipes.data.formats import read_sample
+from dali_pipes.data.source import Source, open_source
 
 
 @dataclass
@@ -424,7 +424,7 @@ def make_plan(quick: bool, gpu: bool, cores: int) -> Plan:
 
 def format_copies(source: Source, out: str, shard_counts: list[int], progress: bool = True) -> dict[str, str]:
     """The same samples as TFRecord and WebDataset shards at several shard counts (made once, reused)."""
-    from dali_pipes.convert import write_tfrecords, write_webdataset
+    from dali_pipes.tools.convert import write_tfrecords, write_webdataset
     copies = {f"{source.kind} (as given)": source.location}
     for k in shard_counts:
         k = min(k, source.num_samples)

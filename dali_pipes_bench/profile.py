@@ -33,12 +33,13 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from dali_pipes import tuning
-from dali_pipes.config import LoaderConfig, SourceConfig, add_arguments, from_args
-from dali_pipes.dist import Shard
-from dali_pipes.machine import default_threads
-from dali_pipes.pipeline import PipelineSpec
-from dali_pipes.graph import AugmentConfig
+from dali_pipes.run import tuning
+from dali_pipes.config import LoaderConfig, SourceConfig
+from dali_pipes.options import add_arguments, from_args
+from dali_pipes.run.dist import Shard
+from dali_pipes.run.machine import default_threads
+from dali_pipes.run.pipeline import PipelineSpec
+from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes_bench.cli import data_or_builtin, run_main
 from dali_pipes_bench.doctor_throughput import NvmlSampler
 from dali_pipes_bench.harness import forever
@@ -58,8 +59,8 @@ def thread_levels(cores: int) -> list[int]:
 def measure(stage: str, source, spec: PipelineSpec, batches: int, warmup: int) -> dict:
     """One case: images/s and CPU cores busy over `batches` batches after `warmup`."""
     import torch
-    from dali_pipes._dali import shutdown_pipeline
-    from dali_pipes.pipeline import READER_NAME, build_pipeline
+    from dali_pipes.graph._dali import shutdown_pipeline
+    from dali_pipes.run.pipeline import READER_NAME, build_pipeline
     graph_stage = stage if stage in ("read", "decode") else "augment"
     pipe = build_pipeline(source, spec, stage=graph_stage)
     try:
@@ -204,7 +205,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dali_pipes.indexes import cache_root
+    from dali_pipes.storage.files import cache_root
     from dali_pipes_bench.doctor_throughput import plot
     args = parse_args(argv)
     loader = from_args(LoaderConfig, args)

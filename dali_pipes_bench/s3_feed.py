@@ -52,7 +52,7 @@ def make_jpeg(rng: np.random.Generator) -> bytes:
 
 def write_shards(folder: str, images: int, shards: int) -> list[dict]:
     """shards TFRecord files (image i -> shard i % shards, label i % LABELS) and their .idx files."""
-    from dali_pipes.formats import tfrecord
+    from dali_pipes.data.formats import tfrecord
     rng = np.random.default_rng(0)
     records: list[list[bytes]] = [[] for _ in range(shards)]
     for i in range(images):
@@ -94,9 +94,9 @@ def build_pipe(paths: list[str], indexes: list[str], rank: int, world: int, batc
 
 def run_worker(args: argparse.Namespace) -> dict:
     """Read `batches` batches of this rank's shard; images/s counted after the first batch."""
-    from dali_pipes import object_store
-    from dali_pipes.reader import ReaderModel
-    from dali_pipes.shard_cache import ReadAheadGate, ShardCache
+    from dali_pipes.storage import object_store
+    from dali_pipes.data.reader import ReaderModel
+    from dali_pipes.storage.shard_cache import ReadAheadGate, ShardCache
     with open(args.manifest) as f:
         manifest = json.load(f)
     shards = manifest["shards"]
@@ -246,7 +246,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from dali_pipes.shard_cache import DEFAULT_MAX_BYTES, DEFAULT_PREFETCH
+    from dali_pipes.storage.shard_cache import DEFAULT_MAX_BYTES, DEFAULT_PREFETCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added before each request to the store")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts to run")

@@ -1,4 +1,4 @@
-"""What the sharding check (dali_pipes/sharding.py) costs on a large dataset: N samples (default
+"""What the sharding check (dali_pipes/run/sharding.py) costs on a large dataset: N samples (default
 1.28 million, ImageNet's train set) split over W processes of a gloo group on 127.0.0.1, each with a
 synthetic delivery bitmap of its own shard; the check is timed on every rank, repeated, and compared
 with one all_gather_into_tensor of the same N/8 bytes per rank. Prints medians; --out writes JSON.
@@ -31,8 +31,8 @@ class Delivered:  # the part of elastic.DeliveryRecord the check reads
 def rank_main(rank: int, world: int, port: int, samples: int, repeats: int, queue) -> None:
     import torch
     import torch.distributed as dist
-    from dali_pipes.dist import Shard
-    from dali_pipes.sharding import check_delivery
+    from dali_pipes.run.dist import Shard
+    from dali_pipes.run.sharding import check_delivery
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     record = Delivered(np.arange(samples) % world == rank)  # a train epoch: each rank its own samples
     check, gather = [], []

@@ -3,7 +3,7 @@
 
 import sys
 
-from dali_pipes.cli import main
+from dali_pipes.tools.cli import main
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -2,7 +2,7 @@
 
 import sys
 
-from dali_pipes.cli import main
+from dali_pipes.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["verify", *sys.argv[1:]]))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dali_pipes.source import Source
+from dali_pipes.data.source import Source
 from torchvision_side import torchvision  # noqa: F401  (session fixture: torchvision's Python classes, or a skip)
 
 CLASSES = ("cat", "dog", "fish")

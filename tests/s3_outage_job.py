@@ -49,7 +49,7 @@ class Endpoint:
 def put_shards(moto: str, bucket: str, shards: int = 12, per_shard: int = 4) -> int:
     # 12 shards: more than the reader can reach before the outage begins after batch 1, also when a loaded
     # machine lets DALI's threads run far ahead of the loop (with 6, the native reader once had it all)
-    from dali_pipes.formats import tfrecord
+    from dali_pipes.data.formats import tfrecord
     sizes = []
     for s in range(shards):
         body = b"".join(tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(i),

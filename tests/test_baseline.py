@@ -4,7 +4,7 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from dali_pipes.baseline import ShardSampler
-from dali_pipes.dist import Shard
+from dali_pipes.run.dist import Shard
 
 
 @pytest.mark.parametrize("n, world", [(23, 1), (23, 2), (23, 4), (8, 3)])

@@ -52,11 +52,11 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     """dali-pipes profile on CPU: every stage at 1, half and all cores, the binding stage, the flags,
     the results files, and the tuning memory that num_threads="auto" then starts from."""
     from dali_pipes import DaliLoader
-    from dali_pipes.machine import default_threads
+    from dali_pipes.run.machine import default_threads
     data = tmp_path / "images"
     write_folder(str(data), counts=(24, 24, 24))
     env = {**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")}
-    run = subprocess.run([sys.executable, "-m", "dali_pipes.cli", "profile", str(data), "--rounds", "1", "--batches",
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "profile", str(data), "--rounds", "1", "--batches",
                           "2", "--batch-size", "8", "--image-size", "32", "--device", "cpu", "--out",
                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]

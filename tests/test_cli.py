@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dali_pipes import AugmentConfig, LoaderConfig, SourceConfig
-from dali_pipes.cli import main
+from dali_pipes.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dali_pipes", "dali_pipes_bench", "train")
@@ -135,7 +135,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
 def test_doctor_runs_or_says_it_is_missing(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["doctor", "--help"])
-    if importlib.util.find_spec("dali_pipes.doctor") is None:
-        assert "has no dali_pipes/doctor.py" in str(exit.value.code)
+    if importlib.util.find_spec("dali_pipes.tools.doctor") is None:
+        assert "has no dali_pipes/tools/doctor.py" in str(exit.value.code)
     else:
         assert exit.value.code == 0 and "usage:" in capsys.readouterr().out

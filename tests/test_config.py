@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from dali_pipes.config import LoaderConfig, add_arguments, count_or_fraction, from_args, option
+from dali_pipes.config import LoaderConfig
+from dali_pipes.options import add_arguments, count_or_fraction, from_args, option
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dali_pipes.contract import Contract, ceil_div
+from dali_pipes.run.contract import Contract, ceil_div
 
 
 def dataloader_batches(n: int, world: int, rank: int, batch: int, drop_last: bool, sampler_drop_last: bool):

@@ -5,7 +5,7 @@ import json
 import os
 
 from dali_pipes import open_source
-from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
 from conftest import write_folder
 
@@ -61,9 +61,9 @@ def test_converting_again_into_a_folder_is_refused_and_overwrite_replaces_the_ol
     found nothing wrong. The second conversion is refused naming OUT and what it holds; --overwrite removes the
     old set first (shards of either format, .idx, classes.json, manifest.json), so OUT holds the new set alone."""
     import pytest
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     from dali_pipes.errors import DatasetError
-    from dali_pipes.verify import verify
+    from dali_pipes.tools.verify import verify
     write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
     source, out = open_source(str(tmp_path / "images")), str(tmp_path / "out")
     write_tfrecords(source, out, shards=6, progress=False)

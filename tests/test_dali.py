@@ -3,7 +3,7 @@
 from nvidia.dali import fn, pipeline_def
 from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
-from dali_pipes import _dali
+from dali_pipes.graph import _dali
 
 
 def test_version_iterator_pipelines_and_shutdown():

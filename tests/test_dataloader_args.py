@@ -176,7 +176,7 @@ def test_target_transform_and_subset_are_read(folder, tv):
 
 
 def test_explicit_index_cache_dir_wins_over_a_writable_shard_folder(folder, tmp_path):
-    from dali_pipes.convert import write_tfrecords
+    from dali_pipes.tools.convert import write_tfrecords
     out = str(tmp_path / "tfr")
     write_tfrecords(open_source(folder), out, shards=2, progress=False)
     for name in os.listdir(out):

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from dali_pipes.dist import Shard
-from dali_pipes.workers import process_pool
+from dali_pipes.run.dist import Shard
+from dali_pipes.tools.workers import process_pool
 
 
 def test_shard_from_explicit_values_environment_and_default(monkeypatch):
@@ -25,7 +25,7 @@ def test_shard_from_explicit_values_environment_and_default(monkeypatch):
 
 def test_pools_spawn_once_dali_is_loaded():
     """A fork of a process with DALI's threads can hang on a lock they held: pools spawn then."""
-    code = ("import sys, os; from dali_pipes.workers import process_pool\n"
+    code = ("import sys, os; from dali_pipes.tools.workers import process_pool\n"
             "if __name__ == '__main__':\n"
             "    with process_pool(1) as p: print(p._mp_context.get_start_method())\n"
             "    import nvidia.dali\n"
@@ -48,7 +48,7 @@ def test_pool_workers_die_with_their_parent(how, tmp_path):
     import time
     script = (
         "import os, sys, time\n"
-        "from dali_pipes.workers import process_pool\n"
+        "from dali_pipes.tools.workers import process_pool\n"
         "def pid(_): return os.getpid()\n"
         "def nap(_): time.sleep(600)\n"
         "if __name__ == '__main__':\n"

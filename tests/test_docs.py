@@ -27,7 +27,7 @@ SHELL_LANGS = {"bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
 INLINE_LINK = re.compile(r'!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)')  # [text](target "title")
 REFERENCE_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")  # [label]: target
-OUR_MODULES = ("train", "dali_pipes", "dali_pipes.cli", "dali_pipes.doctor")  # and dali_pipes_bench.*
+OUR_MODULES = ("train", "dali_pipes", "dali_pipes.tools.cli", "dali_pipes.doctor")  # and dali_pipes_bench.*
 
 
 def _id(path: Path) -> str:
@@ -193,9 +193,9 @@ def check_command(module: str, argv: list[str]) -> None:
         from train.train import get_args_parser
         parsed(lambda a: get_args_parser().parse_args(a), argv)
     elif module == "dali_pipes.doctor":
-        from dali_pipes import doctor
+        from dali_pipes.tools import doctor
         parsed(doctor.parse_args, argv)
-    elif module in ("dali_pipes", "dali_pipes.cli"):
+    elif module in ("dali_pipes", "dali_pipes.tools.cli"):
         check_cli(argv)
     else:
         parsed(importlib.import_module(module).main, argv)  # a benchmark: its main parses first
@@ -204,7 +204,7 @@ def check_command(module: str, argv: list[str]) -> None:
 def check_cli(argv: list[str]) -> None:
     """`dali-pipes ARGV`, dispatched as cli.main dispatches it: doctor and profile take their own flags,
     `bench NAME ARGS` hands ARGS to that benchmark's parser."""
-    from dali_pipes import cli
+    from dali_pipes.tools import cli
     if argv[:1] == ["doctor"]:
         return check_command("dali_pipes.doctor", argv[1:])
     if argv[:1] == ["profile"]:

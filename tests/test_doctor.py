@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from dali_pipes import doctor
+from dali_pipes.tools import doctor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.delivery import identity
-from dali_pipes.elastic import subset_source
+from dali_pipes.run.delivery import identity
+from dali_pipes.run.elastic import subset_source
 
 from conftest import jpeg_bytes
 
@@ -25,7 +25,7 @@ KW = dict(batch_size=BATCH, image_size=16, device="cpu", num_threads=1, shuffle_
 def sources(tmp_path_factory):
     """An image folder of N classes with one image each (so a label names its sample), and the same
     images as 3 TFRecord shards and 2 WebDataset shards."""
-    from dali_pipes.convert import write_tfrecords, write_webdataset
+    from dali_pipes.tools.convert import write_tfrecords, write_webdataset
     root = tmp_path_factory.mktemp("elastic")
     for i in range(N):
         os.makedirs(root / "images" / f"c{i:03d}")
@@ -119,8 +119,8 @@ def test_the_rest_is_read_without_the_delivered_samples(sources, tmp_path, monke
     """Each new rank's reader holds only its slice of the rest, through subset indexes over the
     TFRecord shards: nothing the old ranks delivered is read, let alone decoded, again. The subset
     indexes go under the cache folder and are gone once DALI has read them."""
-    import dali_pipes.elastic as elastic
-    from dali_pipes.formats import read_sample
+    import dali_pipes.run.elastic as elastic
+    from dali_pipes.data.formats import read_sample
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path))  # subset indexes go to its elastic/ folder
     source, refs = sources["tfrecord"], sources["tfrecord"].refs()
     written = []  # (the subset source each remainder pipeline reads, the storage-order indices it holds)
@@ -208,7 +208,7 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
     """The sample_ids output (DALI's source_info) of every sample, for each format, is what
     elastic.identity expects and marks its storage-order index (checked on DALI 2.4.0)."""
     from nvidia.dali import pipeline_def
-    from dali_pipes.delivery import IdentityTable, sample_ids
+    from dali_pipes.run.delivery import IdentityTable, sample_ids
     for kind, source in sources.items():
         @pipeline_def(batch_size=N, num_threads=1, device_id=None)
         def pipe():
@@ -227,7 +227,7 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
 def test_subset_source_reads_exactly_the_chosen_records(sources, tmp_path):
     """A subset with gaps, out of storage order and with a repeat reads exactly those records."""
     from conftest import dali_read_epoch
-    from dali_pipes.formats import read_sample
+    from dali_pipes.data.formats import read_sample
     for kind in ("tfrecord", "webdataset"):
         source = sources[kind]
         refs = source.refs()
@@ -240,7 +240,7 @@ def test_subset_source_reads_exactly_the_chosen_records(sources, tmp_path):
 def test_repeated_files_are_marked_once_per_listing(tmp_path):
     """A file listed twice (and the placeholders of excluded samples, all one file) is two samples:
     each delivery marks the next of its listings."""
-    from dali_pipes.delivery import IdentityTable
+    from dali_pipes.run.delivery import IdentityTable
     for name in ("a", "b"):
         (tmp_path / f"{name}.jpg").write_bytes(jpeg_bytes(1))
     (tmp_path / "list.txt").write_text("a.jpg 0\nb.jpg 1\na.jpg 2\n")

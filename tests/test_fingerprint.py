@@ -2,8 +2,8 @@
 
 import pytest
 
-from dali_pipes import fingerprint
-from dali_pipes.fingerprint import changes, of_files
+from dali_pipes.data import fingerprint
+from dali_pipes.data.fingerprint import changes, of_files
 
 PATHS = ["/d/a/1.jpg", "/d/a/2.jpg", "/d/b/3.jpg"]
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from dali_pipes import open_source
-from dali_pipes import _dali
-from dali_pipes.convert import write_tfrecords, write_webdataset
-from dali_pipes.dist import Shard
-from dali_pipes.graph import AugmentConfig
-from dali_pipes.graph_check import (GraphError, PrivateApiChanged, check_defined, check_gpu_graph, check_variant,
-                                    project_graphs)
-from dali_pipes.pipeline import PipelineSpec, build_pipeline, cuda_device_id
+from dali_pipes.graph import _dali
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.run.dist import Shard
+from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.tools.graph_check import (GraphError, PrivateApiChanged, check_defined, check_gpu_graph, check_variant,
+                                          project_graphs)
+from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, cuda_device_id
 
 from conftest import write_folder
 
@@ -52,7 +52,7 @@ def checked(check, *args, **kwargs):
 
 def external_jpegs():
     from nvidia.dali import fn, types
-    from dali_pipes.recovery import placeholder_jpeg
+    from dali_pipes.run.recovery import placeholder_jpeg
     data = [np.frombuffer(placeholder_jpeg(), np.uint8)] * 2
     return fn.external_source(source=lambda: data, batch=True, dtype=types.UINT8)
 
@@ -86,7 +86,7 @@ def test_project_gpu_graph_passes(sources, name):
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
 def test_benchmark_preloaded_graph_passes(sources, train):
-    from dali_pipes.formats import read_sample
+    from dali_pipes.data.formats import read_sample
     from dali_pipes_bench.harness import preloaded_pipeline
     samples = [read_sample(ref) for ref in sources["folder"].refs()]
     data, labels = [np.frombuffer(s.data, np.uint8) for s in samples], [np.int64(s.label) for s in samples]
@@ -151,7 +151,7 @@ def test_mistakes_dali_finds_without_a_gpu_become_graph_errors(mistake, match):
 
 
 def test_a_regression_in_the_library_graph_is_caught(sources, monkeypatch):
-    import dali_pipes.graph as graph
+    import dali_pipes.graph.augment as graph
     real = graph._normalize
     monkeypatch.setattr(graph, "_normalize", lambda images, cfg, **crop: real(images.cpu(), cfg, **crop))
     variant = next(v for v in project_graphs(sources) if v.name == "folder (val)")

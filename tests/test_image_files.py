@@ -5,7 +5,7 @@ import os
 import pytest
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.formats.image_files import list_folder, read_file_list
+from dali_pipes.data.formats.image_files import list_folder, read_file_list
 
 from conftest import CLASSES, write_folder
 

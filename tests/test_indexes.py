@@ -9,9 +9,9 @@ import time
 import pytest
 
 from dali_pipes import open_source
-from dali_pipes.formats import tfrecord
-from dali_pipes.convert import write_tfrecords, write_webdataset
-from dali_pipes.indexes import ensure_indexes, index_candidates
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.data.indexes import ensure_indexes, index_candidates
 
 from conftest import dali_read_epoch, expected_multiset, jpeg_bytes
 
@@ -109,7 +109,7 @@ def test_tar_index_rebuilt_after_change(jpeg_folder, tmp_path):
 
 
 def test_a_full_disk_during_an_index_write_names_the_flag_and_leaves_the_folder_readable(shards, disk_full):
-    from dali_pipes.files import DiskFullError
+    from dali_pipes.storage.files import DiskFullError
     folder = os.path.dirname(shards[0])
     for shard in shards:
         os.remove(shard + ".idx")

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from dali_pipes import object_store
-from dali_pipes.formats import tfrecord
+from dali_pipes.storage import object_store
+from dali_pipes.data.formats import tfrecord
 from dali_pipes_bench.latency_proxy import Fault, LatencyProxy, ProxyProcess
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy

@@ -1,12 +1,15 @@
-"""The house rules that review found broken once, kept by a test: no import cycle in dali_pipes/ (type-only
-and function-level imports counted), no function over 60 lines, DaliLoader within 180 lines, the loader's
-defaults written once (config.py), train/ not installed as a package."""
+"""The house rules that review found broken once, kept by a test: no import cycle in dali_pipes/ or train/
+(type-only and function-level imports counted), the library's floors used only downwards, no function over
+60 lines, DaliLoader within 180 lines and RankPipeline within 120, no settings dict on the rank's run, the
+loader's defaults written once (config.py), train/ not installed as a package."""
 
 import ast
 import dataclasses
 import inspect
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,9 +33,14 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def test_no_import_cycle_in_the_library():
-    modules = _modules("dali_pipes")
-    edges = {m: _imports(p, modules) - {m} for m, p in modules.items()}
+def _edges(package: str) -> dict[str, set[str]]:
+    modules = _modules(package)
+    return {m: _imports(p, modules) - {m} for m, p in modules.items()}
+
+
+@pytest.mark.parametrize("package", ["dali_pipes", "train"])
+def test_no_import_cycle(package):
+    edges = _edges(package)
     state: dict[str, int] = {}  # 1: on the path, 2: done
 
     def visit(m: str, path: list[str]) -> None:
@@ -43,9 +51,37 @@ def test_no_import_cycle_in_the_library():
                 visit(n, path + [m])
         state[m] = 2
 
-    for m in sorted(modules):
+    for m in sorted(edges):
         if m not in state:
             visit(m, [])
+
+
+# The library's floors, bottom up: each imports only its own floor and those below (docs/layout.md). Leaves
+# that import nothing of ours sit under all of them.
+LEAVES = {"dali_pipes.errors", "dali_pipes.options", "dali_pipes._moved", "dali_pipes._version"}
+FLOORS = ["storage", "data", "graph", "run", "faces", "tools"]
+FACES = {"dali_pipes", "dali_pipes.loader", "dali_pipes.dataloader_args", "dali_pipes.lightning",
+         "dali_pipes.baseline", "dali_pipes.config"}
+
+
+def _floor(module: str) -> int:
+    if module in LEAVES:
+        return -1
+    if module in FACES:
+        return FLOORS.index("faces")
+    if module in ("dali_pipes.__main__", "dali_pipes.doctor"):  # python -m dali_pipes[.doctor]: commands
+        return FLOORS.index("tools")
+    return FLOORS.index(module.split(".")[1])  # dali_pipes.<floor>.<module>
+
+
+def test_the_floors_are_used_only_downwards():
+    upward = [f"{m} -> {n}" for m, used in _edges("dali_pipes").items() for n in used if _floor(n) > _floor(m)]
+    assert upward == []
+    leaves_import = {m: used for m, used in _edges("dali_pipes").items() if m in LEAVES and used}
+    assert leaves_import == {}
+
+
+CLASS_LINES = {"DaliLoader": 180, "RankPipeline": 120}  # the DataLoader surface; the rank's run (rank.py)
 
 
 def test_functions_and_the_loader_stay_small():
@@ -55,10 +91,28 @@ def test_functions_and_the_loader_stay_small():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
-                if isinstance(node, ast.ClassDef) and node.name == "DaliLoader":
-                    assert node.end_lineno - node.lineno + 1 <= 180, "DaliLoader over 180 lines"
+                if isinstance(node, ast.ClassDef) and node.name in CLASS_LINES:
+                    assert node.end_lineno - node.lineno + 1 <= CLASS_LINES[node.name], f"{node.name} too long"
     assert long == []
     assert len((ROOT / "train" / "train.py").read_text().splitlines()) <= 320
+
+
+def test_the_rank_run_takes_typed_settings_not_dicts():
+    """Settings travel as PipelineSpec (run/pipeline.py), never as a dict read through string keys: no
+    function of run/ takes a parameter annotated `dict` for them, nor **kwargs of pipeline settings."""
+    offenders = []
+    for path in (ROOT / "dali_pipes" / "run").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for arg in node.args.args + node.args.kwonlyargs:
+                    if arg.arg in ("args", "settings", "pipeline_args") and "dict" in ast.unparse(arg.annotation or
+                                                                                                   ast.Constant("")):
+                        offenders.append(f"{path.name}:{node.lineno} {node.name}({arg.arg})")
+    assert offenders == []
+    from dali_pipes.run.pipeline import build_pipeline
+    parameters = inspect.signature(build_pipeline).parameters
+    assert list(parameters)[:3] == ["source", "spec", "checkpoint"]
+    assert not any(p.kind == p.VAR_KEYWORD for p in parameters.values())
 
 
 def test_loader_defaults_are_written_once():

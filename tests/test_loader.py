@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.graph import IMAGENET_MEAN, IMAGENET_STD
+from dali_pipes.graph.augment import IMAGENET_MEAN, IMAGENET_STD
 
 from conftest import jpeg_bytes
 
@@ -235,7 +235,7 @@ def test_gpu_and_cpu_agree_in_val(numbered):
 
 @pytest.mark.parametrize("fmt", ["folder", "tfrecord", "webdataset"])
 def test_labels_match_the_source_for_every_format(jpeg_folder, tmp_path, fmt):
-    from dali_pipes.convert import write_tfrecords, write_webdataset
+    from dali_pipes.tools.convert import write_tfrecords, write_webdataset
     location = jpeg_folder
     if fmt != "folder":
         location = str(tmp_path / fmt)

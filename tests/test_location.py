@@ -5,9 +5,9 @@ import os
 import pytest
 
 from dali_pipes import open_source
-from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.errors import DatasetError
-from dali_pipes.location import classify, local_shard_kind
+from dali_pipes.data.location import classify, local_shard_kind
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_folders_globs_and_mixtures(shards, jpeg_folder):
 
 def test_an_incomplete_numbered_set_is_refused_unless_listed(jpeg_folder, tmp_path):
     """3 of train-*-of-00004: a folder or a glob is refused naming the first missing shard; verify too."""
-    from dali_pipes.verify import verify
+    from dali_pipes.tools.verify import verify
     out = str(tmp_path / "tfr")
     write_tfrecords(open_source(jpeg_folder), out, shards=4, progress=False)
     os.remove(os.path.join(out, "train-00002-of-00004.tfrecord"))

@@ -8,11 +8,11 @@ import os
 import pytest
 
 from dali_pipes import DatasetError, TFRecordKeys, open_source
-from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.errors import LabelError
-from dali_pipes.formats import tfrecord
-from dali_pipes.manifest import MANIFEST_NAME, build, problems, write
-from dali_pipes.verify import verify
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.data.manifest import MANIFEST_NAME, build, problems, write
+from dali_pipes.tools.verify import verify
 
 from conftest import CLASSES, jpeg_bytes, write_folder
 
@@ -86,7 +86,7 @@ def test_a_shard_the_manifest_lists_but_the_folder_lacks_is_refused(tmp_path):
     assert open_source([str(folder / "a.tfrecord")]).num_samples == 2  # an explicit list reads what it names
     report = verify(str(folder), progress=False)
     assert [(p.where, p.message.split(":")[0]) for p in report.problems] == [(str(folder / "b.tfrecord"), "missing")]
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     assert main(["verify", str(folder), "--workers", "1"]) == 1
 
 
@@ -130,7 +130,7 @@ def test_a_folder_holding_two_conversions_is_refused_by_open_and_verify(tmp_path
     refused; here: the old set copied in) read as twice the samples, and verify said 0 problems. The shards the
     manifest does not list are named, at open (skip_bad too: a stale set is no bad sample) and by verify."""
     import shutil
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
     source = open_source(str(tmp_path / "images"))
     old, out = str(tmp_path / "old"), str(tmp_path / "out")
@@ -160,7 +160,7 @@ def test_the_manifest_total_classes_and_label_ranges_are_compared_with_the_data(
     """Issue 24: verify (and open, where it can tell without reading every label) compares the manifest's
     sample total, each shard's label range and its classes with what the folder holds, each difference a
     problem: exit 1."""
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     out = converted(tmp_path)
     path = os.path.join(out, MANIFEST_NAME)
     good = json.load(open(path))

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from dali_pipes import object_store
+from dali_pipes.storage import object_store
 from dali_pipes.errors import DatasetError
-from dali_pipes.object_store import ObjectInfo, S3Url
+from dali_pipes.storage.object_store import ObjectInfo, S3Url
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")

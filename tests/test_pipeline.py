@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dali_pipes import open_source
-from dali_pipes.dist import Shard
-from dali_pipes.machine import default_threads, usable_cpus
-from dali_pipes.pipeline import PipelineSpec, build_pipeline, cuda_device_id
+from dali_pipes.run.dist import Shard
+from dali_pipes.run.machine import default_threads, usable_cpus
+from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, cuda_device_id
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")

@@ -1,6 +1,6 @@
 """protobuf.py: the wire format read against bytes written by hand from the protobuf encoding rules."""
 
-from dali_pipes.protobuf import fields, read_varint
+from dali_pipes.data.protobuf import fields, read_varint
 
 
 def varint(n: int) -> bytes:

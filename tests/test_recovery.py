@@ -15,10 +15,10 @@ import torch
 from PIL import Image
 
 from dali_pipes import DaliLoader, DatasetError, open_source
-from dali_pipes.formats import tfrecord
-from dali_pipes.convert import write_tfrecords, write_webdataset
-from dali_pipes.formats import read_sample
-from dali_pipes.verify import verify
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.data.formats import read_sample
+from dali_pipes.tools.verify import verify
 
 from conftest import jpeg_bytes
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dali_pipes import DaliLoader
-from dali_pipes.reader import ReaderModel
+from dali_pipes.data.reader import ReaderModel
 
 from conftest import jpeg_bytes
 

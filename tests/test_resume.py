@@ -186,8 +186,8 @@ def test_new_random_operators_restart_their_draws_the_reader_resumes_exactly_and
 
 def test_a_checkpoint_that_cannot_be_restored_is_refused_naming_its_release_never_as_a_data_error(numbered):
     from dali_pipes import DatasetError
-    from dali_pipes._dali import checkpoint_entries, checkpoint_with_entries
-    from dali_pipes.dali_checkpoint import CheckpointError
+    from dali_pipes.graph._dali import checkpoint_entries, checkpoint_with_entries
+    from dali_pipes.run.dali_checkpoint import CheckpointError
     state, _ = _state_and_rest(numbered)
     dali = state["pipeline"]["dali"]
     without_reader = checkpoint_with_entries(dali, [e for e in checkpoint_entries(dali) if e[0] != "Reader"])

@@ -14,10 +14,12 @@ import tarfile
 
 import pytest
 
-from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, indexes, object_store, open_source
-from dali_pipes.formats import tfrecord, webdataset
-from dali_pipes.object_store import ObjectChangedError, TruncatedDownloadError
-from dali_pipes.shard_cache import CacheTooSmallError, ShardTooLargeError
+from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
+from dali_pipes.data import indexes
+from dali_pipes.storage import object_store
+from dali_pipes.data.formats import tfrecord, webdataset
+from dali_pipes.storage.object_store import ObjectChangedError, TruncatedDownloadError
+from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardTooLargeError
 from dali_pipes_bench.latency_proxy import Fault
 
 from conftest import jpeg_bytes
@@ -180,7 +182,7 @@ def test_train_at_most_once_per_epoch_and_the_cache_follows_the_shard_rotation(s
     reader cannot open (DALI fails the batch)."""
     tfrecord_shards(s3, shards=6)
     ranks = make_loaders(s3.url("train/"), world_size, batch_size=2, train=True, shuffle_buffer=4, cache_prefetch=1)
-    from dali_pipes.reader import ReaderModel
+    from dali_pipes.data.reader import ReaderModel
     counts = ranks[0].source.counts
     starts = [sum(counts[:i]) for i in range(len(counts))]
     # storage order of the numbered shards: shard s holds s, s + 6, ... -> sample index -> label
@@ -360,7 +362,7 @@ def test_shard_larger_than_the_cache_is_refused(s3, cache_dirs):
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
 def test_convert_writes_shards_to_s3_that_verify_and_the_loader_read(s3, cache_dirs, tmp_path, fmt, capsys):
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     from conftest import write_folder
     expected = write_folder(str(tmp_path / "images"))
     assert main(["convert", fmt, str(tmp_path / "images"), s3.url("out/"), "--shards", "2", "--workers", "1"]) == 0
@@ -379,7 +381,7 @@ def test_convert_writes_shards_to_s3_that_verify_and_the_loader_read(s3, cache_d
 def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs, tmp_path, capsys):
     """Issue 19: the manifest convert uploads last names each shard's size; a shard object of another size
     (a partial re-upload) is refused by open_source and verify, naming it and the manifest."""
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     from conftest import write_folder
     write_folder(str(tmp_path / "images"))
     assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1"]) == 0
@@ -399,7 +401,7 @@ def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_
     """Issue 24 on s3://: a second conversion to a prefix holding one is refused naming the prefix; --overwrite
     deletes the old set's objects first, so the prefix lists the new set alone. A shard object the manifest
     does not list is refused at open and flagged by verify, named."""
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     from conftest import write_folder
     write_folder(str(tmp_path / "images"))
     convert = ["convert", "tfrecord", str(tmp_path / "images"), s3.url("out/"), "--workers", "1"]
@@ -423,7 +425,7 @@ def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_
 
 
 def test_verify_names_a_bad_image_by_its_url(s3, cache_dirs, capsys):
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     image_objects(s3, n=6)
     s3.put("images/c1/004.jpg", jpeg_bytes(4)[:40])  # cut short
     assert main(["verify", s3.url("images/"), "--workers", "1"]) == 1
@@ -508,7 +510,7 @@ def test_elastic_resume_from_s3_on_another_world_size(s3, cache_dirs, old, new):
 
 
 def test_convert_reads_an_s3_source(s3, cache_dirs, tmp_path):
-    from dali_pipes.cli import main
+    from dali_pipes.tools.cli import main
     image_objects(s3)
     assert main(["convert", "webdataset", s3.url("images/list.txt"), str(tmp_path / "out"), "--shards", "2",
                  "--workers", "1"]) == 0

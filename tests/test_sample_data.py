@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from dali_pipes import open_source
-from dali_pipes.sample_data import PHOTOS, SampleDatasetConfig, make_image, make_sample_dataset, photo_path
+from dali_pipes.tools.sample_data import PHOTOS, SampleDatasetConfig, make_image, make_sample_dataset, photo_path
 
 
 def test_layout_counts_and_determinism(tmp_path):

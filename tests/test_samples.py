@@ -1,6 +1,6 @@
 """samples.py: where a sample is, said the same way in every message."""
 
-from dali_pipes.samples import PADDING_LABEL, SampleRef
+from dali_pipes.data.samples import PADDING_LABEL, SampleRef
 
 
 def test_origin_names_the_file_the_record_or_the_tar_member():

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from dali_pipes import object_store
-from dali_pipes.shard_cache import CacheTooSmallError, ShardCache, ShardTooLargeError, default_cache_folder
+from dali_pipes.storage import object_store
+from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardCache, ShardTooLargeError, default_cache_folder
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
@@ -209,7 +209,7 @@ def test_default_folder_follows_dali_pipes_cache(monkeypatch, tmp_path):
 def write_record_shards(s3, tmp_path, shards: int, per_shard: int) -> tuple[list, list[str]]:
     """TFRecord shards on S3 (record label l holds image bytes [l % 256] * (50 + l)), with local
     index files; returns their listing and the index paths."""
-    from dali_pipes.formats import tfrecord
+    from dali_pipes.data.formats import tfrecord
     indexes = []
     for s in range(shards):
         local = tmp_path / f"shard-{s:03d}.tfrecord"
@@ -225,8 +225,8 @@ def write_record_shards(s3, tmp_path, shards: int, per_shard: int) -> tuple[list
 def read_rank_through_cache(infos, indexes, tmp_path, rank: int, world: int, bound: int) -> tuple[list, dict]:
     """One epoch of one rank: a DALI reader over the cache's local paths, gated by ReadAheadGate."""
     from nvidia.dali import fn, pipeline_def, tfrecord as tfrec
-    from dali_pipes.reader import ReaderModel
-    from dali_pipes.shard_cache import ReadAheadGate
+    from dali_pipes.data.reader import ReaderModel
+    from dali_pipes.storage.shard_cache import ReadAheadGate
     batch, per_shard = 4, 8
     reader = ReaderModel(per_shard * len(infos), rank, world, batch_size=batch, prefetch_queue_depth=1)
     taken = reader.files_of([per_shard] * len(infos), rank)
@@ -274,7 +274,7 @@ def test_dali_reads_every_record_once_through_bounded_caches_at_two_ranks(s3, tm
 
 
 def test_a_full_cache_disk_is_one_error_naming_the_file_and_the_flags(s3, tmp_path, disk_full):
-    from dali_pipes.files import DiskFullError
+    from dali_pipes.storage.files import DiskFullError
     info = object_store.head(s3.put("train/a.tfrecord", b"x" * 1000))
     disk_full(tmp_path / "cache")
     with ShardCache([info], folder=str(tmp_path / "cache")) as cache:

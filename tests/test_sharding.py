@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from dali_pipes import sharding
+from dali_pipes.run import sharding
 
 from conftest import write_numbered
 

@@ -13,8 +13,8 @@ import warnings
 import pytest
 
 from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
-from dali_pipes.convert import write_tfrecords, write_webdataset
-from dali_pipes.formats import tfrecord, webdataset
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.data.formats import tfrecord, webdataset
 
 from conftest import jpeg_bytes
 from test_recovery import BAD, N, epoch_labels, numbered_folder

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from dali_pipes.sample_data import SampleDatasetConfig, make_sample_dataset
+from dali_pipes.tools.sample_data import SampleDatasetConfig, make_sample_dataset
 
 
 def test_soak_ci_sized(tmp_path):

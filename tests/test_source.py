@@ -11,8 +11,8 @@ import zlib
 import pytest
 
 from dali_pipes import DatasetError, TFRecordKeys, open_source
-from dali_pipes.formats import tfrecord
-from dali_pipes.convert import write_tfrecords, write_webdataset
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
 from conftest import dali_read_epoch, expected_multiset, jpeg_bytes
 
@@ -75,7 +75,7 @@ def test_webdataset_round_trips(wds_dir, jpeg_folder):
 
 def test_webdataset_labels_with_many_digits_and_newlines(tmp_path):
     import tarfile
-    from dali_pipes.formats.webdataset import add_member
+    from dali_pipes.data.formats.webdataset import add_member
     labels = [0, 9, 10, 123, 98765, 4000000000]
     with tarfile.open(tmp_path / "x.tar", "w") as tar:
         for i, label in enumerate(labels):

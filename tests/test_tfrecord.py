@@ -10,9 +10,9 @@ import struct
 import pytest
 from PIL import Image
 
-from dali_pipes.formats import tfrecord
-from dali_pipes.convert import write_tfrecords
-from dali_pipes.source import open_source
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.tools.convert import write_tfrecords
+from dali_pipes.data.source import open_source
 
 from conftest import expected_multiset
 

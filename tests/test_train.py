@@ -460,7 +460,7 @@ def check_observed(workdir, stdout, history):
 
 def test_a_full_disk_during_a_checkpoint_names_workdir_and_keeps_the_old_one(tmp_path, disk_full):
     import torch
-    from dali_pipes.files import DiskFullError
+    from dali_pipes.storage.files import DiskFullError
     from train.metrics import atomic_save
     path = str(tmp_path / "checkpoint.pt")
     atomic_save({"step": 1}, path)
@@ -621,7 +621,7 @@ def test_a_label_offset_that_makes_class_0_negative_ends_the_run_in_one_line(tin
     Now refused, with one line naming the offset (at open from the manifest; without one, from a shard's
     first record or in the graph with the first batch holding class 0: test_labels.py), exit status 1."""
     from dali_pipes import open_source
-    from dali_pipes.convert import write_tfrecords
+    from dali_pipes.tools.convert import write_tfrecords
     write_tfrecords(open_source(str(tiny / "train")), str(tmp_path / "tfr"), shards=2, progress=False)
     if not manifest:
         os.remove(tmp_path / "tfr" / "manifest.json")
@@ -682,8 +682,8 @@ def test_a_label_at_or_above_num_classes_ends_the_run_naming_the_record(tmp_path
     the run uses bounds the labels: the batch holding record 5 fails, named (shard#record), in one line. With a
     manifest (labels 0 .. 9, no classes), open already refuses it from the manifest's range."""
     from conftest import jpeg_bytes
-    from dali_pipes.formats import tfrecord
-    from dali_pipes.manifest import build, write
+    from dali_pipes.data.formats import tfrecord
+    from dali_pipes.data.manifest import build, write
     folder = tmp_path / "tfr"
     folder.mkdir()
     shard = folder / "train-00000-of-00001.tfrecord"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dali_pipes import DaliLoader
-from dali_pipes.transforms import TransformError, augment_from_transform, is_random
+from dali_pipes.graph.transforms import TransformError, augment_from_transform, is_random
 
 from conftest import write_folder
 

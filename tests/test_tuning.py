@@ -10,8 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from dali_pipes import DaliLoader, open_source, tuning
-from dali_pipes.config import auto_or_count
+from dali_pipes import DaliLoader, open_source
+from dali_pipes.run import tuning
+from dali_pipes.options import auto_or_count
 
 from conftest import write_numbered
 
@@ -166,7 +167,7 @@ def test_the_search_prefers_less_cpu_when_the_loop_never_waits():
 
 def plan_spec():
     """What DaliLoader hands tuning.plan for a CPU train graph (both knobs "auto": plan's flags)."""
-    from dali_pipes.pipeline import PipelineSpec
+    from dali_pipes.run.pipeline import PipelineSpec
     return PipelineSpec(train=True, batch_size=2, device="cpu")
 
 
@@ -206,7 +207,7 @@ def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, ent
     path.parent.mkdir()
     key = tuning.memory_key(plan_spec(), "tfrecord")
     path.write_text(json.dumps({"version": 1, "entries": {key: entry, "other": {"num_threads": 1}}}))
-    from dali_pipes.stats import LoaderClock
+    from dali_pipes.run.stats import LoaderClock
     spec, hook = tuning.plan(plan_spec(), "tfrecord", LoaderClock(), tune_threads=True, tune_depth=True)
     assert settings(hook.describe()["start"]) == tuning.Settings(tuning.default_threads(), 2)
     assert not hook.describe()["remembered"] and spec.num_threads == tuning.default_threads()
@@ -234,7 +235,7 @@ def test_a_loader_over_a_memory_that_is_a_list_tunes_and_leaves_a_good_memory(nu
 
 WRITER = """
 import sys
-from dali_pipes import tuning
+from dali_pipes.run import tuning
 print("ready", flush=True)
 sys.stdin.readline()  # every writer starts at once
 for i in range({count}):
@@ -263,7 +264,7 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered):
     """A location's loader says exif_orientation=True, png16="scale" (DALI's own reads); `dali-pipes profile`
     leaves them None. Both find the same remembered settings: the key they had before these fields existed."""
     import dataclasses
-    from dali_pipes.pipeline import PipelineSpec
+    from dali_pipes.run.pipeline import PipelineSpec
     loader = DaliLoader(numbered, **KW, num_threads=1, prefetch_queue_depth=2)
     augment = loader.augment
     assert (augment.exif_orientation, augment.png16) == (True, "scale")

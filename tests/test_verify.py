@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from dali_pipes import open_source
-from dali_pipes.formats import tfrecord
-from dali_pipes.convert import write_tfrecords, write_webdataset
-from dali_pipes.verify import verify, write_clean_list
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.tools.verify import verify, write_clean_list
 
 from conftest import dali_read_epoch, jpeg_bytes
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dali_pipes.files import atomic_write
+from dali_pipes.storage.files import atomic_write
 from train.metrics import atomic_save
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from dali_pipes.files import pid_alive
+from dali_pipes.storage.files import pid_alive
 
 LOCK_NAME = "lock"
 HEARTBEAT_S = 60.0

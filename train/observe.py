@@ -18,7 +18,7 @@ import time
 
 import torch.distributed as dist
 
-from dali_pipes import tuning
+from dali_pipes.run import tuning
 
 INPUT_BOUND = 0.05  # a rank that waits more than this fraction of its epoch is input-bound
 

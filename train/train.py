@@ -27,11 +27,12 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig, resolution
+from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig
+from dali_pipes.graph import resolution
 from dali_pipes.baseline import TorchLoader
-from dali_pipes.config import add_arguments, from_args
+from dali_pipes.options import add_arguments, from_args
 from dali_pipes.loader import Loader
-from dali_pipes.machine import default_threads
+from dali_pipes.run.machine import default_threads
 from train.checkpoint import clear_status, load_checkpoint, preempted, save_checkpoint
 from train import observe
 from train.lock import hold as hold_workdir

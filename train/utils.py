@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dali_pipes import Shard
-from dali_pipes.files import is_temp
+from dali_pipes.storage.files import is_temp
 from dali_pipes.loader import resolve_device
-from dali_pipes.pipeline import cuda_device_id
+from dali_pipes.run.pipeline import cuda_device_id
 
 DEFAULT_DATA = "data/sample/images"  # the built-in dataset, made on first use
 
@@ -225,7 +225,7 @@ def resolve_data(args) -> tuple[str, str]:
     if not data:
         data = os.path.join(DEFAULT_DATA, "train")
         if not os.path.isdir(data):
-            from dali_pipes.sample_data import make_sample_dataset
+            from dali_pipes.tools.sample_data import make_sample_dataset
             if int(os.environ.get("RANK", 0)) == 0:
                 print(f"making the built-in dataset in {DEFAULT_DATA} ...", flush=True)
                 make_sample_dataset(DEFAULT_DATA)

@@ -1,0 +1,331 @@
+"""Decode + augment graphs: plain functions of DALI DataNodes, one code path for CPU and GPU.
+
+Where each step runs (`device`, `decode_device`):
+  * "gpu", "gpu" (the default for gpu): DALI's mixed decoder (the host parses, nvJPEG or the GPU's
+    hardware JPEG decoder decodes), then resize, augmentation and normalisation on the GPU;
+  * "gpu", "cpu" (hybrid): libjpeg-turbo decodes on the CPU threads (in train only the random crop's
+    region), the decoded crop moves to the GPU, and the rest runs there. NVIDIA's ConvNets examples
+    run this way when the GPU's decoders are the bottleneck;
+  * "cpu", "cpu": the same graph on CPU operators. "cpu" with a GPU decode is refused.
+
+DALI is imported inside the functions, never at module level: `import nvidia.dali` takes 0.7-0.8 s
+(measured on this project's 2-core machine) and loads libdali, while this module's dataclass is
+imported by every command, converters, `verify` and `--help` included, that never builds a pipeline.
+
+Every operator that draws random numbers has a name of its own ("RandomCrop", "Flip", ...): a DALI
+checkpoint names operators, and DALI's generated names shift when an operator is added before them
+(dali_checkpoint.py). DALI's auto_aug policies name theirs themselves, by place.
+
+DALI checks argument names and types when a graph is defined, not their values: a `hw_decoder_load`
+of 1.5 or a negative padding is accepted even on a GPU, and a 2-value mean passes definition and
+serialization. The values are checked here, before DALI sees them (`AugmentConfig.__post_init__`,
+`check_decoder_args`); tests/test_graph_check.py has a case for each.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+from dali_pipes.graph import resolution
+from dali_pipes.options import option
+from dali_pipes.graph.resolution import ImageSize
+
+if TYPE_CHECKING:
+    from nvidia.dali.data_node import DataNode
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment")
+DEVICES = ("gpu", "cpu")
+PNG16_MODES = ("pil", "scale")
+
+# nvJPEG buffers of the mixed decoders. DALI preallocates them *per CPU thread*: one device buffer of
+# `device_memory_padding` and two pinned host buffers of `host_memory_padding` per thread. DALI's
+# ResNet-50 example pads 211 MB / 140 MB, sized for ImageNet's largest image; per thread, at 16
+# threads that is 3.4 GB of GPU memory and 4.5 GB of pinned host memory per process. Here the
+# example's sizes are a budget per *process*, split across the threads, and no thread gets less
+# than DALI's own defaults (16 MiB / 8 MiB: a 5-Mpixel RGB image, larger than all but a handful of
+# ImageNet's images). A larger image makes its thread grow the buffer once (one allocation, then
+# reused), which is what the padding only postpones. A GPU run should confirm the sizes: the
+# doctor's throughput runs report peak GPU memory.
+DEVICE_PADDING_BUDGET = 211_025_920
+HOST_PADDING_BUDGET = 140_544_512
+DALI_DEFAULT_DEVICE_PADDING = 16 * 2**20
+DALI_DEFAULT_HOST_PADDING = 8 * 2**20
+MAX_PADDING = 4 * 2**30  # per thread; more is a unit mistake (bytes, not pixels or MB)
+HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest image (DALI's example)
+JPEG_MAX_SIDE = 65535
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """The decode + augment graph's settings; every field is also a flag (config.add_arguments)."""
+    image_size: ImageSize = option(224, "output side in pixels (train crop, val centre crop), or a train schedule "
+                                   "EPOCH:SIZE,... from epoch 0 (progressive resizing), e.g. 0:160,10:192,16:224",
+                                   type=resolution.parse_image_size)
+    val_image_size: int | None = option(None, "val centre-crop side in pixels (default: the last size of "
+                                        "--image-size)", type=int)
+    random_area: tuple[float, float] = option((0.08, 1.0), "train: random-resized-crop area fraction, low high")
+    random_aspect_ratio: tuple[float, float] = option((3 / 4, 4 / 3), "train: random-resized-crop aspect ratio range")
+    flip_probability: float = option(0.5, "train: probability of a horizontal flip")
+    color_jitter: float = option(0.0, "train: brightness/contrast/saturation drawn in 1 +- this (0: off)")
+    auto_augment: str | None = option(None, "train: an AutoAugment-family policy (DALI auto_aug)", type=str,
+                                      choices=(*AUTO_AUGMENTS, None))
+    crop_ratio: float = option(0.875, "val: resize the shorter side to image_size / crop_ratio, then centre-crop")
+    mean: tuple[float, float, float] = option(IMAGENET_MEAN, "normalisation mean per channel, on the [0, 1] scale")
+    std: tuple[float, float, float] = option(IMAGENET_STD, "normalisation std per channel, on the [0, 1] scale")
+    channels_last: bool = option(False, "NHWC memory (the logical shape stays N,3,H,W): faster convs on GPU")
+    float16: bool = option(False, "float16 output instead of float32: half the bytes to move")
+    hw_decoder_load: float = option(0.65, "gpu: share of images sent to the hardware JPEG decoder (A100/H100)")
+    # How images are read where DALI and PIL differ. None: the loader's form decides (DaliLoader(dataset) reads
+    # as DataLoader + PIL; a location keeps DALI's way); the graph reads None as DALI's way.
+    exif_orientation: bool | None = option(None, "rotate JPEGs as their EXIF orientation tag says (DALI's way); "
+                                           "--no-exif-orientation: as stored (PIL's, DataLoader's). default: PIL's "
+                                           "for a dataset object, DALI's for a location", type=bool)
+    png16: str | None = option(None, "16-bit PNGs: 'pil' as PIL reads them (grey clipped at 255, colour's high "
+                               "byte; those images are decoded at 16 bits), 'scale' DALI's (x 255/65535, rounded). "
+                               "default: 'pil' for a dataset object that lists .png files, else 'scale'", type=str,
+                               choices=(*PNG16_MODES, None))
+
+    def __post_init__(self) -> None:
+        problems = augment_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        object.__setattr__(self, "image_size", resolution.normalized(self.image_size))  # one form (resolution.py)
+
+    def size_at(self, epoch: int) -> int:
+        """The train size of epoch `epoch` under the image_size schedule."""
+        return resolution.size_at(self.image_size, epoch)
+
+    @property
+    def val_size(self) -> int:
+        """The val centre-crop side: val_image_size, or the schedule's last size."""
+        return self.val_image_size or resolution.last_size(self.image_size)
+
+    def for_epoch(self, epoch: int, train: bool) -> "AugmentConfig":
+        """The settings of one pipeline: image_size the one size its graph has in epoch `epoch`."""
+        size = self.size_at(epoch) if train else self.val_size
+        return self if size == self.image_size else replace(self, image_size=size, val_image_size=None)
+
+
+def augment_problems(cfg: AugmentConfig) -> list[str]:
+    """Every value of `cfg` that DALI would accept silently (or fail on deep inside a run)."""
+    problems = []
+    problems += resolution.schedule_problems(cfg.image_size)
+    val = cfg.val_image_size
+    if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
+        problems.append(f"val_image_size must be a positive integer or None, got {cfg.val_image_size!r}")
+    if cfg.auto_augment not in (None, *AUTO_AUGMENTS):
+        problems.append(f"auto_augment must be one of {AUTO_AUGMENTS} or None, got {cfg.auto_augment!r}")
+    low_high = _pair(cfg.random_area)
+    if not low_high or not 0 < low_high[0] <= low_high[1] <= 1:
+        problems.append(f"random_area must be (low, high) with 0 < low <= high <= 1, got {cfg.random_area}")
+    low_high = _pair(cfg.random_aspect_ratio)
+    if not low_high or not 0 < low_high[0] <= low_high[1]:
+        problems.append(f"random_aspect_ratio must be (low, high) with 0 < low <= high, got {cfg.random_aspect_ratio}")
+    if not _number(cfg.flip_probability) or not 0 <= cfg.flip_probability <= 1:
+        problems.append(f"flip_probability must be in [0, 1], got {cfg.flip_probability!r}")
+    if not _number(cfg.color_jitter) or not 0 <= cfg.color_jitter < 1:
+        problems.append(f"color_jitter must be in [0, 1) (factors drawn in 1 +- it stay positive), "
+                        f"got {cfg.color_jitter!r}")
+    if not _number(cfg.crop_ratio) or not 0 < cfg.crop_ratio <= 1:
+        problems.append(f"crop_ratio must be in (0, 1], got {cfg.crop_ratio!r}")
+    problems += _normalisation_problems(cfg.mean, cfg.std)
+    if not _number(cfg.hw_decoder_load) or not 0 <= cfg.hw_decoder_load <= 1:
+        problems.append(f"hw_decoder_load must be in [0, 1], got {cfg.hw_decoder_load!r}")
+    if cfg.exif_orientation is not None and not isinstance(cfg.exif_orientation, bool):
+        problems.append(f"exif_orientation must be True, False or None, got {cfg.exif_orientation!r}")
+    if cfg.png16 not in (None, *PNG16_MODES):
+        problems.append(f"png16 must be one of {PNG16_MODES} or None, got {cfg.png16!r}")
+    return problems
+
+
+def _number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _pair(values) -> tuple[float, float] | None:
+    try:
+        low, high = values
+    except (TypeError, ValueError):
+        return None
+    return (low, high) if _number(low) and _number(high) else None
+
+
+def _normalisation_problems(mean, std) -> list[str]:
+    problems = []
+    for name, given in (("mean", mean), ("std", std)):
+        values = tuple(given) if isinstance(given, (tuple, list)) else ()
+        if len(values) != 3 or not all(_number(v) for v in values):
+            problems.append(f"{name} must be 3 finite numbers (R, G, B), got {given!r}")
+        elif any(v > 1 for v in values):
+            problems.append(f"{name} is on the [0, 1] scale, got {values}; divide 0-255 values by 255")
+        elif name == "mean" and any(v < 0 for v in values):
+            problems.append(f"mean values must be in [0, 1], got {values}")
+        elif name == "std" and any(v <= 0 for v in values):
+            problems.append(f"std values must be > 0 (they divide), got {values}")
+    return problems
+
+
+def resolve_decode_device(device: str, decode_device: str | None) -> str:
+    """Where the decoder runs: `decode_device`, or `device` when None. A GPU decode feeding a CPU
+    pipeline is refused (the decoded images would come back to the host every batch)."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    decode_device = decode_device or device
+    if decode_device not in DEVICES:
+        raise ValueError(f"decode_device must be one of {DEVICES} or None, got {decode_device!r}")
+    if device == "cpu" and decode_device == "gpu":
+        raise ValueError("decode_device='gpu' needs device='gpu': a GPU decode cannot feed a CPU pipeline. "
+                         "For CPU decoding with GPU augmentation use device='gpu', decode_device='cpu'")
+    return decode_device
+
+
+def decoder_paddings(num_threads: int) -> tuple[int, int]:
+    """(device_memory_padding, host_memory_padding) per thread: the per-process budget split across
+    `num_threads`, never below DALI's defaults (see DEVICE_PADDING_BUDGET)."""
+    threads = max(1, num_threads)
+    return (max(DALI_DEFAULT_DEVICE_PADDING, DEVICE_PADDING_BUDGET // threads),
+            max(DALI_DEFAULT_HOST_PADDING, HOST_PADDING_BUDGET // threads))
+
+
+def check_decoder_args(args: dict) -> dict:
+    """Check the decoder arguments DALI never checks by value; returns `args` unchanged."""
+    for key in ("device_memory_padding", "host_memory_padding"):
+        value = args.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PADDING:
+            raise ValueError(f"{key} must be a byte count in [0, {MAX_PADDING}] per thread, got {value!r}")
+    for key in ("preallocate_width_hint", "preallocate_height_hint"):
+        value = args.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= JPEG_MAX_SIDE:
+            raise ValueError(f"{key} must be a side in pixels in [0, {JPEG_MAX_SIDE}], got {value!r}")
+    load = args.get("hw_decoder_load", 0.0)
+    if not _number(load) or not 0 <= load <= 1:
+        raise ValueError(f"hw_decoder_load must be in [0, 1], got {load!r}")
+    return args
+
+
+def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> dict:
+    """Keywords for DALI's image decoders on `decode_device` ("gpu": the mixed decoder)."""
+    from nvidia.dali import types
+    # Fancy upsampling makes the mixed decoder upsample chroma as libjpeg-turbo does, so GPU and CPU
+    # decodes agree at colour edges. DALI 2.4 accepts it on both backends; it changes only the mixed one.
+    # adjust_orientation: False reads a JPEG as stored, as PIL does (DataLoader's ImageFolder applies no EXIF tag)
+    args = dict(device="mixed" if decode_device == "gpu" else "cpu", output_type=types.RGB,
+                jpeg_fancy_upsampling=True, adjust_orientation=cfg.exif_orientation is not False)
+    if decode_device == "gpu":
+        device_padding, host_padding = decoder_paddings(num_threads)
+        args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
+                    hw_decoder_load=cfg.hw_decoder_load, preallocate_width_hint=HW_DECODER_WIDTH_HINT,
+                    preallocate_height_hint=HW_DECODER_HEIGHT_HINT)
+    return check_decoder_args(args)
+
+
+def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str, **args) -> DataNode:
+    """`decoder` (one of DALI's image decoders) of `jpegs` with `args` and decoder_args: uint8 RGB HWC.
+
+    png16="pil" reads 16-bit PNGs as PIL's convert("RGB") does, which DALI's uint8 decode cannot: PIL clips
+    16-bit grey (mode I;16) at 255 and keeps the high byte of colour (and of grey + alpha); DALI scales each
+    16-bit image by 255/65535, rounded. Those samples alone (a per-sample `if`: the pipeline is built with
+    enable_conditionals, pipeline.py) are decoded at 16 bits and divided as their PNG header says; every
+    other image takes the plain decode. tests/test_dataloader_args.py checks it against PIL, pixel for pixel."""
+    from nvidia.dali import fn, types
+    args.update(decoder_args(decode_device, cfg, _pipeline_threads()))
+    if cfg.png16 != "pil":
+        return decoder(jpegs, **args)
+    # A PNG: 8-byte signature, then IHDR: length, "IHDR", width, height, bit depth (byte 24), colour type (25)
+    head = fn.slice(jpegs, [0], [26], axes=[0], out_of_bounds_policy="pad", fill_values=0)
+    if (head[0] == 0x89) & (head[1] == 0x50) & (head[24] == 16):  # a branch's operator needs a name of its own
+        wide = {**args, "name": args["name"] + "16"} if "name" in args else args
+        images = _as_pil_reduces(decoder(jpegs, dtype=types.UINT16, **wide), grey=head[25] == 0)
+    else:
+        images = decoder(jpegs, **args)
+    return images
+
+
+def _as_pil_reduces(images: DataNode, grey: DataNode) -> DataNode:
+    """16-bit images to uint8 as PIL reduces them: grey (mode I;16) clipped at 255, else the high byte."""
+    from nvidia.dali import fn, types
+    from nvidia.dali import math as dmath
+    divisor = 256 - 255 * fn.cast(grey, dtype=types.INT32)
+    return fn.cast(dmath.min(images // divisor, 255), dtype=types.UINT8)
+
+
+def _pipeline_threads() -> int:
+    """CPU threads of the pipeline being defined (decoder paddings are per thread)."""
+    from nvidia.dali import Pipeline
+    pipe = Pipeline.current()
+    return pipe.num_threads if pipe is not None and pipe.num_threads else 1
+
+
+def _normalize(images: DataNode, cfg: AugmentConfig, **crop_args) -> DataNode:
+    """Crop (optional), flip (optional), normalise, lay out: the last step of both graphs."""
+    from nvidia.dali import fn, types
+    return fn.crop_mirror_normalize(
+        images, dtype=types.FLOAT16 if cfg.float16 else types.FLOAT,
+        output_layout="HWC" if cfg.channels_last else "CHW",
+        mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std], **crop_args)
+
+
+def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
+                  decode_device: str | None = None) -> DataNode:
+    """Random-resized-crop decode (only the crop's region is decoded), resize to image_size,
+    optional colour jitter and AutoAugment-family policy, flip, normalise.
+    Returns float CHW (HWC with channels_last) images on `device`."""
+    from nvidia.dali import fn, types
+    if not isinstance(cfg.image_size, int):
+        raise ValueError(f"train_augment builds one size, got the schedule {cfg.image_size}: pass "
+                         f"cfg.for_epoch(epoch, train=True)")
+    decode_device = resolve_decode_device(device, decode_device)
+    images = decode_rgb(fn.decoders.image_random_crop, jpegs, cfg, decode_device, name="RandomCrop",
+                        random_area=list(cfg.random_area),
+                        random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100)
+    if device == "gpu":
+        images = images.gpu()  # hybrid: the decoded crop moves once; a no-op after the mixed decoder
+    images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, interp_type=types.INTERP_LINEAR,
+                       antialias=True)
+    if cfg.color_jitter:
+        jitter = lambda name: fn.random.uniform(range=[1 - cfg.color_jitter, 1 + cfg.color_jitter], name=name)
+        images = fn.color_twist(images, brightness=jitter("Brightness"), contrast=jitter("Contrast"),
+                                saturation=jitter("Saturation"))
+    if cfg.auto_augment:
+        images = _auto_augment(images, cfg.auto_augment)
+    mirror = fn.random.coin_flip(probability=cfg.flip_probability, name="Flip") if cfg.flip_probability else 0
+    return _normalize(images, cfg, mirror=mirror)
+
+
+def decode_only(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None) -> DataNode:
+    """The whole image decoded, nothing else (uint8 HWC on `device`): `dali-pipes profile`'s decode
+    stage, timed without the augmentation after it. Train's graph decodes only its crop's region, so
+    this is the upper bound of its decode cost."""
+    from nvidia.dali import fn
+    images = decode_rgb(fn.decoders.image, jpegs, cfg, resolve_decode_device(device, decode_device))
+    return images.gpu() if device == "gpu" else images
+
+
+def _auto_augment(images: DataNode, policy: str) -> DataNode:
+    # DALI's auto_aug needs the pipeline built with enable_conditionals=True (pipeline.py does).
+    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+    if policy == "autoaugment":
+        return auto_augment.auto_augment_image_net(images)
+    if policy == "randaugment":
+        return rand_augment.rand_augment(images, n=2, m=9)
+    return trivial_augment.trivial_augment_wide(images)
+
+
+def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
+                 decode_device: str | None = None) -> DataNode:
+    """Decode, resize the shorter side to val_size / crop_ratio, centre-crop val_size (val_image_size,
+    or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`."""
+    from nvidia.dali import fn, types
+    decode_device = resolve_decode_device(device, decode_device)
+    images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
+    if device == "gpu":
+        images = images.gpu()
+    size = cfg.val_size
+    images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio), interp_type=types.INTERP_LINEAR,
+                       antialias=True)
+    return _normalize(images, cfg, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)

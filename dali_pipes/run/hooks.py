@@ -1,0 +1,76 @@
+"""What acts around one rank's batches: one small protocol, and the view of the rank a feature may use.
+
+Online tuning (tuning.py), the sharding check (sharding.py), the clock (stats.py), the store-outage
+handler (outage.py) and the image-size schedule (resolution.py) each act when an epoch begins, after each
+batch and when an epoch ends, and some keep state for a resume. The rank's pipeline (rank.py) runs them in
+order and knows none of them by type; a new feature is a new hook, not lines in the central class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from dali_pipes.run.delivery import DeliveryRecord
+    from dali_pipes.run.elastic import Remainder
+    from dali_pipes.run.pipeline import PipelineSpec
+    from dali_pipes.run.position import Position
+    from dali_pipes.run.recovery import BadSamplePolicy
+    from dali_pipes.data.source import Source
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """One batch as the loop felt it, on time.perf_counter's clock: asked for at `asked`, in hand at `got`
+    (a rebuild before it included); `images` what the loader yields of it (padding cut)."""
+    asked: float
+    got: float
+    images: int
+
+
+class RankView(Protocol):
+    """What a hook may read of the rank's pipeline, and what it may ask of it."""
+    spec: PipelineSpec          # the settings the next build uses (a schedule's sizes resolved per epoch)
+    source: Source              # what it reads, bad samples excluded so far
+    record: DeliveryRecord      # the samples delivered this epoch
+    position: Position          # the loader's position (read only)
+    remainder: Remainder | None  # an elastic resume's rest of an epoch, while it runs
+    policy: BadSamplePolicy     # the bad samples excluded so far (policy.bad_samples)
+
+    @property
+    def built(self) -> PipelineSpec | None:
+        """The spec of the pipeline running now (one image size)."""
+
+
+    def rebuild(self, spec: PipelineSpec, *, now: bool = False) -> None:
+        """Go on with `spec` from the last delivered batch, at once or before the next batch: the same
+        samples in the same order, every random draw carried (DALI's checkpoint). A build before then (a
+        restored state's) takes `spec` as it is."""
+
+
+class BatchHook(Protocol):
+    """A feature that acts around batches. Each method does nothing unless a hook says otherwise; a hook
+    with a `name` keeps `state()` under that key of the loader state's "pipeline" part (resume.py), and
+    `describe()` under that key of DaliLoader.stats()."""
+    name: str = ""
+
+    def begin_epoch(self, rank: RankView, batches: int) -> None:
+        """An epoch of `batches` batches starts (at rank.position.batch: a resumed epoch midway)."""
+
+    def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
+        """A batch was delivered."""
+
+    def end_epoch(self, rank: RankView) -> None:
+        """The epoch's batches are out (DALI's end of it read)."""
+
+    def state(self) -> dict | None:
+        """What a resume needs of this hook, or None."""
+        return None
+
+    def describe(self) -> dict | None:
+        """What the hook tells of itself in the loader's stats() (under its name), or None."""
+        return None
+
+    def restore(self, rank: RankView, state: dict | None) -> None:
+        """Take back what state() gave (None: the state had nothing of this hook)."""

@@ -1,0 +1,126 @@
+"""Wire one Source to one graph for one rank as a DALI pipeline: the rank's settings as one typed value
+(PipelineSpec), and the pipeline built from it (build_pipeline). num_threads goes from DaliLoader(...)
+(loader.py) into the spec here, and from the spec to DALI's pipeline_def below; tuning (tuning.py) makes
+new specs in between."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dali_pipes.run.delivery import sample_ids as identity_rows
+from dali_pipes.run.dist import Shard
+from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
+from dali_pipes.run.machine import default_threads
+from dali_pipes.data.reader import READER_NAME, ReaderModel
+from dali_pipes.data.source import Source
+
+if TYPE_CHECKING:
+    from nvidia.dali import Pipeline
+
+__all__ = ["READER_NAME", "PipelineSpec", "build_pipeline", "cuda_device_id", "rank_seed", "reader_model"]
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """A distinct, reproducible DALI seed per (seed, rank): ranks must not draw the same crops."""
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Everything one rank's DALI pipeline is built from, its source aside: a value, built once by the loader
+    (loader.py); tuning and schedules make new ones (dataclasses.replace), never edit one."""
+    train: bool                         # the train graph (random crop, flip, ...) or val's (resize, centre crop)
+    batch_size: int
+    device: str = "cpu"                 # where batches come out: "gpu" (device_id's GPU) or "cpu"
+    decode_device: str | None = None    # None: device; "cpu" with device "gpu": hybrid (graph.py)
+    shard: Shard = Shard()              # this rank, of how many: DALI's shard_id / num_shards (the slice)
+    seed: int = 0                       # one per run; each rank's DALI seed is rank_seed(seed, rank)
+    augment: AugmentConfig = AugmentConfig()  # image_size may be a schedule: at_epoch picks the epoch's size
+    num_threads: int | None = None      # DALI's CPU threads; None: machine.default_threads()
+    prefetch_queue_depth: int = 2       # batches DALI computes ahead
+    shuffle_buffer: int = 4096          # the reader's shuffle buffer (train)
+    shuffle: bool | None = None         # the reader shuffles and rotates slices per epoch; None: train
+    max_pixels: int | None = None       # the pixel guard (reader.guard_pixels); None: off
+    device_id: int | None = None        # the GPU; None: cuda_device_id(shard)
+
+    @property
+    def shuffled(self) -> bool:
+        """The reader shuffles (DataLoader's shuffle=False keeps a train graph in storage order)."""
+        return self.train if self.shuffle is None else self.shuffle
+
+    def at_epoch(self, epoch: int) -> "PipelineSpec":
+        """This spec with the one image size of epoch `epoch` (a pipeline's graph has one size)."""
+        augment = self.augment.for_epoch(epoch, self.train)
+        return self if augment is self.augment else replace(self, augment=augment)
+
+
+def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None = None, *, sample_ids: bool = False,
+                   stage: str = "augment", enable_checkpointing: bool = True) -> Pipeline:
+    """An unbuilt DALI pipeline yielding (images, labels) for one rank, at DALI's `checkpoint` if given.
+
+    Train: the reader shuffles through a buffer of `shuffle_buffer` samples and moves to the next slice
+    each epoch (stick_to_shard=False), so ranks see other data every epoch. Val: no shuffle, each rank
+    keeps its slice. `spec.shuffle` sets the reader apart from the graph: False reads the train graph in
+    val's order (DataLoader's shuffle=False). Both pad the last batch (pad_last_batch=True) so that every
+    rank runs the same number of batches; DaliLoader drops or masks the padding.
+
+    device="gpu": images and labels come out on the GPU; labels too, as DALI's own examples return them:
+    a CPU output of a GPU pipeline arrives in pageable host memory and its copy to the GPU would sync.
+    `sample_ids` adds each sample's identity (delivery.py). `stage` "read" (encoded bytes) or "decode"
+    (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone."""
+    from nvidia.dali import pipeline_def
+    resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
+    augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"
+
+    @pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads or default_threads(),
+                  device_id=(spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None,
+                  seed=rank_seed(spec.seed, shard.rank), prefetch_queue_depth=spec.prefetch_queue_depth,
+                  enable_checkpointing=enable_checkpointing,
+                  # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
+                  enable_conditionals=spec.train and augment.auto_augment is not None or augment.png16 == "pil")
+    def graph():
+        jpegs, labels = source.dali_reader(
+            name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=spec.shuffled,
+            initial_fill=spec.shuffle_buffer, pad_last_batch=True, stick_to_shard=not spec.shuffled,
+            max_pixels=spec.max_pixels)
+        # After a decode error the loader finds the culprit from the reader's position (recovery.py)
+        if stage == "read":
+            return jpegs, labels
+        augment_images = {"augment": train_augment if spec.train else eval_augment, "decode": decode_only}[stage]
+        images = augment_images(jpegs, augment, spec.device, spec.decode_device)
+        labels = labels.gpu() if gpu else labels
+        return (images, labels, identity_rows(jpegs)) if sample_ids else (images, labels)
+
+    return graph(checkpoint=checkpoint) if checkpoint else graph()
+
+
+def reader_model(spec: PipelineSpec, num_samples: int, list_order_shuffles: bool) -> ReaderModel:
+    """DALI's reader as build_pipeline configures it from `spec` (reader.py models it), for a source of
+    `num_samples` whose format shuffles the reader's list order when the reader shuffles (SHUFFLES_LIST)."""
+    shard = spec.shard
+    return ReaderModel(num_samples, shard.rank, shard.world_size, spec.shuffled, spec.batch_size, spec.shuffle_buffer,
+                       spec.prefetch_queue_depth, list_shuffled=spec.shuffled and list_order_shuffles)
+
+
+def cuda_device_id(shard: Shard) -> int:
+    """The CUDA device a rank's pipeline runs on.
+
+    Once torch has initialised CUDA (train.py calls torch.cuda.set_device first), torch's current
+    device: right whether a rank sees every GPU of the node or, as under some schedulers
+    (CUDA_VISIBLE_DEVICES per rank), only its own, where `local_rank` would name a device it cannot
+    see. Before that: `local_rank` when that device is visible, device 0 when the rank sees exactly
+    one GPU, else an error naming the fix. Without CUDA (a pipeline only defined, as the static
+    graph checks do) `local_rank`."""
+    import torch
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0 or shard.local_rank < visible:
+        return shard.local_rank
+    if visible == 1:
+        return 0
+    raise ValueError(f"local rank {shard.local_rank} but this process sees {visible} GPUs (devices 0-{visible - 1}); "
+                     f"call torch.cuda.set_device(...) for this rank before building the loader")

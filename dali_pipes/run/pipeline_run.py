@@ -1,0 +1,113 @@
+"""One rank's DALI pipeline and its iterator over a run of rebuilds (PipelineRun): fresh or at a DALI
+checkpoint, its batches, the last good checkpoint to recover to, shutdown."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
+from dali_pipes.run.dali_checkpoint import restored_pipeline
+from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+from dali_pipes.data.reader import READER_NAME
+from dali_pipes.data.source import Source
+
+
+class PipelineRun:
+    """One rank's DALI pipeline and its iterator, over a run of rebuilds: build it fresh or at a DALI
+    checkpoint, give its batches, keep the last good checkpoint to recover to, shut it down.
+
+    `inputs(fresh)` gives what to build, (source, spec), each time (the source may have
+    changed: bad samples excluded, a remote feed's cache paths); `cleanup()` runs after each attempt.
+    `recover(error)` hears every pipeline error: it raises, or excludes the culprits, after which the
+    pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
+    built, so a bad sample can surface there too. `keep_checkpoints`: take the checkpoint of every batch
+    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data)."""
+
+    def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
+                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
+        self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
+        self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
+        self.iterator = None
+        self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
+        self.drain_due = False  # drain_later
+
+    def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
+        """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
+        graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+        policy = LastBatchPolicy.DROP if self.drop else LastBatchPolicy.FILL
+        self.drain_due = False
+        while True:
+            self.close()
+            source, spec = self._inputs(checkpoint is None)
+            define = lambda at: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
+            pipe = None
+            try:
+                pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
+                self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name=READER_NAME,
+                                                    last_batch_policy=policy, auto_reset=True)
+            except RuntimeError as error:
+                if pipe is not None:
+                    shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
+                self._recover(error)  # raises, or excludes the culprits: then build again
+                continue
+            finally:
+                self._cleanup()
+            self.last_good = checkpoint or self.iterator.checkpoints()[0]
+            return
+
+    def next(self, before: Callable[[], None]) -> dict | None:
+        """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
+        while True:
+            before()
+            try:
+                (batch,) = next(self.iterator)  # one pipeline per rank -> one dict per step
+            except StopIteration:
+                return None
+            except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
+                self._recover(error)
+                self.build(checkpoint=self.last_good)  # and back to the last good batch
+                continue
+            # Taken after every batch only when a recovery may need it; else read by checkpoint().
+            self.last_good = self.iterator.checkpoints()[0] if self.keep_checkpoints else None
+            return batch
+
+    def drain_later(self) -> None:
+        """The epoch's last batch is out: DALI's rest of the epoch is read once the loop comes back for more
+        or asks for a state (settle), not before the yield, while the training step runs on the last one."""
+        self.drain_due = True
+
+    def settle(self, before: Callable[[], None]) -> None:
+        if self.drain_due:
+            self.drain_due = False
+            self.drain(before)
+
+    def drain(self, before: Callable[[], None]) -> None:
+        """Read DALI's epoch to its end: a checkpoint taken then starts the next epoch cleanly."""
+        while self.next(before) is not None:
+            pass
+        if self.keep_checkpoints:
+            self.last_good = self.iterator.checkpoints()[0]
+
+    def checkpoint(self) -> bytes:
+        """DALI's state after the last delivered batch (reader position, every random generator)."""
+        return self.last_good or self.iterator.checkpoints()[0]
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+    def close(self) -> None:
+        """Free the pipeline (its threads and memory) now rather than at garbage collection."""
+        if self.iterator is not None:
+            pipes = iterator_pipelines(self.iterator)
+            self.iterator = None
+            for pipe in pipes:
+                shutdown_pipeline(pipe)
+            del pipes
+
+
+def shutdown_quietly(pipe) -> None:
+    try:
+        shutdown_pipeline(pipe)
+    except Exception:  # a pipeline that failed to build may hold nothing to free
+        pass

@@ -1,0 +1,452 @@
+"""`python -m dali_pipes.tools.doctor [--out DIR] [--quick] [--data DIR]`: does the GPU path work here?
+
+On a GPU machine, run this first. It prints torch's CUDA version, DALI's version, the driver, the
+GPU and whether it has hardware JPEG decoders, then runs each check below and says, for each,
+PASSED, FAILED or NOT CHECKED (and why):
+  * static graph checks: every graph the library builds for device="gpu" (graph_check.py);
+  * a CPU epoch, train and val, through DaliLoader on a tiny dataset;
+  * GPU only: the `gpu` tests (pytest -m gpu, with DALI_PIPES_REQUIRE_GPU=1) of a source checkout;
+  * GPU only: one epoch of train and val of the built-in dataset at 224 px on the GPU, hybrid
+    (CPU decode) and CPU pipelines, compared (val: image by image; train: labels and statistics);
+  * GPU only: throughput of DALI gpu at hw_decoder_load 0, 0.65 and 0.99 and of DataLoader + PIL
+    (60 s in all), with the hardware JPEG decoder's use read through NVML (pynvml) where available.
+It writes doctor.json and doctor.md to the results folder (default: under the cache root,
+$DALI_PIPES_CACHE/doctor/<time>), to attach to a bug report, and exits 1 if any check that ran failed.
+The throughput run is a benchmark (dali_pipes_bench.doctor_throughput, extra [bench]): the doctor runs
+it in a process of its own, which also reads NVML and draws throughput.png, and says when it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+PASSED, FAILED, NOT_CHECKED = "PASSED", "FAILED", "NOT CHECKED"
+# GPUs with hardware JPEG decoders (NVJPG engines), by model name; NVML says for sure where it can.
+HW_JPEG_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "L4")
+THROUGHPUT = "throughput (DALI gpu at hw_decoder_load 0 / 0.65 / 0.99 vs DataLoader + PIL, NVML decoder use)"
+
+
+class NotChecked(Exception):
+    """A check that does not apply here; the message says why."""
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str = ""
+    data: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        return f"{self.status:<12} {self.name}: {self.detail} ({self.seconds:.1f} s)"
+
+
+def run_check(name: str, check: Callable[[], tuple[str, dict]]) -> Check:
+    """Run one check: it returns (detail, data), raises NotChecked, or fails (any other error)."""
+    start = time.perf_counter()
+    try:
+        detail, data = check()
+        result = Check(name, PASSED, detail, data)
+    except NotChecked as e:
+        result = Check(name, NOT_CHECKED, str(e))
+    except Exception as e:  # a failed check must not stop the others: it is reported, with its traceback
+        result = Check(name, FAILED, f"{type(e).__name__}: {e}"[:2000], {"traceback": traceback.format_exc()})
+    result.seconds = time.perf_counter() - start
+    print(result.line(), flush=True)
+    return result
+
+
+# -- the machine -------------------------------------------------------------------------------------
+
+def environment() -> dict:
+    """Versions, driver, GPU and its JPEG decoders, as far as this machine can tell."""
+    import torch
+    from dali_pipes.graph._dali import dali_version
+    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+           "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "dali": dali_version(),
+           "driver": nvidia_smi("driver_version") or "none found (no nvidia-smi, or it lists no GPU)",
+           "gpus_seen_by_nvidia_smi": nvidia_smi("name")}
+    if not env["cuda_available"]:
+        return {**env, "gpu": no_gpu_reason(env), "hw_jpeg_decoder": "unknown (no GPU)"}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    env.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}",
+               gpu_memory_gb=round(props.total_memory / 2**30, 1))
+    env["hw_jpeg_decoder"] = hardware_jpeg_decoder(props.name)
+    return env
+
+
+def nvidia_smi(query: str) -> str | None:
+    """One nvidia-smi field (all GPUs, comma-joined), or None without nvidia-smi or a GPU."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return ", ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) or None
+
+
+def hardware_jpeg_decoder(gpu_name: str) -> str:
+    """"yes (NVML)", "no (NVML)", or the model-name guess when NVML cannot tell."""
+    nvml = Nvml.open()
+    if nvml is not None and nvml.jpeg_utilization() is not None:
+        return "yes (NVML reports JPEG decoder utilisation)"
+    if nvml is not None and nvml.jpeg_supported is False:
+        return "no (NVML: JPEG decoder utilisation not supported)"
+    guess = bool(set(re.split(r"[\s-]+", gpu_name.upper())) & set(HW_JPEG_GPUS))
+    return f"{'probably yes' if guess else 'probably no'} (by model name; install nvidia-ml-py to ask NVML)"
+
+
+class Nvml:
+    """Decoder utilisation through NVML (pynvml, from the nvidia-ml-py package), when installed."""
+
+    def __init__(self, pynvml, handle) -> None:
+        self.pynvml, self.handle, self.jpeg_supported = pynvml, handle, None
+
+    @classmethod
+    def open(cls) -> "Nvml | None":
+        """NVML's handle of torch's current GPU, or None (no pynvml, no driver: readings are optional)."""
+        try:
+            import pynvml
+            import torch
+            pynvml.nvmlInit()
+            device = torch.cuda.current_device()
+        except Exception:
+            return None
+        try:  # by UUID: NVML numbers GPUs without regard to CUDA_VISIBLE_DEVICES
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"))
+        except Exception:
+            pass
+        try:
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device))
+        except Exception:
+            return None
+
+    def jpeg_utilization(self) -> int | None:
+        """Percent busy of the hardware JPEG decoder, None where NVML cannot tell."""
+        try:
+            value = self.pynvml.nvmlDeviceGetJpgUtilization(self.handle)
+            self.jpeg_supported = True
+            return int(value[0] if isinstance(value, (tuple, list)) else value)
+        except AttributeError:  # an older pynvml without the call
+            return None
+        except Exception:
+            self.jpeg_supported = False
+            return None
+
+    def readings(self) -> dict:
+        out = {"jpeg": self.jpeg_utilization()}
+        for key, call in (("video_decoder", "nvmlDeviceGetDecoderUtilization"),
+                          ("gpu", "nvmlDeviceGetUtilizationRates")):
+            try:
+                value = getattr(self.pynvml, call)(self.handle)
+                out[key] = int(value.gpu if key == "gpu" else value[0])
+            except Exception:
+                out[key] = None
+        return out
+
+
+# -- checks that run everywhere ------------------------------------------------------------------------
+
+def tiny_sources(root: str) -> dict:
+    """The same 12 small JPEGs (3 classes) as an image folder, TFRecord and WebDataset shards."""
+    from PIL import Image
+    from dali_pipes import open_source
+    from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+    for i in range(12):
+        folder = os.path.join(root, "folder", f"class_{i % 3}")
+        os.makedirs(folder, exist_ok=True)
+        ramp = np.add.outer(np.arange(40 + 2 * i), np.arange(56)).astype(np.uint8)
+        pixels = np.stack([ramp * 3 + 20 * i, np.full_like(ramp, 11 * i), ramp + 13 * i], axis=-1).astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(folder, f"{i:03d}.jpg"), quality=90)
+    folder = open_source(os.path.join(root, "folder"))
+    write_tfrecords(folder, os.path.join(root, "tfrecord"), shards=2, workers=1, progress=False)
+    write_webdataset(folder, os.path.join(root, "webdataset"), shards=2, workers=1, progress=False)
+    return {"folder": folder, "tfrecord": open_source(os.path.join(root, "tfrecord"), progress=False),
+            "webdataset": open_source(os.path.join(root, "webdataset"), progress=False)}
+
+
+def check_static_graphs(sources: dict) -> tuple[str, dict]:
+    """Every project GPU graph, assembled and checked without a GPU."""
+    from dali_pipes.tools.graph_check import GraphError, PrivateApiChanged, check_variant, project_graphs
+    results, failed = [], []
+    for variant in project_graphs(sources):
+        try:
+            results.append(check_variant(variant).summary())
+        except PrivateApiChanged as e:
+            raise NotChecked(f"DALI's private graph API changed: {e}") from e
+        except GraphError as e:
+            failed.append(str(e))
+            results.append({"graph": variant.name, "ok": False, "problems": e.problems})
+    if failed:
+        raise AssertionError(f"{len(failed)} of {len(results)} graphs failed:\n" + "\n".join(failed))
+    return f"{len(results)} graphs assembled by DALI and checked", {"graphs": results}
+
+
+def check_cpu_epoch(sources: dict) -> tuple[str, dict]:
+    """One epoch of train and val through DaliLoader on the CPU: counts, shapes, finite values."""
+    import torch
+    from dali_pipes import DaliLoader
+    folder = sources["folder"]
+    data = {}
+    for train in (True, False):
+        loader = DaliLoader(folder, batch_size=4, train=train, device="cpu", num_threads=2, image_size=64)
+        labels, expected = [], len(loader) * 4 if train else None
+        for images, batch_labels in loader:
+            if images.shape[1:] != (3, 64, 64) or not torch.isfinite(images).all():
+                raise AssertionError(f"bad batch: shape {tuple(images.shape)}")
+            labels += batch_labels.tolist()
+        loader.close()
+        data["train" if train else "val"] = len(labels)
+        real = sorted(label for label in labels if label >= 0)
+        if (not train and real != sorted(folder.labels)) or (train and len(labels) != expected):
+            raise AssertionError(f"{'train' if train else 'val'} epoch yielded labels {labels}")
+    return f"train {data['train']} and val {data['val']} samples, as the epoch contract says", data
+
+
+# -- checks that need a GPU ------------------------------------------------------------------------------
+
+def require_gpu(env: dict) -> None:
+    if not env["cuda_available"]:
+        raise NotChecked(no_gpu_reason(env))
+
+
+def no_gpu_reason(env: dict) -> str:
+    if env.get("gpus_seen_by_nvidia_smi"):
+        return (f"nvidia-smi sees {env['gpus_seen_by_nvidia_smi']} but torch {env['torch']} cannot use it "
+                f"(built for CUDA {env['torch_cuda']})")
+    return f"no GPU: torch {env['torch']} sees no CUDA device (built for CUDA {env['torch_cuda']})"
+
+
+def check_torch_sees_gpu(env: dict) -> tuple[str, dict]:
+    """A GPU that nvidia-smi lists but torch cannot use is a broken install, not a CPU machine."""
+    if env.get("gpus_seen_by_nvidia_smi") and not env["cuda_available"]:
+        raise AssertionError(no_gpu_reason(env) + "; install a CUDA build of torch")
+    if not env["cuda_available"]:
+        raise NotChecked(no_gpu_reason(env))
+    return f"{env['gpu']} (compute {env['compute_capability']}), driver {env['driver']}", {}
+
+
+def check_gpu_tests(env: dict) -> tuple[str, dict]:
+    """The `gpu` tests of a source checkout, where skips are failures (DALI_PIPES_REQUIRE_GPU=1)."""
+    require_gpu(env)
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "tests" / "conftest.py").exists():
+        raise NotChecked(f"no tests beside the package ({root / 'tests'}): run the doctor from a source checkout")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"],
+                         cwd=root, capture_output=True, text=True, env={**os.environ, "DALI_PIPES_REQUIRE_GPU": "1"})
+    summary = (run.stdout.strip().splitlines() or ["no output"])[-1]
+    if run.returncode != 0:
+        raise AssertionError(f"pytest -m gpu: {summary}\n{run.stdout[-3000:]}{run.stderr[-1000:]}")
+    return f"pytest -m gpu: {summary}", {"summary": summary}
+
+
+def builtin_dataset(data: str | None, work: str, quick: bool) -> tuple[str, str]:
+    """(train, val) folders of the built-in dataset: `data`, data/sample/images, or made in `work`."""
+    from dali_pipes.tools.sample_data import SampleDatasetConfig, make_sample_dataset
+    for root in ([data] if data else ["data/sample/images"]):
+        if os.path.isdir(os.path.join(root, "train")):
+            return os.path.join(root, "train"), os.path.join(root, "val")
+    if data:
+        raise FileNotFoundError(f"{data}: expected {data}/train and {data}/val (the built-in dataset's layout)")
+    root = os.path.join(work, "sample")
+    cfg = SampleDatasetConfig(train_per_class=40, val_per_class=10) if quick else SampleDatasetConfig()
+    make_sample_dataset(root, cfg, progress=False)
+    return os.path.join(root, "train"), os.path.join(root, "val")
+
+
+def check_gpu_vs_cpu(env: dict, train_dir: str, val_dir: str) -> tuple[str, dict]:
+    """Val at 224 px: GPU and hybrid images match the CPU's within the decoders' rounding, labels
+    exactly. Train: the same samples (the reader runs on the CPU with the same seed), and per-channel
+    means within 0.15 (crops and flips are drawn on each device)."""
+    require_gpu(env)
+    data = {"val": {}, "train": {}}
+    val = {name: _epoch(val_dir, False, device, decode) for name, device, decode in
+           (("cpu", "cpu", None), ("gpu", "gpu", None), ("hybrid", "gpu", "cpu"))}
+    for name in ("gpu", "hybrid"):
+        if val[name]["labels"] != val["cpu"]["labels"]:
+            raise AssertionError(f"val labels differ between {name} and cpu")
+        diff = np.abs(val[name]["images"] - val["cpu"]["images"])
+        data["val"][name] = {"mean_abs": float(diff.mean()), "p99_abs": float(np.percentile(diff, 99)),
+                             "max_abs": float(diff.max())}
+        if diff.mean() > 0.05 or np.percentile(diff, 99) > 0.5:
+            raise AssertionError(f"val images differ between {name} and cpu: {data['val'][name]}")
+    train = {name: _epoch(train_dir, True, device, decode, keep_images=False) for name, device, decode in
+             (("cpu", "cpu", None), ("gpu", "gpu", None), ("hybrid", "gpu", "cpu"))}
+    for name in ("gpu", "hybrid"):
+        drift = np.abs(train[name]["channel_mean"] - train["cpu"]["channel_mean"])
+        data["train"][name] = {"labels_equal": train[name]["labels"] == train["cpu"]["labels"],
+                               "channel_mean_drift": drift.tolist()}
+        if drift.max() > 0.15 or sorted(train[name]["labels"]) != sorted(train["cpu"]["labels"]):
+            raise AssertionError(f"train epochs differ between {name} and cpu: {data['train'][name]}")
+    worst = max(v["mean_abs"] for v in data["val"].values())
+    return f"val mean |GPU - CPU| {worst:.4f} (normalised units; one 8-bit level = 0.017); train agrees", data
+
+
+def _epoch(folder: str, train: bool, device: str, decode_device: str | None, keep_images: bool = True) -> dict:
+    import torch
+    from dali_pipes import DaliLoader
+    args = dict(decode_device=decode_device) if decode_device else {}
+    loader = DaliLoader(folder, batch_size=50, train=train, device=device, image_size=224, seed=0, **args)
+    labels, images, sums, count = [], [], torch.zeros(3, dtype=torch.float64), 0
+    for batch_images, batch_labels in loader:
+        labels += batch_labels.tolist()
+        sums += batch_images.double().mean(dim=(2, 3)).sum(dim=0).cpu()
+        count += len(batch_labels)
+        if keep_images:
+            images.append(batch_images.float().cpu().numpy())
+    loader.close()
+    return {"labels": labels, "images": np.concatenate(images) if images else None,
+            "channel_mean": (sums / max(count, 1)).numpy()}
+
+
+def check_throughput(env: dict, train_dir: str, seconds: float, out: str) -> tuple[str, dict]:
+    """The throughput run: a benchmark, so it lives in dali_pipes_bench and runs in a process of its own
+    (the library never imports the benchmarks); not checked where that package is not installed."""
+    require_gpu(env)
+    if importlib.util.find_spec("dali_pipes_bench") is None:
+        raise NotChecked("the throughput run is a benchmark: pip install 'dali_pipes[bench]' (or run from a "
+                         "source checkout)")
+    result = os.path.join(out, "throughput.json")
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.doctor_throughput", train_dir, "--seconds",
+                          str(seconds), "--out", out], text=True)
+    if run.returncode != 0:
+        raise AssertionError(f"python -m dali_pipes_bench.doctor_throughput exited {run.returncode}")
+    with open(result) as f:
+        data = json.load(f)
+    return data["summary"], {"rows": data["rows"]}
+
+
+# -- results -------------------------------------------------------------------------------------------
+
+def write_results(out: str, env: dict, checks: list[Check], argv: Sequence[str]) -> list[str]:
+    """doctor.json and doctor.md (and the throughput run's throughput.png, where it drew one)."""
+    os.makedirs(out, exist_ok=True)
+    paths = [os.path.join(out, "doctor.json"), os.path.join(out, "doctor.md")]
+    with open(paths[0], "w") as f:
+        json.dump({"command": "python -m dali_pipes.tools.doctor " + " ".join(argv), "environment": env,
+                   "checks": [asdict(c) for c in checks]}, f, indent=1, default=str)
+    with open(paths[1], "w") as f:
+        f.write(markdown(env, checks, argv))
+    plot = os.path.join(out, "throughput.png")
+    return paths + ([plot] if os.path.exists(plot) else [])
+
+
+def markdown(env: dict, checks: list[Check], argv: Sequence[str]) -> str:
+    lines = [f"# dali_pipes doctor, {datetime.datetime.now().isoformat(timespec='seconds')}", "",
+             f"`python -m dali_pipes.tools.doctor {' '.join(argv)}`", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in env.items()]
+    lines += ["", "| result | check | detail | s |", "|---|---|---|---|"]
+    lines += [f"| {c.status} | {c.name} | {c.detail.splitlines()[0] if c.detail else ''} | {c.seconds:.1f} |"
+              for c in checks]
+    skipped = [c for c in checks if c.status == NOT_CHECKED]
+    if skipped:
+        lines += ["", "## Not checked on this machine", ""] + [f"- NOT CHECKED: {c.name}: {c.detail}" for c in skipped]
+    for c in checks:
+        if c.name == THROUGHPUT and c.status == PASSED:
+            lines += ["", "## Throughput (train, 224 px)", "", "| case | images/s | JPEG decoder % mean | GPU % mean |",
+                      "|---|---|---|---|"]
+            lines += [f"| {r['case']} | {r['images_per_s']} | {r.get('jpeg_util_mean')} | {r.get('gpu_util_mean')} |"
+                      for r in c.data["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m dali_pipes.tools.doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    from dali_pipes.storage.files import cache_root
+    parser.add_argument("--out", default=os.path.join(cache_root(), "doctor", stamp),
+                        help="results folder (default: under the cache root, %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a smaller built-in dataset and a 20 s throughput run")
+    parser.add_argument("--data", default=None, help="the built-in dataset's folder (with train/ and val/); "
+                        "default: data/sample/images, else one made in the results folder")
+    parser.add_argument("--seconds", type=float, default=None, help="throughput run in all (default: 60, quick: 20)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    env = environment()
+    print("\n".join(f"{k:>24}: {v}" for k, v in env.items()), flush=True)
+    checks = [run_check("torch sees the GPU", lambda: check_torch_sees_gpu(env))]
+    with tempfile.TemporaryDirectory(prefix="dali-pipes-doctor-") as work:
+        sources: dict = {}
+        checks.append(run_check("tiny dataset (folder, TFRecord, WebDataset)",
+                                lambda: (sources.update(tiny_sources(work)) or "12 images in 3 formats", {})))
+        checks.append(run_check("static GPU graph checks", needs(sources, lambda: check_static_graphs(sources))))
+        checks.append(run_check("CPU epoch (train and val)", needs(sources, lambda: check_cpu_epoch(sources))))
+    checks.append(run_check("gpu tests", lambda: check_gpu_tests(env)))
+    checks += gpu_runtime_checks(env, args)
+    paths = write_results(args.out, env, checks, argv)
+    return report(checks, paths)
+
+
+def needs(prerequisite, check: Callable[[], tuple[str, dict]], env: dict | None = None) -> Callable:
+    """`check`, not checked when `prerequisite` (filled by an earlier check) is empty, or, with
+    `env`, when there is no GPU."""
+    def run() -> tuple[str, dict]:
+        if env is not None:
+            require_gpu(env)
+        if not prerequisite:
+            raise NotChecked("its data could not be made (see the check above)")
+        return check()
+    return run
+
+
+def gpu_runtime_checks(env: dict, args: argparse.Namespace) -> list[Check]:
+    """The GPU-vs-CPU epoch and the throughput run, on the built-in dataset (made when missing)."""
+    splits: list[str] = []
+
+    def dataset() -> tuple[str, dict]:
+        require_gpu(env)
+        splits.extend(builtin_dataset(args.data, args.out, args.quick))
+        return f"train {splits[0]}, val {splits[1]}", {}
+
+    seconds = args.seconds or (20.0 if args.quick else 60.0)
+    return [run_check("built-in dataset", dataset),
+            run_check("GPU vs CPU outputs", needs(splits, lambda: check_gpu_vs_cpu(env, *splits), env)),
+            run_check(THROUGHPUT, needs(splits, lambda: check_throughput(env, splits[0], seconds, args.out), env))]
+
+
+def report(checks: list[Check], paths: list[str]) -> int:
+    """Print what was not checked and where the results are; 1 if any check failed."""
+    skipped = [c for c in checks if c.status == NOT_CHECKED]
+    failed = [c for c in checks if c.status == FAILED]
+    if skipped:
+        print("\nNot checked on this machine (a GPU run settles them):")
+        print("\n".join(f"  NOT CHECKED: {c.name}: {c.detail}" for c in skipped))
+    for c in failed:
+        print(f"\nFAILED {c.name}:\n{c.data.get('traceback', c.detail)}")
+    print(f"\nresults: {', '.join(paths)}")
+    print(f"{len(failed)} failed, {len(checks) - len(failed) - len(skipped)} passed, {len(skipped)} not checked")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
