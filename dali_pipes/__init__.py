@@ -29,13 +29,13 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from dali_pipes.config import LoaderConfig, SourceConfig
-    from dali_pipes.run.dist import Shard
-    from dali_pipes.errors import DatasetError
-    from dali_pipes.graph.augment import AugmentConfig
-    from dali_pipes.loader import DaliLoader
-    from dali_pipes.graph.resolution import progressive
     from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
     from dali_pipes.data.source import Source, open_source
+    from dali_pipes.errors import DatasetError
+    from dali_pipes.graph.augment import AugmentConfig
+    from dali_pipes.graph.resolution import progressive
+    from dali_pipes.loader import DaliLoader
+    from dali_pipes.run.dist import Shard
 
 
 def __getattr__(name: str):

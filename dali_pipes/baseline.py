@@ -19,12 +19,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from dali_pipes.data.formats import read_sample
+from dali_pipes.data.labels import check_label, label_bound
+from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.data.source import Source, open_source, with_num_classes
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.run.dist import Shard
-from dali_pipes.data.formats import read_sample
-from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
-from dali_pipes.data.labels import check_label, label_bound
-from dali_pipes.data.source import Source, open_source, with_num_classes
 
 
 def random_resized_crop_box(width: int, height: int, area: tuple[float, float], ratio: tuple[float, float],

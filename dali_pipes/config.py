@@ -84,6 +84,7 @@ def __getattr__(name: str) -> Any:
     """The flag machinery moved to options.py in 0.3.0: its names still import from here for a release."""
     if name in ("add_arguments", "from_args", "flag_name"):
         import warnings
+
         from dali_pipes import options
         warnings.warn(f"dali_pipes.config.{name} moved to dali_pipes.options in 0.3.0", DeprecationWarning,
                       stacklevel=2)

@@ -32,23 +32,30 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
 
-from dali_pipes.storage import object_store
-from dali_pipes.run import resume
 from dali_pipes.config import LoaderConfig, SourceConfig
-from dali_pipes.run.contract import Contract, EpochCut
-from dali_pipes.dataloader_args import (LOCATION_TYPES, DataLoaderAttributes, DatasetView, EpochRequests, SamplerView,
-                                        read_as_pil, resolve_call)
-from dali_pipes.run.dist import Shard
-from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
-from dali_pipes.run.pipeline import PipelineSpec, cuda_device_id
-from dali_pipes.run.position import Position
-from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
-from dali_pipes.run.tuning import AUTO
-from dali_pipes.run.procfs import release_free_memory_now_and_then
-from dali_pipes.run.recovery import BadSamplePolicy
-from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
+from dali_pipes.dataloader_args import (
+    LOCATION_TYPES,
+    DataLoaderAttributes,
+    DatasetView,
+    EpochRequests,
+    SamplerView,
+    read_as_pil,
+    resolve_call,
+)
+from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
+from dali_pipes.graph.resolution import ImageSize
+from dali_pipes.run import resume
+from dali_pipes.run.contract import Contract, EpochCut
+from dali_pipes.run.dist import Shard
+from dali_pipes.run.pipeline import PipelineSpec, cuda_device_id
+from dali_pipes.run.position import Position
+from dali_pipes.run.procfs import release_free_memory_now_and_then
+from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
+from dali_pipes.run.recovery import BadSamplePolicy
+from dali_pipes.run.tuning import AUTO
+from dali_pipes.storage import object_store
 
 DEVICES = ("auto", "gpu", "cpu")
 _LOADER, _SOURCE = LoaderConfig(), SourceConfig()  # the loader's defaults, written once (config.py)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from typing import Sequence
 
-from dali_pipes_bench.cli import command, write_json, data_or_builtin, run_main
+from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
 
 
 def train_run(data: str, threads: str, args: argparse.Namespace) -> dict:

@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dali_pipes.tools.doctor import Nvml
 from dali_pipes.run.procfs import gpu_used_mb
+from dali_pipes.tools.doctor import Nvml
 
 HW_LOADS = (0.0, 0.65, 0.99)
 

@@ -16,7 +16,7 @@ import time
 from typing import Sequence
 
 from dali_pipes import AugmentConfig, open_source
-from dali_pipes_bench.cli import command, write_json, data_or_builtin, run_main
+from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
 from dali_pipes_bench.harness import LoaderOverhead
 
 

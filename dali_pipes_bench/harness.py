@@ -35,17 +35,17 @@ import torch
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.baseline import TorchLoader
-from dali_pipes.run.dist import Shard
+from dali_pipes.data.formats import read_sample
+from dali_pipes.data.reader import READER_NAME, ReaderModel
+from dali_pipes.data.source import Source, open_source
+from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.graph.augment import AugmentConfig, eval_augment, train_augment
 from dali_pipes.loader import DaliLoader
+from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import usable_cpus
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
 from dali_pipes.run.procfs import PeakSampler, cpu_seconds
-from dali_pipes.data.reader import READER_NAME, ReaderModel
-from dali_pipes.data.formats import read_sample
-from dali_pipes.data.source import Source, open_source
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Sequence
 import torch
 
 from dali_pipes import AugmentConfig, LoaderConfig, SourceConfig, open_source
-from dali_pipes.options import add_arguments, from_args
 from dali_pipes.graph.resolution import schedule_text
+from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, require, run_main
 

@@ -21,7 +21,6 @@ under --out (default $DALI_PIPES_CACHE/profile/<time>/).
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import datetime
 import json
 import os
@@ -29,17 +28,18 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Sequence
 
 from tqdm import tqdm
 
-from dali_pipes.run import tuning
 from dali_pipes.config import LoaderConfig, SourceConfig
+from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.options import add_arguments, from_args
+from dali_pipes.run import tuning
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import PipelineSpec
-from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes_bench.cli import data_or_builtin, run_main
 from dali_pipes_bench.doctor_throughput import NvmlSampler
 from dali_pipes_bench.harness import forever
@@ -59,6 +59,7 @@ def thread_levels(cores: int) -> list[int]:
 def measure(stage: str, source, spec: PipelineSpec, batches: int, warmup: int) -> dict:
     """One case: images/s and CPU cores busy over `batches` batches after `warmup`."""
     import torch
+
     from dali_pipes.graph._dali import shutdown_pipeline
     from dali_pipes.run.pipeline import READER_NAME, build_pipeline
     graph_stage = stage if stage in ("read", "decode") else "augment"

@@ -25,8 +25,8 @@ import time
 from typing import Sequence
 
 from dali_pipes import DaliLoader, LoaderConfig, SourceConfig, open_source, progressive
-from dali_pipes.options import add_arguments, from_args
 from dali_pipes.graph.resolution import parse_image_size, schedule_text
+from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 

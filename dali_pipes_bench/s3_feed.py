@@ -74,7 +74,8 @@ def write_shards(folder: str, images: int, shards: int) -> list[dict]:
 
 def build_pipe(paths: list[str], indexes: list[str], rank: int, world: int, batch: int, threads: int):
     """The benchmark graph over `paths`: read this rank's shard in order, decode, resize, crop."""
-    from nvidia.dali import fn, pipeline_def, tfrecord as tfrec, types
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import tfrecord as tfrec
 
     @pipeline_def(batch_size=batch, num_threads=threads, device_id=None, prefetch_queue_depth=2)
     def pipe():
@@ -94,8 +95,8 @@ def build_pipe(paths: list[str], indexes: list[str], rank: int, world: int, batc
 
 def run_worker(args: argparse.Namespace) -> dict:
     """Read `batches` batches of this rank's shard; images/s counted after the first batch."""
-    from dali_pipes.storage import object_store
     from dali_pipes.data.reader import ReaderModel
+    from dali_pipes.storage import object_store
     from dali_pipes.storage.shard_cache import ReadAheadGate, ShardCache
     with open(args.manifest) as f:
         manifest = json.load(f)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dali_pipes_bench.cli import command, write_json, run_main
+from dali_pipes_bench.cli import command, run_main, write_json
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Delivered:  # the part of elastic.DeliveryRecord the check reads
 def rank_main(rank: int, world: int, port: int, samples: int, repeats: int, queue) -> None:
     import torch
     import torch.distributed as dist
+
     from dali_pipes.run.dist import Shard
     from dali_pipes.run.sharding import check_delivery
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

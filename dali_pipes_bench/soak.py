@@ -15,7 +15,6 @@ import time
 from dataclasses import asdict
 from typing import Iterable, Iterator, Sequence
 
-
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes.run.procfs import gpu_used_mb, host_memory_mb

@@ -20,11 +20,12 @@ from torch import nn
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
 from dali_pipes.baseline import TorchLoader
-from dali_pipes.options import add_arguments, from_args
 from dali_pipes.graph.resolution import schedule_text
+from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 from dali_pipes_bench.harness import forever
+
 try:  # train/ is the reference training loop of a checkout, not an installed package
     from train.models import create_model
     from train.utils import param_groups

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from dali_pipes.data.source import Source
+
 from torchvision_side import torchvision  # noqa: F401  (session fixture: torchvision's Python classes, or a skip)
 
 CLASSES = ("cat", "dog", "fish")

@@ -65,7 +65,8 @@ def image_folder(folder: str, train: bool):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from torchvision_side import import_torchvision
     import_torchvision()
-    from torchvision import datasets, transforms as T
+    from torchvision import datasets
+    from torchvision import transforms as T
     steps = [T.RandomResizedCrop(16)] if train else [T.Resize(20), T.CenterCrop(16)]
     return datasets.ImageFolder(folder, T.Compose(steps + [T.ToTensor()]))
 

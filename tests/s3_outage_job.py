@@ -25,8 +25,9 @@ import warnings
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from conftest import jpeg_bytes  # noqa: E402
 from dali_pipes_bench.latency_proxy import ProxyProcess  # noqa: E402
+
+from conftest import jpeg_bytes  # noqa: E402
 from s3_server import admin_client  # noqa: E402
 
 

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-
 from dali_pipes import open_source
 from dali_pipes_bench.harness import PreloadedDaliLoader
 

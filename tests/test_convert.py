@@ -39,6 +39,7 @@ def test_webdataset_members_and_labels(jpeg_folder, tmp_path):
 
 def test_a_full_disk_during_convert_is_one_line_naming_the_output_and_leaves_no_temp(tmp_path, disk_full):
     import pytest
+
     from dali_pipes.config import run_cli
     write_folder(tmp_path / "images")
     out = tmp_path / "out"
@@ -61,8 +62,9 @@ def test_converting_again_into_a_folder_is_refused_and_overwrite_replaces_the_ol
     found nothing wrong. The second conversion is refused naming OUT and what it holds; --overwrite removes the
     old set first (shards of either format, .idx, classes.json, manifest.json), so OUT holds the new set alone."""
     import pytest
-    from dali_pipes.tools.cli import main
+
     from dali_pipes.errors import DatasetError
+    from dali_pipes.tools.cli import main
     from dali_pipes.tools.verify import verify
     write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
     source, out = open_source(str(tmp_path / "images")), str(tmp_path / "out")
@@ -89,6 +91,7 @@ def test_overwrite_keeps_other_prefixes_and_never_removes_files_no_conversion_wr
     """train and val converted into one folder both stay (the manifest lists both); --overwrite of train leaves
     val. A file no conversion wrote is refused, named, with --overwrite too, and left where it is."""
     import pytest
+
     from dali_pipes.errors import DatasetError
     write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
     source, out = open_source(str(tmp_path / "images")), str(tmp_path / "both")

@@ -208,6 +208,7 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
     """The sample_ids output (DALI's source_info) of every sample, for each format, is what
     elastic.identity expects and marks its storage-order index (checked on DALI 2.4.0)."""
     from nvidia.dali import pipeline_def
+
     from dali_pipes.run.delivery import IdentityTable, sample_ids
     for kind, source in sources.items():
         @pipeline_def(batch_size=N, num_threads=1, device_id=None)
@@ -226,8 +227,9 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
 
 def test_subset_source_reads_exactly_the_chosen_records(sources, tmp_path):
     """A subset with gaps, out of storage order and with a repeat reads exactly those records."""
-    from conftest import dali_read_epoch
     from dali_pipes.data.formats import read_sample
+
+    from conftest import dali_read_epoch
     for kind in ("tfrecord", "webdataset"):
         source = sources[kind]
         refs = source.refs()

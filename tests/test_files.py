@@ -3,8 +3,8 @@
 import os
 import threading
 
-from dali_pipes.storage.files import private_tmp
 from dali_pipes.data.location import NOT_SHARDS
+from dali_pipes.storage.files import private_tmp
 
 
 def test_private_names_differ_per_thread_and_are_never_shards():
@@ -24,6 +24,7 @@ def test_a_temp_name_is_never_nested():
 
 def test_atomic_write_removes_its_temp_on_error_and_names_the_flag_on_a_full_disk(tmp_path, disk_full):
     import pytest
+
     from dali_pipes.storage.files import DiskFullError, atomic_write
     with atomic_write(str(tmp_path / "a.txt"), "w") as f:
         f.write("whole")

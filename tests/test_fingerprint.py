@@ -1,6 +1,5 @@
 """fingerprint.py: what changed between two listings of a dataset's files, named (issue 19)."""
 
-import pytest
 
 from dali_pipes.data import fingerprint
 from dali_pipes.data.fingerprint import changes, of_files

@@ -3,8 +3,15 @@ configured, every bad one listed at once; the decoders' buffers are a budget per
 
 import pytest
 
-from dali_pipes.graph.augment import (AugmentConfig, DEVICE_PADDING_BUDGET, HOST_PADDING_BUDGET, check_decoder_args,
-                                      decoder_args, decoder_paddings, resolve_decode_device)
+from dali_pipes.graph.augment import (
+    DEVICE_PADDING_BUDGET,
+    HOST_PADDING_BUDGET,
+    AugmentConfig,
+    check_decoder_args,
+    decoder_args,
+    decoder_paddings,
+    resolve_decode_device,
+)
 
 
 @pytest.mark.parametrize("field, value, match", [

@@ -16,12 +16,18 @@ import torch
 
 from dali_pipes import open_source
 from dali_pipes.graph import _dali
-from dali_pipes.tools.convert import write_tfrecords, write_webdataset
-from dali_pipes.run.dist import Shard
 from dali_pipes.graph.augment import AugmentConfig
-from dali_pipes.tools.graph_check import (GraphError, PrivateApiChanged, check_defined, check_gpu_graph, check_variant,
-                                          project_graphs)
+from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, cuda_device_id
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+from dali_pipes.tools.graph_check import (
+    GraphError,
+    PrivateApiChanged,
+    check_defined,
+    check_gpu_graph,
+    check_variant,
+    project_graphs,
+)
 
 from conftest import write_folder
 
@@ -52,6 +58,7 @@ def checked(check, *args, **kwargs):
 
 def external_jpegs():
     from nvidia.dali import fn, types
+
     from dali_pipes.run.recovery import placeholder_jpeg
     data = [np.frombuffer(placeholder_jpeg(), np.uint8)] * 2
     return fn.external_source(source=lambda: data, batch=True, dtype=types.UINT8)

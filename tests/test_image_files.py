@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from dali_pipes.errors import DatasetError
 from dali_pipes.data.formats.image_files import list_folder, read_file_list
+from dali_pipes.errors import DatasetError
 
 from conftest import CLASSES, write_folder
 
@@ -55,6 +55,7 @@ def test_file_list_label_negative_or_above_the_classes_is_named_by_line(tmp_path
 
 def test_a_sample_listed_twice_is_refused_naming_both_lines_or_warned_with_allow_duplicates(tmp_path):
     from dali_pipes import DaliLoader, open_source
+
     from conftest import jpeg_bytes
     for i in range(4):
         (tmp_path / f"{i}.jpg").write_bytes(jpeg_bytes(i))

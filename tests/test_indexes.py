@@ -10,10 +10,10 @@ import pytest
 
 from dali_pipes import open_source
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.data.indexes import ensure_indexes, index_candidates
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
-from conftest import dali_read_epoch, expected_multiset, jpeg_bytes
+from conftest import dali_read_epoch, jpeg_bytes
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import warnings
 import pytest
 
 from dali_pipes import DaliLoader, TFRecordKeys, open_source
-from dali_pipes.errors import LabelError
 from dali_pipes.data.formats import tfrecord, webdataset
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, stored_to_label
+from dali_pipes.errors import LabelError
 
 from conftest import jpeg_bytes
 

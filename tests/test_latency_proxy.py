@@ -3,16 +3,15 @@ and counts it; and DALI's native s3:// reader, measured through it, sends one GE
 
 import json
 import os
+import socket
 import subprocess
 import sys
-import socket
 import time
 
-import numpy as np
 import pytest
 
-from dali_pipes.storage import object_store
 from dali_pipes.data.formats import tfrecord
+from dali_pipes.storage import object_store
 from dali_pipes_bench.latency_proxy import Fault, LatencyProxy, ProxyProcess
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy

@@ -6,10 +6,10 @@ loader's defaults written once (config.py), train/ not installed as a package.""
 import ast
 import dataclasses
 import inspect
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,13 +19,13 @@ import torch
 pytest.importorskip("lightning", reason="Lightning is an optional extra: pip install dali_pipes[lightning]")
 
 import lightning.pytorch as pl  # noqa: E402
+from lightning_ddp_job import BATCH_SIZE, LOADER_ARGS, RANKS, Recorder  # noqa: E402
 
 import dali_pipes  # noqa: E402
 from dali_pipes import DaliLoader  # noqa: E402
 from dali_pipes.lightning import DaliDataModule  # noqa: E402
 
 from conftest import jpeg_bytes  # noqa: E402
-from lightning_ddp_job import BATCH_SIZE, LOADER_ARGS, RANKS, Recorder  # noqa: E402
 
 N = 43  # odd: train drops a tail on each rank, val pads the two ranks' shards (21, 22) differently
 EPOCHS = 2

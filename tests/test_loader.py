@@ -2,7 +2,6 @@
 for world sizes 1-4, resume equality, determinism, errors, and no leaks."""
 
 import io
-import os
 
 import numpy as np
 import pytest

@@ -5,9 +5,9 @@ import os
 import pytest
 
 from dali_pipes import open_source
-from dali_pipes.tools.convert import write_tfrecords, write_webdataset
-from dali_pipes.errors import DatasetError
 from dali_pipes.data.location import classify, local_shard_kind
+from dali_pipes.errors import DatasetError
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
 
 @pytest.fixture

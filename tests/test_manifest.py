@@ -8,10 +8,10 @@ import os
 import pytest
 
 from dali_pipes import DatasetError, TFRecordKeys, open_source
-from dali_pipes.tools.convert import write_tfrecords, write_webdataset
-from dali_pipes.errors import LabelError
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.data.manifest import MANIFEST_NAME, build, problems, write
+from dali_pipes.errors import LabelError
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.tools.verify import verify
 
 from conftest import CLASSES, jpeg_bytes, write_folder
@@ -130,6 +130,7 @@ def test_a_folder_holding_two_conversions_is_refused_by_open_and_verify(tmp_path
     refused; here: the old set copied in) read as twice the samples, and verify said 0 problems. The shards the
     manifest does not list are named, at open (skip_bad too: a stale set is no bad sample) and by verify."""
     import shutil
+
     from dali_pipes.tools.cli import main
     write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
     source = open_source(str(tmp_path / "images"))

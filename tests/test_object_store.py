@@ -4,18 +4,18 @@ Faults a healthy server does not make (a body cut short, an injected 403) come f
 proxy in front of it; every other error is the server's own reply."""
 
 import os
-import time
 
 import pytest
 
-from dali_pipes.storage import object_store
 from dali_pipes.errors import DatasetError
+from dali_pipes.storage import object_store
 from dali_pipes.storage.object_store import ObjectInfo, S3Url
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
 from dali_pipes_bench.latency_proxy import Fault
+
 from s3_server import closed_endpoint
 
 

@@ -7,8 +7,14 @@ import time
 
 import torch
 
-from dali_pipes.run.procfs import (PeakSampler, cpu_seconds, descendants, gpu_used_mb, host_memory_mb,
-                                   release_free_memory)
+from dali_pipes.run.procfs import (
+    PeakSampler,
+    cpu_seconds,
+    descendants,
+    gpu_used_mb,
+    host_memory_mb,
+    release_free_memory,
+)
 
 
 def test_a_child_process_is_counted_in_the_tree():

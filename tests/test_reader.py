@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from dali_pipes import open_source
+from dali_pipes.data.reader import ReaderModel
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
-from dali_pipes.data.reader import ReaderModel
 
 from conftest import jpeg_bytes
 
@@ -96,9 +96,10 @@ def test_no_file_is_read_before_the_read_ahead_allows_it(numbered, tmp_path, tra
 
 def test_tfrecord_slices_keep_storage_order(jpeg_folder, tmp_path):
     """TFRecord readers do not shuffle their list: train slices are contiguous in storage order."""
-    from dali_pipes.tools.convert import write_tfrecords
-    from dali_pipes.run.delivery import IdentityTable
     import numpy as np
+
+    from dali_pipes.run.delivery import IdentityTable
+    from dali_pipes.tools.convert import write_tfrecords
     write_tfrecords(open_source(jpeg_folder), str(tmp_path / "tfr"), shards=3, progress=False)
     source = open_source(str(tmp_path / "tfr"))
     n = source.num_samples
@@ -117,6 +118,7 @@ def test_dali_list_order_matches_the_file_reader_past_65536_files(tmp_path):
     (one small file, labels = line numbers) read by DALI's file reader alone, no decoding."""
     import numpy as np
     from nvidia.dali import fn, pipeline_def
+
     from dali_pipes.data.reader import dali_list_order
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes(1))
     n = 70_001

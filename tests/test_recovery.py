@@ -1,9 +1,6 @@
 """Bad samples mid-run, hostile containers, and loader lifetime: each fault gives a clear error
 or is excluded without losing the run's place, and nothing hangs, leaks or continues silently."""
 
-import collections
-import glob
-import io
 import os
 import struct
 import subprocess
@@ -11,13 +8,10 @@ import sys
 
 import numpy as np
 import pytest
-import torch
-from PIL import Image
 
 from dali_pipes import DaliLoader, DatasetError, open_source
-from dali_pipes.data.formats import tfrecord
+from dali_pipes.data.formats import read_sample, tfrecord
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
-from dali_pipes.data.formats import read_sample
 from dali_pipes.tools.verify import verify
 
 from conftest import jpeg_bytes

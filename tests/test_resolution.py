@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dali_pipes import AugmentConfig, DaliLoader, progressive
-from dali_pipes.options import add_arguments, from_args
 from dali_pipes.graph.resolution import parse_image_size, schedule_text, size_at
+from dali_pipes.options import add_arguments, from_args
 
 from conftest import write_numbered
 

@@ -73,6 +73,7 @@ def _resume(location, state, **kw):
 
 def test_a_resume_on_changed_files_of_the_same_count_is_refused_naming_the_file(tmp_path):
     from dali_pipes import DatasetError
+
     from conftest import jpeg_bytes
     (tmp_path / "d").mkdir()
     data = write_numbered(tmp_path / "d", 23)
@@ -102,9 +103,12 @@ def test_a_resume_in_another_folder_with_the_same_files_goes_on(tmp_path):
 
 
 def test_a_dataset_object_is_fingerprinted_too(tmp_path, torchvision):
-    from torchvision import datasets, transforms as T
-    from conftest import jpeg_bytes, write_folder
+    from torchvision import datasets
+    from torchvision import transforms as T
+
     from dali_pipes import DatasetError
+
+    from conftest import jpeg_bytes, write_folder
     write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
     dataset = lambda: datasets.ImageFolder(str(tmp_path / "images"), T.Compose([T.RandomResizedCrop(16), T.ToTensor()]))
     state = _state_after_one_batch(dataset())

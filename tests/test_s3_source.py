@@ -16,8 +16,8 @@ import pytest
 
 from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
 from dali_pipes.data import indexes
-from dali_pipes.storage import object_store
 from dali_pipes.data.formats import tfrecord, webdataset
+from dali_pipes.storage import object_store
 from dali_pipes.storage.object_store import ObjectChangedError, TruncatedDownloadError
 from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardTooLargeError
 from dali_pipes_bench.latency_proxy import Fault
@@ -363,6 +363,7 @@ def test_shard_larger_than_the_cache_is_refused(s3, cache_dirs):
 @pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
 def test_convert_writes_shards_to_s3_that_verify_and_the_loader_read(s3, cache_dirs, tmp_path, fmt, capsys):
     from dali_pipes.tools.cli import main
+
     from conftest import write_folder
     expected = write_folder(str(tmp_path / "images"))
     assert main(["convert", fmt, str(tmp_path / "images"), s3.url("out/"), "--shards", "2", "--workers", "1"]) == 0
@@ -382,6 +383,7 @@ def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs
     """Issue 19: the manifest convert uploads last names each shard's size; a shard object of another size
     (a partial re-upload) is refused by open_source and verify, naming it and the manifest."""
     from dali_pipes.tools.cli import main
+
     from conftest import write_folder
     write_folder(str(tmp_path / "images"))
     assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1"]) == 0
@@ -402,6 +404,7 @@ def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_
     deletes the old set's objects first, so the prefix lists the new set alone. A shard object the manifest
     does not list is refused at open and flagged by verify, named."""
     from dali_pipes.tools.cli import main
+
     from conftest import write_folder
     write_folder(str(tmp_path / "images"))
     convert = ["convert", "tfrecord", str(tmp_path / "images"), s3.url("out/"), "--workers", "1"]

@@ -224,7 +224,9 @@ def write_record_shards(s3, tmp_path, shards: int, per_shard: int) -> tuple[list
 
 def read_rank_through_cache(infos, indexes, tmp_path, rank: int, world: int, bound: int) -> tuple[list, dict]:
     """One epoch of one rank: a DALI reader over the cache's local paths, gated by ReadAheadGate."""
-    from nvidia.dali import fn, pipeline_def, tfrecord as tfrec
+    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali import tfrecord as tfrec
+
     from dali_pipes.data.reader import ReaderModel
     from dali_pipes.storage.shard_cache import ReadAheadGate
     batch, per_shard = 4, 8

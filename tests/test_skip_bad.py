@@ -5,19 +5,19 @@ sample is still delivered exactly once (val). Container damage that leaves nothi
 raises. Real DALI on CPU, tiny data; labels are the sample numbers, so counts are checked exactly."""
 
 import gzip
+import os
 import resource
 import struct
-import os
 import warnings
 
 import pytest
+from test_recovery import BAD, N, epoch_labels, numbered_folder
 
 from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
-from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.data.formats import tfrecord, webdataset
+from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
 from conftest import jpeg_bytes
-from test_recovery import BAD, N, epoch_labels, numbered_folder
 
 KW = dict(batch_size=4, train=False, device="cpu", image_size=16, num_threads=1)
 

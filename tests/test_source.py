@@ -4,8 +4,6 @@ input gives a message that names the file and the fix before DALI builds."""
 import glob
 import gzip
 import os
-import shutil
-import struct
 import zlib
 
 import pytest
@@ -75,6 +73,7 @@ def test_webdataset_round_trips(wds_dir, jpeg_folder):
 
 def test_webdataset_labels_with_many_digits_and_newlines(tmp_path):
     import tarfile
+
     from dali_pipes.data.formats.webdataset import add_member
     labels = [0, 9, 10, 123, 98765, 4000000000]
     with tarfile.open(tmp_path / "x.tar", "w") as tar:

@@ -7,12 +7,11 @@ import json
 import os
 import struct
 
-import pytest
 from PIL import Image
 
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.tools.convert import write_tfrecords
 from dali_pipes.data.source import open_source
+from dali_pipes.tools.convert import write_tfrecords
 
 from conftest import expected_multiset
 

@@ -272,6 +272,7 @@ def test_sigusr1_to_the_torchrun_launcher_alone_stops_the_ranks_with_a_checkpoin
     one line naming the cause and the fix; every rank stops after the same step with a checkpoint and
     WORKDIR/preempted.json, and --resume trains each sample exactly once per epoch over both runs."""
     import signal
+
     import torch
     data = _numbered(tmp_path / "numbered", 96)
     work = tmp_path / "run"
@@ -386,6 +387,7 @@ def test_lr_schedule_runs_by_samples_seen_across_a_new_global_batch():
     """Same global batch: the factor of the old per-step schedule. After `rebase` to another global
     batch, the factor is that of the samples seen, not of the step count."""
     import math
+
     from train.utils import WarmupCosine
     per_step = lambda step, total, warmup: (step + 1) / warmup if step < warmup else \
         0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
@@ -460,6 +462,7 @@ def check_observed(workdir, stdout, history):
 
 def test_a_full_disk_during_a_checkpoint_names_workdir_and_keeps_the_old_one(tmp_path, disk_full):
     import torch
+
     from dali_pipes.storage.files import DiskFullError
     from train.metrics import atomic_save
     path = str(tmp_path / "checkpoint.pt")
@@ -473,6 +476,7 @@ def test_a_full_disk_during_a_checkpoint_names_workdir_and_keeps_the_old_one(tmp
 
 def test_a_second_live_job_on_a_workdir_is_refused_and_a_stale_lock_taken_over(tmp_path, capsys):
     import time
+
     from train import lock
     work = str(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom train.lock import hold\n"
@@ -569,6 +573,7 @@ def test_a_lock_being_written_is_not_taken_over(tmp_path, live_process):
     waits for the name (WRITE_GRACE_S) instead of taking it over as a dead writer's, which let both run."""
     import threading
     import time
+
     from train import lock
     path, outcome = tmp_path / "lock", []
     path.write_text("")  # created by the first job, not yet written
@@ -681,9 +686,10 @@ def test_a_label_at_or_above_num_classes_ends_the_run_naming_the_record(tmp_path
     torch's "IndexError: Target 9 is out of bounds" (a device-side assert on a GPU), naming nothing. The count
     the run uses bounds the labels: the batch holding record 5 fails, named (shard#record), in one line. With a
     manifest (labels 0 .. 9, no classes), open already refuses it from the manifest's range."""
-    from conftest import jpeg_bytes
     from dali_pipes.data.formats import tfrecord
     from dali_pipes.data.manifest import build, write
+
+    from conftest import jpeg_bytes
     folder = tmp_path / "tfr"
     folder.mkdir()
     shard = folder / "train-00000-of-00001.tfrecord"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.run import tuning
 from dali_pipes.options import auto_or_count
+from dali_pipes.run import tuning
 
 from conftest import write_numbered
 
@@ -264,6 +264,7 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered):
     """A location's loader says exif_orientation=True, png16="scale" (DALI's own reads); `dali-pipes profile`
     leaves them None. Both find the same remembered settings: the key they had before these fields existed."""
     import dataclasses
+
     from dali_pipes.run.pipeline import PipelineSpec
     loader = DaliLoader(numbered, **KW, num_threads=1, prefetch_queue_depth=2)
     augment = loader.augment

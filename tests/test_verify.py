@@ -4,12 +4,10 @@ clean list reads back without them."""
 import glob
 import io
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from dali_pipes import open_source

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dali_pipes.errors import DatasetError
 from dali_pipes.data.formats import webdataset
 from dali_pipes.data.labels import EXCLUDED_LABEL
+from dali_pipes.errors import DatasetError
 
 from conftest import jpeg_bytes
 

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from dali_pipes.storage.files import moved_by, private_tmp, remove_stale_temps
 from dali_pipes.run.procfs import PeakSampler
+from dali_pipes.storage.files import moved_by, private_tmp, remove_stale_temps
 
 
 class MemoryMeter:

@@ -28,20 +28,32 @@ from torch import nn
 from tqdm import tqdm
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceConfig
-from dali_pipes.graph import resolution
 from dali_pipes.baseline import TorchLoader
-from dali_pipes.options import add_arguments, from_args
+from dali_pipes.graph import resolution
 from dali_pipes.loader import Loader
+from dali_pipes.options import add_arguments, from_args
 from dali_pipes.run.machine import default_threads
-from train.checkpoint import clear_status, load_checkpoint, preempted, save_checkpoint
 from train import observe
-from train.lock import hold as hold_workdir
+from train.checkpoint import clear_status, load_checkpoint, preempted, save_checkpoint
 from train.compiled import CompileCounter, add_compile_arguments, training_forward
+from train.lock import hold as hold_workdir
 from train.metrics import MemoryMeter
-from train.observe import TensorBoard, Trace
 from train.models import ARCHS, create_model
-from train.utils import (DEFAULT_DATA, KILL_WHEN_ENV, Preemption, kill_at_step, mean_over_ranks, num_classes_of,
-                         param_groups, resolve_data, setup_distributed, sum_over_ranks, warmup_cosine)
+from train.observe import TensorBoard, Trace
+from train.utils import (
+    DEFAULT_DATA,
+    KILL_WHEN_ENV,
+    Preemption,
+    kill_at_step,
+    mean_over_ranks,
+    num_classes_of,
+    param_groups,
+    resolve_data,
+    setup_distributed,
+    sum_over_ranks,
+    warmup_cosine,
+)
+
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dali_pipes import Shard
-from dali_pipes.storage.files import is_temp
 from dali_pipes.loader import resolve_device
 from dali_pipes.run.pipeline import cuda_device_id
+from dali_pipes.storage.files import is_temp
 
 DEFAULT_DATA = "data/sample/images"  # the built-in dataset, made on first use
 

@@ -15,8 +15,8 @@ output for fails here, named, rather than as torch's "Target 9 is out of bounds"
 
 from __future__ import annotations
 
-from dali_pipes.errors import LabelError
 from dali_pipes.data.samples import PADDING_LABEL
+from dali_pipes.errors import LabelError
 
 # The label a placeholder record stores in a shard rewritten without its bad samples (recovery.exclude).
 # Ten characters as ASCII ('-' and nine digits), the most a WebDataset label parsed in the graph can hold.

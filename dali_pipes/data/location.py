@@ -17,11 +17,11 @@ import os
 import re
 from typing import Sequence
 
-from dali_pipes.storage import object_store
-from dali_pipes.errors import DatasetError
-from dali_pipes.storage.files import remove_stale_temps
 from dali_pipes.data.formats import SNIFF_BYTES, UNNAMED_SHARD_KIND, not_a_shard, shard_kind_by_name, shard_kind_of
 from dali_pipes.data.formats.image_files import looks_like_file_list_line
+from dali_pipes.errors import DatasetError
+from dali_pipes.storage import object_store
+from dali_pipes.storage.files import remove_stale_temps
 from dali_pipes.storage.object_store import ObjectInfo
 
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards

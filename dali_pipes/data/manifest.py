@@ -17,8 +17,8 @@ import json
 import os
 import posixpath
 
-from dali_pipes.storage import object_store
 from dali_pipes.errors import DatasetError
+from dali_pipes.storage import object_store
 from dali_pipes.storage.files import atomic_write
 
 MANIFEST_NAME = "manifest.json"

@@ -27,13 +27,13 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from dali_pipes.data import fingerprint, indexes, manifest
-from dali_pipes.storage import object_store
-from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.data.formats import format_of, image_files, read_sample
 from dali_pipes.data.labels import check_label, label_bound, offset_fix
 from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote
-from dali_pipes.storage.object_store import ObjectInfo
 from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys
+from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.storage import object_store
+from dali_pipes.storage.object_store import ObjectInfo
 
 
 @dataclass

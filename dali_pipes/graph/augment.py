@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from dali_pipes.graph import resolution
-from dali_pipes.options import option
 from dali_pipes.graph.resolution import ImageSize
+from dali_pipes.options import option
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode

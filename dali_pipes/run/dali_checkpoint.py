@@ -20,8 +20,8 @@ import logging
 import re
 from typing import Callable
 
-from dali_pipes.graph._dali import checkpoint_entries, checkpoint_with_entries, operator_schemas, shutdown_pipeline
 from dali_pipes.data.reader import READER_NAME
+from dali_pipes.graph._dali import checkpoint_entries, checkpoint_with_entries, operator_schemas, shutdown_pipeline
 
 log = logging.getLogger("dali_pipes")
 _GENERATED_NAME = re.compile(r"^__(.+)_\d+$")  # DALI's name of an operator nobody named: __<schema>_<n>

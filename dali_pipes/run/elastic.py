@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dali_pipes.data.source import Source
 from dali_pipes.run.delivery import unpack
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec
-from dali_pipes.data.source import Source
 
 
 @dataclass

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from dali_pipes.data.source import Source
     from dali_pipes.run.delivery import DeliveryRecord
     from dali_pipes.run.elastic import Remainder
     from dali_pipes.run.pipeline import PipelineSpec
     from dali_pipes.run.position import Position
     from dali_pipes.run.recovery import BadSamplePolicy
-    from dali_pipes.data.source import Source
 
 
 @dataclass(frozen=True)

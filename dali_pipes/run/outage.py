@@ -13,9 +13,9 @@ import re
 import time
 import warnings
 
-from dali_pipes.storage import object_store
-from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.data.source import Source
+from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
+from dali_pipes.storage import object_store
 
 # What DALI's S3 reader (libcurl under the AWS SDK) says when the store, not a sample, failed.
 NETWORK_MESSAGE = re.compile(

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dali_pipes.run.delivery import sample_ids as identity_rows
-from dali_pipes.run.dist import Shard
-from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
-from dali_pipes.run.machine import default_threads
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source
+from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
+from dali_pipes.run.delivery import sample_ids as identity_rows
+from dali_pipes.run.dist import Shard
+from dali_pipes.run.machine import default_threads
 
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+from dali_pipes.data.reader import READER_NAME
+from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
-from dali_pipes.data.reader import READER_NAME
-from dali_pipes.data.source import Source
 
 
 class PipelineRun:

@@ -10,21 +10,21 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable
 
+from dali_pipes.data.reader import ReaderModel
+from dali_pipes.data.source import Source
+from dali_pipes.errors import DatasetError
 from dali_pipes.run import elastic, tuning
 from dali_pipes.run.contract import Contract
 from dali_pipes.run.delivery import DeliveryRecord, pack
-from dali_pipes.errors import DatasetError
 from dali_pipes.run.hooks import BatchHook, BatchTiming
 from dali_pipes.run.outage import StoreOutage, network_fault
 from dali_pipes.run.pipeline import PipelineSpec, reader_model
+from dali_pipes.run.pipeline_run import PipelineRun
 from dali_pipes.run.position import Position
-from dali_pipes.data.reader import ReaderModel
 from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.remote_feed import RemoteFeed
-from dali_pipes.run.pipeline_run import PipelineRun
 from dali_pipes.run.schedule import SizeSchedule
 from dali_pipes.run.sharding import ShardingCheck
-from dali_pipes.data.source import Source
 from dali_pipes.run.stats import LoaderClock
 
 

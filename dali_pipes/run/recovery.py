@@ -32,17 +32,16 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from dali_pipes.errors import DatasetError, LabelError
-from dali_pipes.run.decode_probe import dali_decodes
-from dali_pipes.storage.files import atomic_write
 from dali_pipes.data.formats import image_files, read_sample
+from dali_pipes.data.image_check import check_image, oversized
 from dali_pipes.data.indexes import INDEX_SUFFIX
-from dali_pipes.storage.files import cache_root
 from dali_pipes.data.labels import check_label, label_bound
 from dali_pipes.data.reader import ReaderModel
 from dali_pipes.data.samples import PADDING_LABEL, SampleRef
 from dali_pipes.data.source import Source
-from dali_pipes.data.image_check import check_image, oversized
+from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.run.decode_probe import dali_decodes
+from dali_pipes.storage.files import atomic_write, cache_root
 
 SHOWN = 5  # bad samples named in a message; the rest are counted
 

@@ -25,8 +25,13 @@ opens every tar file when it is built) and an elastic resume's remainder epoch (
 from __future__ import annotations
 
 from dali_pipes.run.pipeline import PipelineSpec, reader_model
-from dali_pipes.storage.shard_cache import (DEFAULT_MAX_BYTES, DEFAULT_PREFETCH, CacheTooSmallError, ReadAheadGate,
-                                            ShardCache)
+from dali_pipes.storage.shard_cache import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_PREFETCH,
+    CacheTooSmallError,
+    ReadAheadGate,
+    ShardCache,
+)
 
 FEEDS = ("cache", "native")
 LAZY_KINDS = ("tfrecord", "folder", "file_list")  # DALI readers that open files only when they reach them

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dali_pipes._version import __version__
-from dali_pipes.run import elastic
 from dali_pipes.data import fingerprint
+from dali_pipes.errors import DatasetError
 from dali_pipes.graph import resolution
+from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.run import elastic
 from dali_pipes.run.delivery import pack as pack_bits
 from dali_pipes.run.delivery import unpack
-from dali_pipes.errors import DatasetError
-from dali_pipes.graph.augment import AugmentConfig
 
 if TYPE_CHECKING:
     from dali_pipes.run.position import Position

@@ -24,8 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from dali_pipes.run.dist import Shard
 from dali_pipes.errors import DatasetError
+from dali_pipes.run.dist import Shard
 from dali_pipes.run.hooks import BatchHook, RankView
 
 TIMEOUT_S = 300  # for the other ranks to end the same epoch (they run the same number of batches)

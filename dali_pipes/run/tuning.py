@@ -37,9 +37,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from dali_pipes.storage.files import atomic_write, locked
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.run.machine import default_threads, usable_cpus
+from dali_pipes.storage.files import atomic_write, locked
 
 if TYPE_CHECKING:
     from dali_pipes.run.pipeline import PipelineSpec
@@ -85,6 +85,7 @@ def gpu_model() -> str:
     """The GPU's model, without initialising CUDA in this process (that would pin torch's current device
     to 0 before the training script chose one): the driver's /proc entry, else torch once initialised."""
     import glob
+
     import torch
     for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
         try:

@@ -38,8 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
-from dali_pipes.storage.files import private_tmp
 from dali_pipes.errors import DatasetError
+from dali_pipes.storage.files import private_tmp
 
 SCHEME = "s3://"
 WILDCARDS = "*?["

@@ -75,9 +75,9 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def decompress(args: argparse.Namespace) -> int:
-    from dali_pipes.tools.convert import decompress_tfrecords
-    from dali_pipes.errors import DatasetError
     from dali_pipes.data.location import classify
+    from dali_pipes.errors import DatasetError
+    from dali_pipes.tools.convert import decompress_tfrecords
     kind, shards = classify(args.src)
     if kind != "tfrecord":
         raise DatasetError(args.src, f"decompress reads GZIP/ZLIB TFRecord shards, found {kind}",
@@ -98,7 +98,8 @@ def index(args: argparse.Namespace) -> int:
 
 
 def verify(args: argparse.Namespace) -> int:
-    from dali_pipes.tools.verify import verify as verify_location, write_clean_list
+    from dali_pipes.tools.verify import verify as verify_location
+    from dali_pipes.tools.verify import write_clean_list
     keywords = from_args(SourceConfig, args).open_kwargs()
     report = verify_location(args.path, keys=keywords["keys"], label_ext=keywords["label_ext"],
                              max_pixels=args.max_pixels, workers=args.workers)

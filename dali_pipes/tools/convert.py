@@ -28,14 +28,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_pipes.data import manifest
-from dali_pipes.storage.files import atomic_write, is_temp, moved_by, private_tmp, remove_own_temps
-from dali_pipes.tools.workers import process_pool
-from dali_pipes.data.formats import tfrecord, webdataset
-from dali_pipes.errors import DatasetError
+from dali_pipes.data.formats import read_sample, tfrecord, webdataset
 from dali_pipes.data.indexes import INDEX_SUFFIX
-from dali_pipes.data.formats import read_sample
 from dali_pipes.data.samples import SampleRef
 from dali_pipes.data.source import Source
+from dali_pipes.errors import DatasetError
+from dali_pipes.storage.files import atomic_write, is_temp, moved_by, private_tmp, remove_own_temps
+from dali_pipes.tools.workers import process_pool
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ it in a process of its own, which also reads NVML and draws throughput.png, and 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -79,6 +79,7 @@ def run_check(name: str, check: Callable[[], tuple[str, dict]]) -> Check:
 def environment() -> dict:
     """Versions, driver, GPU and its JPEG decoders, as far as this machine can tell."""
     import torch
+
     from dali_pipes.graph._dali import dali_version
     env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "dali": dali_version(),
@@ -173,6 +174,7 @@ class Nvml:
 def tiny_sources(root: str) -> dict:
     """The same 12 small JPEGs (3 classes) as an image folder, TFRecord and WebDataset shards."""
     from PIL import Image
+
     from dali_pipes import open_source
     from dali_pipes.tools.convert import write_tfrecords, write_webdataset
     for i in range(12):
@@ -208,6 +210,7 @@ def check_static_graphs(sources: dict) -> tuple[str, dict]:
 def check_cpu_epoch(sources: dict) -> tuple[str, dict]:
     """One epoch of train and val through DaliLoader on the CPU: counts, shapes, finite values."""
     import torch
+
     from dali_pipes import DaliLoader
     folder = sources["folder"]
     data = {}
@@ -307,6 +310,7 @@ def check_gpu_vs_cpu(env: dict, train_dir: str, val_dir: str) -> tuple[str, dict
 
 def _epoch(folder: str, train: bool, device: str, decode_device: str | None, keep_images: bool = True) -> dict:
     import torch
+
     from dali_pipes import DaliLoader
     args = dict(decode_device=decode_device) if decode_device else {}
     loader = DaliLoader(folder, batch_size=50, train=train, device=device, image_size=224, seed=0, **args)

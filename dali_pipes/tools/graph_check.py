@@ -22,13 +22,12 @@ Argument *values* are not checked by DALI even on a GPU; graph.py checks them.
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from dali_pipes.graph import _dali
-from dali_pipes.run.dist import Shard
 from dali_pipes.graph.augment import AUTO_AUGMENTS, AugmentConfig
+from dali_pipes.run.dist import Shard
 
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline

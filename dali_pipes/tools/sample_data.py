@@ -21,8 +21,8 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
-from dali_pipes.tools.workers import process_pool
 from dali_pipes.options import option
+from dali_pipes.tools.workers import process_pool
 
 # (package, file inside the package) of colour photographs, then greyscale ones.
 PHOTOS = (

@@ -21,15 +21,14 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_pipes.data import manifest
-from dali_pipes.tools.workers import process_pool
-from dali_pipes.data.image_check import DEFAULT_MAX_PIXELS, check_image
-from dali_pipes.errors import DatasetError
 from dali_pipes.data.formats import format_of, read_sample
+from dali_pipes.data.image_check import DEFAULT_MAX_PIXELS, check_image
 from dali_pipes.data.labels import PADDING_LABEL, check_label
 from dali_pipes.data.location import classify, classify_remote, is_remote
 from dali_pipes.data.samples import SampleRef, TFRecordKeys
 from dali_pipes.data.source import classes_beside, file_list_source, folder_source
-
+from dali_pipes.errors import DatasetError
+from dali_pipes.tools.workers import process_pool
 
 
 @dataclass(frozen=True)
@@ -144,8 +143,9 @@ def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int
     """verify() of an s3:// location: images are read by URL; shards are downloaded one at a time
     into a temporary folder (checked against their listed size and ETag), checked there, deleted."""
     import tempfile
-    from dali_pipes.storage import object_store
+
     from dali_pipes.data.source import remote_folder_source, remote_list_source
+    from dali_pipes.storage import object_store
     kind, infos = classify_remote(location)
     report = Report(str(location), kind)
     if kind in ("folder", "file_list"):

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import warnings
 
-from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.data.labels import check_label
 from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord
+from dali_pipes.errors import DatasetError, LabelError
 
 SHARDED = False
 SHUFFLES_LIST = True  # DALI's file reader shuffles its list once in train (reader.ReaderModel)

@@ -21,11 +21,11 @@ from typing import BinaryIO, Iterator
 
 import google_crc32c
 
-from dali_pipes.errors import DatasetError
-from dali_pipes.storage.files import atomic_write
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.data.protobuf import fields, read_varint
-from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
+from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.errors import DatasetError
+from dali_pipes.storage.files import atomic_write
 
 HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
 FOOTER_BYTES = 4  # uint32 crc of the data

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
+from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import atomic_write
-from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
-from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys, SourceRecord
 
 SHARD_NAME = "a .tar shard"  # in messages
 SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
