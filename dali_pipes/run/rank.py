@@ -180,7 +180,8 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     through_cache = source.remote is not None and feed.mode == "cache"
     spec, tuner = tuning.plan(spec, source.kind, clock, tune_threads=tune_threads, tune_depth=tune_depth,
                               online=not through_cache)
-    deepest = dataclasses.replace(spec, prefetch_queue_depth=max(tuning.DEPTHS)) if tune_depth else spec
+    # The feed keeps the reader's reach local: with the depth searched online, the deepest it may be
+    deepest = dataclasses.replace(spec, prefetch_queue_depth=max(tuning.DEPTHS)) if tuner and tune_depth else spec
     remote = RemoteFeed(feed.mode, deepest, cache_dir=feed.cache_dir, cache_bytes=feed.cache_bytes,
                         cache_prefetch=feed.cache_prefetch)
     every_sample = not (contract.drop_last or contract.sampler_drop_last)  # val promises full cover
