@@ -112,7 +112,24 @@ def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_di
                        skip_bad=skip_bad, allow_duplicates=allow_duplicates, num_classes=num_classes)
 
 
-class DaliLoader(DataLoaderAttributes):
+class BadSampleView:
+    """What a loader shows of its bad-sample policy (run/recovery.py): public since 0.2.0."""
+    pipe: RankPipeline | None
+
+    @property
+    def bad_policy(self) -> BadSamplePolicy:
+        return self.pipe.policy
+
+    @property
+    def skip_bad(self) -> bool:  # bad samples are excluded, not raised
+        return self.pipe.policy.skip
+
+    @property
+    def bad_samples(self) -> list:  # samples excluded so far (skip_bad=True)
+        return self.pipe.policy.bad_samples
+
+
+class DaliLoader(DataLoaderAttributes, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     supports_elastic = True
@@ -179,11 +196,6 @@ class DaliLoader(DataLoaderAttributes):
     @property
     def source(self) -> Source:  # what this loader reads (bad samples excluded so far replaced in place)
         return self.pipe.source
-
-    @property
-    def bad_samples(self) -> list:
-        """Samples excluded so far (skip_bad=True); the policy is self.pipe.policy (recovery.py)."""
-        return self.pipe.policy.bad_samples
 
     def close(self) -> None:  # the pipeline (threads, memory) and the shard cache now, not at garbage collection
         if self.pipe is not None:
