@@ -99,6 +99,20 @@ def write_numbered(root, n: int) -> str:
     return os.path.join(root, "list.txt")
 
 
+@pytest.fixture(scope="module")
+def numbered(request, tmp_path_factory) -> str:
+    """The path of a file list of N JPEGs whose label is their index (N: the test module's own constant, else
+    23, which no small world size divides): a label names its sample. Wrap it in open_source for a Source."""
+    return write_numbered(str(tmp_path_factory.mktemp("numbered")), getattr(request.module, "N", 23))
+
+
+@pytest.fixture(scope="module")
+def numbered_source(numbered):
+    """`numbered` opened as a Source."""
+    from dali_pipes import open_source
+    return open_source(numbered)
+
+
 @pytest.fixture
 def jpeg_folder(tmp_path):
     """3 classes with 4, 3 and 5 JPEGs of distinct bytes and sizes."""

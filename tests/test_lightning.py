@@ -25,7 +25,6 @@ import dali_pipes  # noqa: E402
 from dali_pipes import DaliLoader  # noqa: E402
 from dali_pipes.lightning import DaliDataModule  # noqa: E402
 
-from conftest import jpeg_bytes  # noqa: E402
 
 N = 43  # odd: train drops a tail on each rank, val pads the two ranks' shards (21, 22) differently
 EPOCHS = 2
@@ -35,15 +34,6 @@ REPO = os.path.dirname(os.path.dirname(dali_pipes.__file__))
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory) -> str:
-    """A file list of N JPEGs whose label is their index, so a label names its sample."""
-    root = tmp_path_factory.mktemp("numbered")
-    with open(root / "list.txt", "w") as f:
-        for i in range(N):
-            (root / f"{i:03d}.jpg").write_bytes(jpeg_bytes(i, 24 + i % 5, 32))
-            f.write(f"{i:03d}.jpg {i}\n")
-    return str(root / "list.txt")
 
 
 def job_env() -> dict:

@@ -11,20 +11,10 @@ from PIL import Image
 from dali_pipes import DaliLoader, open_source
 from dali_pipes.graph.augment import IMAGENET_MEAN, IMAGENET_STD
 
-from conftest import jpeg_bytes
 
 N = 23  # does not divide by 2, 3 or 4
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    """A file list of N images whose label is their index, so outputs identify their sample."""
-    root = tmp_path_factory.mktemp("numbered")
-    with open(root / "list.txt", "w") as f:
-        for i in range(N):
-            (root / f"{i:03d}.jpg").write_bytes(jpeg_bytes(i, 24 + i % 5, 32))
-            f.write(f"{i:03d}.jpg {i}\n")
-    return open_source(str(root / "list.txt"))
 
 
 def loaders(source, world_size, **kw):
@@ -37,8 +27,8 @@ def epoch_labels(loader):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_val_label_padding_yields_every_sample_exactly_once_across_ranks(numbered, world_size):
-    ranks = loaders(numbered, world_size, train=False, val_padding="label")
+def test_val_label_padding_yields_every_sample_exactly_once_across_ranks(numbered_source, world_size):
+    ranks = loaders(numbered_source, world_size, train=False, val_padding="label")
     assert len({len(l) for l in ranks}) == 1  # equal batch counts, else DDP hangs
     for _ in range(2):  # and again the next epoch
         real = []
@@ -51,8 +41,8 @@ def test_val_label_padding_yields_every_sample_exactly_once_across_ranks(numbere
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_train_reads_each_sample_at_most_once_per_epoch(numbered, world_size):
-    ranks = loaders(numbered, world_size, train=True, shuffle_buffer=8)
+def test_train_reads_each_sample_at_most_once_per_epoch(numbered_source, world_size):
+    ranks = loaders(numbered_source, world_size, train=True, shuffle_buffer=8)
     expected_batches = (N // world_size) // 3
     seen_over_epochs = set()
     for _ in range(3):
@@ -67,8 +57,8 @@ def test_train_reads_each_sample_at_most_once_per_epoch(numbered, world_size):
     assert len(seen_over_epochs) > world_size * expected_batches * 3  # shards rotate / reshuffle
 
 
-def test_outputs_shape_dtype_range_and_layouts(numbered):
-    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16)
+def test_outputs_shape_dtype_range_and_layouts(numbered_source):
+    loader = DaliLoader(numbered_source, batch_size=4, train=True, device="cpu", image_size=16)
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32 and images.device.type == "cpu"
     assert labels.shape == (4,) and labels.dtype == torch.int64
@@ -76,7 +66,7 @@ def test_outputs_shape_dtype_range_and_layouts(numbered):
     hi = max((1 - m) / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD))
     assert lo - 1e-4 <= images.min() and images.max() <= hi + 1e-4
     assert images.cuda(non_blocking=True).shape if torch.cuda.is_available() else True
-    half = DaliLoader(numbered, batch_size=4, train=False, device="cpu", image_size=16, channels_last=True,
+    half = DaliLoader(numbered_source, batch_size=4, train=False, device="cpu", image_size=16, channels_last=True,
                       float16=True)
     images, _ = next(iter(half))
     assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float16
@@ -135,8 +125,8 @@ def test_train_flips_about_half(tmp_path):
     assert len(flips) == 400 and 0.4 < np.mean(flips) < 0.6
 
 
-def test_same_seed_same_batches(numbered):
-    a, b, c = (DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, seed=s,
+def test_same_seed_same_batches(numbered_source):
+    a, b, c = (DaliLoader(numbered_source, batch_size=4, train=True, device="cpu", image_size=16, seed=s,
                           shuffle_buffer=8) for s in (3, 3, 4))
     batches = [[(x.clone(), y.clone()) for x, y in loader] for loader in (a, b, c)]
     assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(batches[0], batches[1]))
@@ -144,12 +134,12 @@ def test_same_seed_same_batches(numbered):
 
 
 @pytest.mark.parametrize("stop_epoch,stop_batch", [(0, 1), (0, 4), (1, 0), (1, 3)])
-def test_resume_yields_exactly_the_uninterrupted_batches(numbered, stop_epoch, stop_batch):
+def test_resume_yields_exactly_the_uninterrupted_batches(numbered_source, stop_epoch, stop_batch):
     """Save after batch `stop_batch` of epoch `stop_epoch` (4 = the epoch's last: an epoch
     boundary), restore into a fresh loader: every later batch, through two more epoch
     boundaries, is identical in images and labels."""
     kw = dict(batch_size=4, train=True, device="cpu", image_size=16, seed=5, shuffle_buffer=8)
-    original = DaliLoader(numbered, **kw)
+    original = DaliLoader(numbered_source, **kw)
     reference, state = [], None
     for epoch in range(3):
         for i, (images, labels) in enumerate(original):
@@ -157,7 +147,7 @@ def test_resume_yields_exactly_the_uninterrupted_batches(numbered, stop_epoch, s
                 reference.append((images.clone(), labels.clone()))
             if (epoch, i) == (stop_epoch, stop_batch):
                 state = original.state_dict()
-    resumed = DaliLoader(numbered, **kw)
+    resumed = DaliLoader(numbered_source, **kw)
     resumed.load_state_dict(state)
     got = []
     while resumed.epoch < 3:
@@ -167,16 +157,16 @@ def test_resume_yields_exactly_the_uninterrupted_batches(numbered, stop_epoch, s
         assert torch.equal(y1, y2) and torch.equal(x1, x2)
 
 
-def test_abandoned_epoch_is_finished_before_the_next(numbered):
-    loader = DaliLoader(numbered, batch_size=3, train=False, device="cpu", image_size=16)
+def test_abandoned_epoch_is_finished_before_the_next(numbered_source):
+    loader = DaliLoader(numbered_source, batch_size=3, train=False, device="cpu", image_size=16)
     first = next(iter(loader))[1].tolist()
     assert first == [0, 1, 2]
     assert epoch_labels(loader)[0] == [0, 1, 2]  # a new iter() is a new epoch from the start
     assert loader.epoch == 2
 
 
-def test_len_is_stable_and_set_epoch_is_accepted(numbered):
-    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16)
+def test_len_is_stable_and_set_epoch_is_accepted(numbered_source):
+    loader = DaliLoader(numbered_source, batch_size=4, train=True, device="cpu", image_size=16)
     lengths = []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -192,41 +182,41 @@ def test_len_is_stable_and_set_epoch_is_accepted(numbered):
     (dict(batch_size=24), ValueError, "less than one batch of 24 per rank"),
     (dict(auto_augment="cutmix"), ValueError, "auto_augment must be one of"),
 ])
-def test_bad_arguments(numbered, kwargs, error, match):
+def test_bad_arguments(numbered_source, kwargs, error, match):
     with pytest.raises(error, match=match):
-        DaliLoader(numbered, **{"batch_size": 4, "train": True, "device": "cpu", **kwargs})
+        DaliLoader(numbered_source, **{"batch_size": 4, "train": True, "device": "cpu", **kwargs})
 
 
-def test_rank_and_world_size_from_the_environment(numbered, monkeypatch):
+def test_rank_and_world_size_from_the_environment(numbered_source, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = DaliLoader(numbered, batch_size=3, train=False, device="cpu", image_size=16)
+    loader = DaliLoader(numbered_source, batch_size=3, train=False, device="cpu", image_size=16)
     assert (loader.shard.rank, loader.shard.world_size) == (1, 2)
     assert [l for b in epoch_labels(loader) for l in b if l >= 0] == list(range(11, 23))
 
 
 @pytest.mark.parametrize("policy", ["autoaugment", "randaugment", "trivialaugment"])
-def test_auto_augment_policies_run(numbered, policy):
-    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, auto_augment=policy,
+def test_auto_augment_policies_run(numbered_source, policy):
+    loader = DaliLoader(numbered_source, batch_size=4, train=True, device="cpu", image_size=16, auto_augment=policy,
                         color_jitter=0.4)
     images, labels = next(iter(loader))
     assert images.shape == (4, 3, 16, 16) and torch.isfinite(images).all()
 
 
-def test_process_exits_cleanly_with_a_live_loader(numbered, tmp_path):
+def test_process_exits_cleanly_with_a_live_loader(numbered_source, tmp_path):
     import subprocess
     import sys
     code = ("from dali_pipes import DaliLoader\n"
-            f"l = DaliLoader({numbered.location!r}, batch_size=3, train=True, device='cpu', image_size=16)\n"
+            f"l = DaliLoader({numbered_source.location!r}, batch_size=3, train=True, device='cpu', image_size=16)\n"
             "next(iter(l))\nprint('ok')\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
 
 
 @pytest.mark.gpu
-def test_gpu_and_cpu_agree_in_val(numbered):
-    gpu = DaliLoader(numbered, batch_size=4, train=False, device="gpu", image_size=16)
-    cpu = DaliLoader(numbered, batch_size=4, train=False, device="cpu", image_size=16)
+def test_gpu_and_cpu_agree_in_val(numbered_source):
+    gpu = DaliLoader(numbered_source, batch_size=4, train=False, device="gpu", image_size=16)
+    cpu = DaliLoader(numbered_source, batch_size=4, train=False, device="cpu", image_size=16)
     for (xg, yg), (xc, yc) in zip(gpu, cpu):
         assert xg.device.type == "cuda" and torch.equal(yg.cpu(), yc)
         assert (xg.float().cpu() - xc).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo rounding
@@ -245,15 +235,15 @@ def test_labels_match_the_source_for_every_format(jpeg_folder, tmp_path, fmt):
     assert labels == [0] * 4 + [1] * 3 + [2] * 5  # jpeg_folder: 4 cats, 3 dogs, 5 fish
 
 
-def test_a_throwaway_iter_changes_nothing(numbered):
+def test_a_throwaway_iter_changes_nothing(numbered_source):
     """Frameworks probe loaders with iter() and drop it (Lightning does): a resumed loader must still
     yield exactly the rest of its epoch, and an unread iterator must not finish the epoch."""
-    (loader,) = loaders(numbered, 1, train=True)
+    (loader,) = loaders(numbered_source, 1, train=True)
     first = iter(loader)
     next(first)
     state = loader.state_dict()
     rest = [labels.tolist() for _, labels in first]
-    (resumed,) = loaders(numbered, 1, train=True)
+    (resumed,) = loaders(numbered_source, 1, train=True)
     resumed.load_state_dict(state)
     iter(resumed)  # the probe
     assert [labels.tolist() for _, labels in resumed] == rest

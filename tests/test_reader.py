@@ -16,14 +16,6 @@ from conftest import jpeg_bytes
 N, BATCH = 23, 3
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    root = tmp_path_factory.mktemp("reader")
-    with open(root / "list.txt", "w") as f:
-        for i in range(N):
-            (root / f"{i:03d}.jpg").write_bytes(jpeg_bytes(i))
-            f.write(f"{i:03d}.jpg {i}\n")
-    return open_source(str(root / "list.txt"))
 
 
 def iterator(source, rank, world, train, **kw):
@@ -36,11 +28,11 @@ def iterator(source, rank, world, train, **kw):
 
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_slices_rotation_and_padding_are_dalis(numbered, world, train):
-    index_of = {path: i for i, path in enumerate(numbered.files)}
+def test_slices_rotation_and_padding_are_dalis(numbered_source, world, train):
+    index_of = {path: i for i, path in enumerate(numbered_source.files)}
     for rank in range(world):
         model = ReaderModel(N, rank, world, train, BATCH, shuffle_buffer=5, list_shuffled=train)  # a file list
-        it = iterator(numbered, rank, world, train)
+        it = iterator(numbered_source, rank, world, train)
         for epoch in range(3):
             ids = [index_of[bytes(row.numpy()).rstrip(b"\0").decode()] for (b,) in it for row in b["ids"]]
             expected = model.slice(model.shard_of(epoch))
@@ -51,12 +43,12 @@ def test_slices_rotation_and_padding_are_dalis(numbered, world, train):
 
 @pytest.mark.parametrize("train", [False, True])
 @pytest.mark.parametrize("depth", [1, 2, 3])
-def test_no_file_is_read_before_the_read_ahead_allows_it(numbered, tmp_path, train, depth):
+def test_no_file_is_read_before_the_read_ahead_allows_it(numbered_source, tmp_path, train, depth):
     """Files appear only as the model allows: a read beyond it fails DALI's reader ("File mapping failed")."""
     folder = tmp_path / "lazy"
     folder.mkdir()
     for i in range(N):
-        shutil.copy(numbered.files[i], folder / os.path.basename(numbered.files[i]))
+        shutil.copy(numbered_source.files[i], folder / os.path.basename(numbered_source.files[i]))
     (folder / "list.txt").write_text("".join(f"{i:03d}.jpg {i}\n" for i in range(N)))
     source = open_source(str(folder / "list.txt"))
     for path in source.files:
@@ -69,12 +61,12 @@ def test_no_file_is_read_before_the_read_ahead_allows_it(numbered, tmp_path, tra
     def allow(count: int) -> None:
         for i in stream[:count]:
             if not os.path.exists(source.files[i]):
-                shutil.copy(numbered.files[i], source.files[i])
+                shutil.copy(numbered_source.files[i], source.files[i])
 
     def allow_last_of(epoch: int) -> None:  # train: the file reader reads its slice's last sample first
         if train:
             last = model.slice(model.shard_of(epoch))[-1]
-            shutil.copy(numbered.files[last], source.files[last])
+            shutil.copy(numbered_source.files[last], source.files[last])
 
     allow_last_of(0)
     allow(model.read_ahead)

@@ -14,17 +14,12 @@ from dali_pipes import AugmentConfig, DaliLoader, progressive
 from dali_pipes.graph.resolution import parse_image_size, schedule_text, size_at
 from dali_pipes.options import add_arguments, from_args
 
-from conftest import write_numbered
 
 N = 23
 KW = dict(batch_size=4, train=True, device="cpu", num_threads=1, seed=5, shuffle_buffer=8)
 SCHEDULE = {0: 16, 1: 24, 2: 32}
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    """23 JPEGs whose label is their index."""
-    return write_numbered(tmp_path_factory.mktemp("numbered"), N)
 
 
 def digest(images: torch.Tensor) -> str:

@@ -16,10 +16,6 @@ from conftest import write_numbered
 SAVED = os.path.join(os.path.dirname(__file__), "data", "loader_state_0.2.0.json")
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    """The dataset the saved states were taken on: 23 JPEGs whose label is their index."""
-    return write_numbered(tmp_path_factory.mktemp("numbered"), 23)
 
 
 def decoded(value):

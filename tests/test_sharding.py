@@ -12,16 +12,12 @@ import pytest
 
 from dali_pipes.run import sharding
 
-from conftest import write_numbered
 
 JOB = os.path.join(os.path.dirname(__file__), "sharding_job.py")
 N = 24
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    return write_numbered(str(tmp_path_factory.mktemp("sharding")), N)
 
 
 def _env() -> dict:

@@ -10,19 +10,15 @@ import os
 import numpy as np
 import pytest
 
-from dali_pipes import DaliLoader, open_source
+from dali_pipes import DaliLoader
 from dali_pipes.options import auto_or_count
 from dali_pipes.run import tuning
 
-from conftest import write_numbered
 
 N = 240  # 120 batches of 2: a tuning budget of 12 batches, room for 4 trials of 2 measured batches
 KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    return open_source(write_numbered(str(tmp_path_factory.mktemp("tuning")), N))
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +59,9 @@ def fixed(settings: tuning.Settings, source, **kw):
                       **{**KW, **kw})
 
 
-def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbered, caplog):
+def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbered_source, caplog):
     caplog.set_level(logging.INFO, logger="dali_pipes")
-    auto = DaliLoader(numbered, **KW)  # "auto" is the default
+    auto = DaliLoader(numbered_source, **KW)  # "auto" is the default
     got, _ = epochs(auto, count=1)
     assert {e[0] for e in auto.stats()["events"]} >= {"rebuild", "tuning trial"}  # on the first epoch's clock
     got += epochs(auto, count=1)[0]
@@ -77,67 +73,67 @@ def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbe
     assert sum(1 for t in trials if t != settings(view["start"])) >= 1, "the pipeline was rebuilt"
     assert "chose num_threads=" in caplog.text and "trial 2:" in caplog.text
     chosen = settings(view["chosen"])
-    reference, _ = epochs(fixed(chosen, numbered))
+    reference, _ = epochs(fixed(chosen, numbered_source))
     assert_same(got, reference)
     stats = auto.stats()
     assert stats["batches"] == len(auto) and stats["images"] == len(auto) * 2 and stats["epoch"] == 1
     assert 0 <= stats["data_wait_fraction"] <= 1 and stats["num_threads"] == chosen.num_threads
 
 
-def test_a_resume_taken_while_tuning_gives_the_batches_of_the_fixed_choice(numbered):
-    auto = DaliLoader(numbered, **KW)
+def test_a_resume_taken_while_tuning_gives_the_batches_of_the_fixed_choice(numbered_source):
+    auto = DaliLoader(numbered_source, **KW)
     head, state = epochs(auto, stop_at=7)  # trial 2 (or later) is running: a rebuilt pipeline
     assert not tuned(auto)["done"] and len(tuned(auto)["trials"]) >= 2
-    resumed = DaliLoader(numbered, **KW)
+    resumed = DaliLoader(numbered_source, **KW)
     resumed.load_state_dict(state)
     rest, _ = epochs(resumed)
     chosen = settings(tuned(resumed)["chosen"])
     assert chosen is not None
-    reference, _ = epochs(fixed(chosen, numbered), count=3)
+    reference, _ = epochs(fixed(chosen, numbered_source), count=3)
     assert_same(head + rest, reference[:len(head) + len(rest)])
 
 
-def test_an_elastic_resume_taken_while_tuning_matches_one_of_fixed_loaders(numbered):
+def test_an_elastic_resume_taken_while_tuning_matches_one_of_fixed_loaders(numbered_source):
     def old_world(**kw):
-        loaders = [DaliLoader(numbered, rank=r, world_size=2, **{**KW, **kw}) for r in range(2)]
+        loaders = [DaliLoader(numbered_source, rank=r, world_size=2, **{**KW, **kw}) for r in range(2)]
         states = [epochs(loader, stop_at=5)[1] for loader in loaders]
         return loaders, states
 
     auto_loaders, auto_states = old_world()
     assert all(len(tuned(l)["trials"]) >= 2 and not tuned(l)["done"] for l in auto_loaders)
     fixed_loaders, fixed_states = old_world(num_threads=1, prefetch_queue_depth=2)
-    new_auto = DaliLoader(numbered, **KW)
+    new_auto = DaliLoader(numbered_source, **KW)
     new_auto.load_state_dict(auto_states)
-    new_fixed = fixed(tuning.Settings(2, 3), numbered)
+    new_fixed = fixed(tuning.Settings(2, 3), numbered_source)
     new_fixed.load_state_dict(fixed_states)
     assert_same(epochs(new_auto)[0], epochs(new_fixed)[0])
 
 
-def test_the_choice_is_remembered_and_the_next_run_only_confirms_it(numbered, tmp_path):
-    first = DaliLoader(numbered, **KW)
+def test_the_choice_is_remembered_and_the_next_run_only_confirms_it(numbered_source, tmp_path):
+    first = DaliLoader(numbered_source, **KW)
     epochs(first, count=1)
     memory = json.load(open(tmp_path / "cache" / "tuning.json"))["entries"]
     (entry,) = memory.values()
     chosen = tuned(first)["chosen"]
     assert (entry["num_threads"], entry["prefetch_queue_depth"]) == (chosen["num_threads"],
                                                                     chosen["prefetch_queue_depth"])
-    second = DaliLoader(numbered, **KW)
+    second = DaliLoader(numbered_source, **KW)
     assert tuned(second)["start"] == chosen and tuned(second)["remembered"]
     epochs(second, count=1)
     assert tuned(second)["done"] and settings(tuned(second)["trials"][0]) == settings(chosen)
 
 
-def test_fixed_values_are_not_tuned_and_one_fixed_knob_leaves_the_other_to_tune(numbered):
-    both = DaliLoader(numbered, num_threads=1, prefetch_queue_depth=2, **KW)
+def test_fixed_values_are_not_tuned_and_one_fixed_knob_leaves_the_other_to_tune(numbered_source):
+    both = DaliLoader(numbered_source, num_threads=1, prefetch_queue_depth=2, **KW)
     assert tuned(both) is None and both.stats()["num_threads"] == 1
-    depth_only = DaliLoader(numbered, num_threads=1, **KW)
+    depth_only = DaliLoader(numbered_source, num_threads=1, **KW)
     epochs(depth_only, count=1)
     assert {t["num_threads"] for t in tuned(depth_only)["trials"]} == {1}
 
 
-def test_a_short_first_epoch_is_not_tuned_and_says_why(numbered, caplog):
+def test_a_short_first_epoch_is_not_tuned_and_says_why(numbered_source, caplog):
     caplog.set_level(logging.INFO, logger="dali_pipes")
-    loader = DaliLoader(numbered, **{**KW, "batch_size": 16})  # 15 batches: 1 batch of budget
+    loader = DaliLoader(numbered_source, **{**KW, "batch_size": 16})  # 15 batches: 1 batch of budget
     epochs(loader, count=1)
     assert tuned(loader)["done"] and not tuned(loader)["trials"] and "too few" in caplog.text
 
@@ -219,13 +215,13 @@ def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, ent
     assert entries["other"] == {"num_threads": 1}  # another machine's entry is kept as it was
 
 
-def test_a_loader_over_a_memory_that_is_a_list_tunes_and_leaves_a_good_memory(numbered, tmp_path, caplog):
+def test_a_loader_over_a_memory_that_is_a_list_tunes_and_leaves_a_good_memory(numbered_source, tmp_path, caplog):
     """Issue 24: the whole first epoch, as a training job runs it (today's main raised AttributeError at 10%)."""
     caplog.set_level(logging.WARNING, logger="dali_pipes")
     path = tmp_path / "cache" / "tuning.json"
     path.parent.mkdir()
     path.write_text("[]")
-    loader = DaliLoader(numbered, **KW)
+    loader = DaliLoader(numbered_source, **KW)
     assert len(epochs(loader, count=1)[0]) == len(loader)
     (entry,) = json.loads(path.read_text())["entries"].values()
     chosen = settings(tuned(loader)["chosen"])
@@ -260,18 +256,18 @@ def test_writers_at_once_lose_no_entry(tmp_path):
     assert sorted(entries) == sorted(f"{p}-{i}" for p in range(processes) for i in range(count))
 
 
-def test_a_locations_resolved_reads_keep_the_remembered_key(numbered):
+def test_a_locations_resolved_reads_keep_the_remembered_key(numbered_source):
     """A location's loader says exif_orientation=True, png16="scale" (DALI's own reads); `dali-pipes profile`
     leaves them None. Both find the same remembered settings: the key they had before these fields existed."""
     import dataclasses
 
     from dali_pipes.run.pipeline import PipelineSpec
-    loader = DaliLoader(numbered, **KW, num_threads=1, prefetch_queue_depth=2)
+    loader = DaliLoader(numbered_source, **KW, num_threads=1, prefetch_queue_depth=2)
     augment = loader.augment
     assert (augment.exif_orientation, augment.png16) == (True, "scale")
     spec = PipelineSpec(train=True, batch_size=2, augment=augment)
     as_profile = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=None, png16=None))
-    assert tuning.memory_key(spec, numbered.kind) == tuning.memory_key(as_profile, numbered.kind)
-    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(spec, numbered.kind)["augment"])
+    assert tuning.memory_key(spec, numbered_source.kind) == tuning.memory_key(as_profile, numbered_source.kind)
+    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(spec, numbered_source.kind)["augment"])
     as_pil = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=False, png16="pil"))
-    assert tuning.memory_key(as_pil, numbered.kind) != tuning.memory_key(spec, numbered.kind)
+    assert tuning.memory_key(as_pil, numbered_source.kind) != tuning.memory_key(spec, numbered_source.kind)

@@ -7,17 +7,13 @@ import dataclasses
 
 import pytest
 
-from dali_pipes import DaliLoader, open_source
+from dali_pipes import DaliLoader
 
-from conftest import write_numbered
 
 N = 23  # does not divide by 2, 3 or 4
 BATCH = 3
 
 
-@pytest.fixture(scope="module")
-def numbered(tmp_path_factory):
-    return open_source(write_numbered(tmp_path_factory.mktemp("numbered"), N))
 
 
 def loaders(source, world_size, **kw):
@@ -30,8 +26,8 @@ def epoch(loader):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_repeat_is_the_default_and_matches_distributed_sampler(numbered, world_size):
-    ranks = loaders(numbered, world_size, train=False)
+def test_repeat_is_the_default_and_matches_distributed_sampler(numbered_source, world_size):
+    ranks = loaders(numbered_source, world_size, train=False)
     per_rank = -(-N // world_size)
     for _ in range(2):
         seen = collections.Counter()
@@ -46,17 +42,17 @@ def test_repeat_is_the_default_and_matches_distributed_sampler(numbered, world_s
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_none_yields_each_sample_exactly_once(numbered, world_size):
-    ranks = loaders(numbered, world_size, train=False, val_padding="none")
+def test_none_yields_each_sample_exactly_once(numbered_source, world_size):
+    ranks = loaders(numbered_source, world_size, train=False, val_padding="none")
     for _ in range(2):
         labels = [l for loader in ranks for b in epoch(loader) for l in b]
         assert sorted(labels) == list(range(N))
     assert max(len(l) for l in ranks) - min(len(l) for l in ranks) <= 1
 
 
-def test_small_data_against_world_times_batch(numbered):
+def test_small_data_against_world_times_batch(numbered_source):
     """5 samples on 4 ranks at batch 3: every rank gets one non-empty batch of real labels."""
-    small = dataclasses.replace(numbered, files=numbered.files[:5], labels=numbered.labels[:5])
+    small = dataclasses.replace(numbered_source, files=numbered_source.files[:5], labels=numbered_source.labels[:5])
     ranks = loaders(small, 4, train=False)
     batches = [epoch(loader) for loader in ranks]
     assert [len(b) for b in batches] == [1] * 4 and all(len(b[0]) == 2 for b in batches)
@@ -64,9 +60,9 @@ def test_small_data_against_world_times_batch(numbered):
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_train_drop_last_false_yields_real_short_batches(numbered, world_size):
+def test_train_drop_last_false_yields_real_short_batches(numbered_source, world_size):
     """The DataLoader default in train: each rank's last short batch, real samples, no repeats."""
-    ranks = loaders(numbered, world_size, train=True, drop_last=False, shuffle_buffer=8)
+    ranks = loaders(numbered_source, world_size, train=True, drop_last=False, shuffle_buffer=8)
     for _ in range(2):  # shards rotate: another rank holds the larger shard next epoch
         labels = []
         for loader in ranks:
@@ -83,13 +79,13 @@ def labels_after(loader, batches):
 
 @pytest.mark.parametrize("mode", ["repeat", "none", "label"])
 @pytest.mark.parametrize("stop", [2, 3, 8])  # 8 = after the last batch of an epoch of 8
-def test_resume_across_a_short_batch_or_a_repeat(numbered, mode, stop):
-    reference = loaders(numbered, 1, train=False, val_padding=mode)[0]
+def test_resume_across_a_short_batch_or_a_repeat(numbered_source, mode, stop):
+    reference = loaders(numbered_source, 1, train=False, val_padding=mode)[0]
     expected = epoch(reference) + epoch(reference)
-    loader = loaders(numbered, 1, train=False, val_padding=mode)[0]
+    loader = loaders(numbered_source, 1, train=False, val_padding=mode)[0]
     first = labels_after(loader, stop)
     state = loader.state_dict()
-    resumed = loaders(numbered, 1, train=False, val_padding=mode)[0]
+    resumed = loaders(numbered_source, 1, train=False, val_padding=mode)[0]
     resumed.load_state_dict(state)
     rest = []
     while len(first) + len(rest) < len(expected):
@@ -97,30 +93,30 @@ def test_resume_across_a_short_batch_or_a_repeat(numbered, mode, stop):
     assert first + rest == expected
 
 
-def test_resume_of_train_with_short_batches(numbered):
+def test_resume_of_train_with_short_batches(numbered_source):
     kw = dict(train=True, drop_last=False, shuffle_buffer=8, seed=3)
-    reference = loaders(numbered, 2, **kw)[1]
+    reference = loaders(numbered_source, 2, **kw)[1]
     expected = epoch(reference) + epoch(reference)
-    loader = loaders(numbered, 2, **kw)[1]
+    loader = loaders(numbered_source, 2, **kw)[1]
     first = labels_after(loader, len(loader))  # ends with the short batch, before the epoch's end
-    resumed = loaders(numbered, 2, **kw)[1]
+    resumed = loaders(numbered_source, 2, **kw)[1]
     resumed.load_state_dict(loader.state_dict())
     assert first + epoch(resumed) == expected
 
 
-def test_state_from_another_mode_is_refused(numbered):
-    loader = loaders(numbered, 1, train=False)[0]
+def test_state_from_another_mode_is_refused(numbered_source):
+    loader = loaders(numbered_source, 1, train=False)[0]
     labels_after(loader, 1)
-    other = loaders(numbered, 1, train=False, val_padding="label")[0]
+    other = loaders(numbered_source, 1, train=False, val_padding="label")[0]
     with pytest.raises(ValueError, match="val_padding"):
         other.load_state_dict(loader.state_dict())
 
 
-def test_elastic_resume_in_repeat_mode_delivers_the_rest_with_real_labels(numbered):
-    old = loaders(numbered, 2, train=False)
+def test_elastic_resume_in_repeat_mode_delivers_the_rest_with_real_labels(numbered_source):
+    old = loaders(numbered_source, 2, train=False)
     delivered = [l for loader in old for b in labels_after(loader, 2) for l in b]
     states = [loader.state_dict() for loader in old]
-    new = loaders(numbered, 3, train=False)
+    new = loaders(numbered_source, 3, train=False)
     for loader in new:
         loader.load_state_dict(states)
     rest = [epoch(loader) for loader in new]
@@ -132,19 +128,19 @@ def test_elastic_resume_in_repeat_mode_delivers_the_rest_with_real_labels(number
     assert set(after) == set(range(N))
 
 
-def test_elastic_resume_of_train_with_short_batches_reads_every_sample(numbered):
+def test_elastic_resume_of_train_with_short_batches_reads_every_sample(numbered_source):
     """DataLoader's drop_last=False in train: an elastic resume reads all of the rest, the tail included."""
     kw = dict(train=True, drop_last=False, shuffle_buffer=8, seed=3)
-    old = loaders(numbered, 2, **kw)
+    old = loaders(numbered_source, 2, **kw)
     delivered = [l for loader in old for b in labels_after(loader, 1) for l in b]
     states = [loader.state_dict() for loader in old]
-    (new,) = loaders(numbered, 1, **kw)
+    (new,) = loaders(numbered_source, 1, **kw)
     new.load_state_dict(states)
     rest = [l for b in epoch(new) for l in b]
     assert sorted(delivered + rest) == list(range(N))
 
 
-def test_more_ranks_than_samples_is_refused_naming_both(numbered):
-    small = dataclasses.replace(numbered, files=numbered.files[:3], labels=numbered.labels[:3])
+def test_more_ranks_than_samples_is_refused_naming_both(numbered_source):
+    small = dataclasses.replace(numbered_source, files=numbered_source.files[:3], labels=numbered_source.labels[:3])
     with pytest.raises(ValueError, match="3 samples over 4 ranks leave a rank with none; use at most 3 ranks"):
         loaders(small, 4, train=False)
