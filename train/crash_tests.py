@@ -67,7 +67,7 @@ def step_hooks(environ: Mapping[str, str] = os.environ) -> list[Callable[[Run], 
 
 
 def _number(environ: Mapping[str, str], name: str, default: str) -> int:
-    value = environ.get(PREFIX + name, default)
+    value = environ.get(PREFIX + name) or default  # set but empty: as unset
     if not value.isdigit():
         raise SystemExit(f"${PREFIX}{name}={value}: expected a whole number (crash tests only: unset it)")
     return int(value)
