@@ -146,7 +146,7 @@ class TorchLoader:
             raise ValueError(f"TorchLoader trains at one image size, got the schedule {augment.image_size}; "
                              f"progressive resizing needs DaliLoader (python -m train --loader dali)")
         self.augment = augment.for_epoch(0, train)  # val: val_image_size, or the schedule's last size
-        self.image_size = self.augment.image_size
+        self.image_size = augment.size_at(0) if train else augment.val_size  # self.augment's one size
         self.dataset = SourceDataset(self.source, ImageTransform(self.augment, train), seed)
         self.sampler = ShardSampler(len(self.dataset), self.shard, train, seed)
         self.loader = DataLoader(self.dataset, batch_size=batch_size, sampler=self.sampler, drop_last=train,

@@ -66,11 +66,14 @@ log = logging.getLogger("dali_pipes")
 @runtime_checkable
 class Loader(Protocol):
     """What the training loop needs of a loader; DaliLoader and the DataLoader baseline both are one."""
-    source: Source
-    bad_samples: list
     supports_elastic: bool  # load_state_dict takes every old rank's state on another world size
-    image_size: int  # the side of the images of the epoch the next batch is in
 
+    @property  # read-only, as DaliLoader's: a property, so that a loader may compute them
+    def source(self) -> Source: ...
+    @property
+    def bad_samples(self) -> list: ...
+    @property
+    def image_size(self) -> int: ...  # the side of the images of the epoch the next batch is in
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
     def __len__(self) -> int: ...
     @property

@@ -28,7 +28,7 @@ from dali_pipes_bench.harness import forever
 
 try:  # train/ is the reference training loop of a checkout, not an installed package
     from train.models import create_model
-    from train.utils import param_groups
+    from train.optim import param_groups
 except ImportError as error:
     raise SystemExit("the training benchmark trains train/'s ResNet, which is not installed: run it from the root "
                      "of a dali_pipes checkout (python -m dali_pipes_bench.training ..., or dali-pipes bench "

@@ -71,6 +71,13 @@ def torchrun(workdir, data, *extra, nproc=2, check=True, epochs=4, val=None, env
     return run
 
 
+def crash_test(step, signal="KILL", rank=1, again_during_save=False, when="step"):
+    """The environment of a crash test (train/crash_tests.py): SIG<signal> to rank `rank` after step `step`."""
+    return {"DALI_PIPES_TEST_KILL_AT_STEP": str(step), "DALI_PIPES_TEST_KILL_RANK": str(rank),
+            "DALI_PIPES_TEST_KILL_SIGNAL": signal, "DALI_PIPES_TEST_KILL_WHEN": when,
+            "DALI_PIPES_TEST_KILL_AGAIN_DURING_SAVE": "1" if again_during_save else ""}
+
+
 def metrics(workdir):
     return [json.loads(line) for line in open(workdir / "metrics.jsonl")]
 
@@ -107,7 +114,7 @@ def test_killed_run_resumes_on_the_same_sample_sequence(tiny, tmp_path):
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
     common = ("--record-labels", "--checkpoint-every", "4")
     torchrun(whole, tiny / "train", *common, epochs=3)
-    killed = torchrun(crashed, tiny / "train", *common, "--kill-at-step", 11, "--kill-rank", 1, epochs=3, check=False)
+    killed = torchrun(crashed, tiny / "train", *common, epochs=3, check=False, env=crash_test(11))
     assert killed.returncode != 0
     before = {r: labels_by_step(crashed, r) for r in (0, 1)}
     resumed = torchrun(crashed, tiny / "train", *common, "--resume", epochs=3)
@@ -138,8 +145,7 @@ def test_sigterm_checkpoints_at_that_step_and_resume_goes_on_exactly(tiny, whole
     epoch's metrics.jsonl line says it is partial, and how many of its steps ran before the resume."""
     stopped = tmp_path / "stopped"
     common = PREEMPTION_ARGS
-    run = torchrun(stopped, tiny / "train", *common, "--kill-at-step", 9, "--kill-rank", 1, "--kill-signal", "TERM",
-                   epochs=3, check=False)
+    run = torchrun(stopped, tiny / "train", *common, epochs=3, check=False, env=crash_test(9, "TERM"))
     assert run.returncode != 0 and "preempted by SIGTERM at step 9 (epoch 1, batch 3)" in run.stdout
     resumed = torchrun(stopped, tiny / "train", *common, "--resume", epochs=3)
     assert "at step 9" in resumed.stdout
@@ -157,8 +163,8 @@ def test_a_second_signal_during_the_checkpoint_write_leaves_it_whole(tiny, whole
     checkpoint at step 9, no temporary file; --resume goes on with every step's labels of an uninterrupted run."""
     import torch
     stopped = tmp_path / "stopped"
-    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 9, "--kill-rank", 1,
-                   "--kill-signal", "TERM", "--kill-again-during-save", epochs=3, check=False)
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, epochs=3, check=False,
+                   env=crash_test(9, "TERM", again_during_save=True))
     assert run.returncode != 0 and "preempted by SIGTERM at step 9 (epoch 1, batch 3)" in run.stdout, run.stderr[-3000:]
     sent = [line for line in run.stderr.splitlines() if "crash test: SIGTERM sent during the checkpoint write" in line]
     assert [line.split("(")[1].split()[0] for line in sent] == ["open", "os.rename"]  # both inside the save
@@ -170,9 +176,6 @@ def test_a_second_signal_during_the_checkpoint_write_leaves_it_whole(tiny, whole
         assert labels_by_step(stopped, rank) == labels_by_step(whole, rank)
 
 
-KILL_WHEN = "DALI_PIPES_TEST_KILL_WHEN"  # train/utils.py: when --kill-at-step's signal is sent
-
-
 def test_a_signal_that_arrives_while_a_rank_waits_in_the_vote_counts_at_the_next_vote(tiny, whole, tmp_path):
     """SIGTERM to rank 1 inside the stop vote after step 9, its own "no" already sent (the race that lost 2 of 8
     external SIGTERMs: the vote's result overwrote the noted signal, and the job trained on to the end). The
@@ -180,8 +183,8 @@ def test_a_signal_that_arrives_while_a_rank_waits_in_the_vote_counts_at_the_next
     torchrun exits 1 (a rank's 143 is a failure to it), and --resume goes on with every step's labels of an
     uninterrupted run."""
     stopped = tmp_path / "stopped"
-    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 9, "--kill-rank", 1,
-                   "--kill-signal", "TERM", epochs=3, check=False, env={KILL_WHEN: "in-vote"})
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, epochs=3, check=False,
+                   env=crash_test(9, "TERM", when="in-vote"))
     assert "crash test: SIGTERM sent in the stop vote (sent)" in run.stderr
     assert run.returncode == 1 and "preempted by SIGTERM at step 10 (epoch 1, batch 4)" in run.stdout, \
         run.stderr[-3000:]
@@ -199,9 +202,8 @@ def test_a_signal_to_one_rank_after_an_epochs_last_vote_stops_every_rank_at_that
     a vote too: both ranks stop after step 6, the checkpoint is written (epoch 0's validation pending in it)."""
     import torch
     stopped = tmp_path / "stopped"
-    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 6, "--kill-rank", 1,
-                   "--kill-signal", "TERM", "--dist-timeout", 60, epochs=3, val=tiny / "val", check=False,
-                   env={KILL_WHEN: "after-vote"})
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--dist-timeout", 60, epochs=3, val=tiny / "val",
+                   check=False, env=crash_test(6, "TERM", when="after-vote"))
     assert "crash test: SIGTERM sent in the stop vote (decided)" in run.stderr
     assert run.returncode == 1 and "preempted by SIGTERM at step 6 (epoch 1, batch 0)" in run.stdout, \
         run.stderr[-3000:]
@@ -224,8 +226,8 @@ def test_preempted_after_an_epochs_last_step_that_epoch_is_validated_on_resume(t
     records the pending validation, and --resume runs it first: metrics.jsonl has every epoch, each line
     (losses and accuracies included) that of an uninterrupted run."""
     stopped = tmp_path / "stopped"
-    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, "--kill-at-step", 6, "--kill-rank", 1,
-                   "--kill-signal", "TERM", epochs=3, val=tiny / "val", check=False)
+    run = torchrun(stopped, tiny / "train", *PREEMPTION_ARGS, epochs=3, val=tiny / "val", check=False,
+                   env=crash_test(6, "TERM"))
     assert run.returncode == 1 and "preempted by SIGTERM at step 6 (epoch 1, batch 0)" in run.stdout, \
         run.stderr[-3000:]
     assert not os.path.exists(stopped / "metrics.jsonl")
@@ -339,6 +341,32 @@ def test_resume_without_a_checkpoint_says_so(tiny, tmp_path):
     assert fresh.returncode == 0 and "resumed from" not in fresh.stdout
 
 
+def test_the_crash_tests_hooks_are_not_flags_of_the_users_command():
+    """Issue 25: --kill-at-step, --kill-rank, --kill-signal and --kill-again-during-save were in `python -m train
+    --help`. The crash tests now set DALI_PIPES_TEST_KILL_* (train/crash_tests.py); the command refuses the old
+    flags like any unknown one."""
+    help_text = subprocess.run([sys.executable, "-m", "train", "--help"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=300, check=True).stdout
+    assert "--workdir" in help_text and "--resume" in help_text
+    assert "kill" not in help_text.lower() and "crash" not in help_text.lower()
+    from train.train import get_args_parser
+    for flag in ("--kill-at-step", "--kill-rank", "--kill-signal", "--kill-again-during-save"):
+        with pytest.raises(SystemExit):
+            get_args_parser().parse_args([flag, "1"])
+
+
+def test_a_crash_test_environment_is_read_whole_or_refused_in_one_line():
+    from train import crash_tests
+    assert crash_tests.step_hooks({}) == [] and crash_tests.step_hooks(crash_test(0)) == []
+    (hook,) = crash_tests.step_hooks(crash_test(9, "TERM", rank=1, again_during_save=True, when="in-vote"))
+    assert hook == crash_tests.KillAtStep(step=9, rank=1, signal_name="TERM", again_during_save=True, when="in-vote")
+    for env, message in [({"DALI_PIPES_TEST_KILL_SIGNAL": "HUP"}, "SIGNAL=HUP: expected one of KILL, TERM, USR1"),
+                         ({"DALI_PIPES_TEST_KILL_WHEN": "soon"}, "WHEN=soon: expected step, in-vote or after-vote"),
+                         ({"DALI_PIPES_TEST_KILL_RANK": "one"}, "RANK=one: expected a whole number")]:
+        with pytest.raises(SystemExit, match=re.escape(f"$DALI_PIPES_TEST_KILL_{message}")):
+            crash_tests.step_hooks({**crash_test(9), **env})
+
+
 def test_two_nodes_get_disjoint_shards(tmp_path):
     """Two torchrun agents as two nodes (--nnodes=2, c10d rendezvous on localhost, one rank
     each): both have LOCAL_RANK 0, but their global ranks 0 and 1 must read disjoint shards."""
@@ -368,7 +396,7 @@ def test_killing_one_rank_ends_the_job_and_resume_sees_each_sample_once(tmp_path
     work = tmp_path / "run"
     args = ("--record-labels", "--checkpoint-every", "2", "--width", "8", "--batch-size", "4")
     start = time.monotonic()
-    killed = torchrun(work, data, *args, "--kill-at-step", 9, "--kill-rank", 1, epochs=2, check=False)
+    killed = torchrun(work, data, *args, epochs=2, check=False, env=crash_test(9))
     assert killed.returncode != 0 and time.monotonic() - start < 120
     assert "Signal 9 (SIGKILL)" in killed.stderr and "rank      : 1" in killed.stderr
     assert not [p for p in work.iterdir() if ".tmp" in p.name]
@@ -388,7 +416,7 @@ def test_lr_schedule_runs_by_samples_seen_across_a_new_global_batch():
     batch, the factor is that of the samples seen, not of the step count."""
     import math
 
-    from train.utils import WarmupCosine
+    from train.optim import WarmupCosine
     per_step = lambda step, total, warmup: (step + 1) / warmup if step < warmup else \
         0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
     schedule = WarmupCosine(total_samples=100 * 16, warmup_samples=10 * 16, global_batch=16)
@@ -407,7 +435,7 @@ def killed_two_rank_run(tmp_path_factory):
     step 9, mid epoch 1; the last checkpoint is step 8's. Returns (data, workdir)."""
     root = tmp_path_factory.mktemp("killed")
     data = _numbered(root / "numbered", 48)
-    killed = torchrun(root / "run", data, *ELASTIC_ARGS, "--kill-at-step", 9, "--kill-rank", 1, epochs=2, check=False)
+    killed = torchrun(root / "run", data, *ELASTIC_ARGS, epochs=2, check=False, env=crash_test(9))
     assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr, killed.stderr[-3000:]
     return data, root / "run"
 
@@ -669,7 +697,7 @@ def test_a_run_killed_in_the_second_size_resumes_on_the_same_batches(tiny, tmp_p
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
     common = ("--record-labels", "--checkpoint-every", "4", "--image-size", "0:32,1:40,2:48")
     torchrun(whole, tiny / "train", *common, epochs=3)
-    killed = torchrun(crashed, tiny / "train", *common, "--kill-at-step", 10, "--kill-rank", 1, epochs=3, check=False)
+    killed = torchrun(crashed, tiny / "train", *common, epochs=3, check=False, env=crash_test(10))
     assert killed.returncode != 0
     resumed = torchrun(crashed, tiny / "train", *common, "--resume", epochs=3)
     assert "at step 8" in resumed.stdout

@@ -1,26 +1,19 @@
-"""Checkpoints: model, optimizer, scaler, scheduler, every rank's loader state and RNG, written atomically."""
+"""Checkpoints: model, optimizer, scaler, scheduler, every rank's loader state and RNG, written atomically;
+resume from one; and the checkpoint a preempted run stops with."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
-import signal
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from dali_pipes.storage.files import atomic_write
 from train.metrics import atomic_save
-
-if TYPE_CHECKING:
-    from train.train import Run
-
-STATUS_NAME = "preempted.json"  # WORKDIR/preempted.json: how the last run stopped, for a requeue script
-
+from train.preemption import write_status
+from train.run import Run, close_run
 
 # ---------------------------------------------------------------------------------------------
 
@@ -33,14 +26,13 @@ def save_checkpoint(run: Run, pending: dict | None = None) -> None:
     """pending: the train stats of an epoch whose training is done but whose validation and metrics.jsonl
     line are not (a preemption between the two); --resume finishes that epoch first."""
     per_rank = {"loader": run.train_loader.state_dict(), "rng": _rng_state()}
-    gathered = [per_rank]
+    gathered: list[Any] = [per_rank]
     if dist.is_initialized():  # sync point: every rank hands its loader position to rank 0
         gathered = [None] * run.shard.world_size
         dist.all_gather_object(gathered, per_rank)
     if run.is_main:
-        model = run.model.module if hasattr(run.model, "module") else run.model
         mid_epoch = run.train_loader.next_batch[1] > 0  # else the next epoch starts at this step
-        atomic_save({"model": model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        atomic_save({"model": run.unwrapped.state_dict(), "optimizer": run.optimizer.state_dict(),
                      "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
                      "step": run.step, "epoch_start_step": run.epoch_start_step if mid_epoch else run.step,
                      "pending_epoch": pending, "ranks": gathered, "args": vars(run.args)},
@@ -56,15 +48,14 @@ def load_checkpoint(run: Run, path: str) -> None:
     if old_world != world and not run.train_loader.supports_elastic:
         raise SystemExit(f"{path} was written by {old_world} ranks; --loader {run.args.loader} resumes only on "
                          f"the same world size ({world} now); --loader dali resumes on any")
-    model = run.model.module if hasattr(run.model, "module") else run.model
-    model.load_state_dict(state["model"])
+    run.unwrapped.load_state_dict(state["model"])
     base_lrs = list(run.scheduler.base_lrs)  # this world's peak lr (the scaling rule), before the saved one
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.step = state["step"]
     run.pending_epoch = state.get("pending_epoch")
-    schedule = run.scheduler.lr_lambdas[0]
+    schedule = run.schedule
     schedule.rebase(run.step, run.args.batch_size * world)  # by samples: the global batch may have changed
     if old_world != world:
         run.scheduler.base_lrs = base_lrs
@@ -88,7 +79,7 @@ def load_checkpoint(run: Run, path: str) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def preempted(run: Run, close_run, pending: dict | None = None) -> None:
+def preempted(run: Run, pending: dict | None = None) -> None:
     """Checkpoint at this step on every rank (with `pending`: see save_checkpoint), say where it stopped and how
     to go on, leave WORKDIR/preempted.json for a requeue script, and exit with 128 + the signal (non-zero:
     schedulers and torchrun requeue on it; torchrun itself exits 1)."""
@@ -96,13 +87,7 @@ def preempted(run: Run, close_run, pending: dict | None = None) -> None:
     save_checkpoint(run, pending)  # atomic: a second signal or a SIGKILL now leaves the old file or this one
     if run.is_main:
         epoch, batch = run.train_loader.next_batch
-        status = {"signal": signal.Signals(stop.signum).name if stop.signum else None,
-                  "launcher_lost": stop.launcher_lost, "exit_code": stop.exit_code, "step": run.step,
-                  "epoch": epoch, "batch": batch, "checkpoint": path,
-                  "pending_epoch": pending["epoch"] if pending else None,
-                  "resume": "the same command with --resume"}
-        with atomic_write(os.path.join(run.args.workdir, STATUS_NAME), "w") as f:
-            json.dump(status, f, indent=1)
+        status = write_status(run.args.workdir, stop, run.step, epoch, batch, pending["epoch"] if pending else None)
         cause = (f"preempted by {status['signal']}" if stop.signum else "stopped") + \
             (" (the torchrun launcher is gone)" if stop.launcher_lost else "")
         first = "" if not pending else f" (epoch {pending['epoch']}'s " + (
@@ -111,9 +96,3 @@ def preempted(run: Run, close_run, pending: dict | None = None) -> None:
               f"go on with the same command and --resume", flush=True)
     close_run(run)
     raise SystemExit(stop.exit_code)
-
-
-def clear_status(workdir: str) -> None:
-    """A new run in `workdir` makes the last run's preempted.json stale (rank 0, once the workdir is held)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(workdir, STATUS_NAME))

@@ -47,8 +47,11 @@ class Bottleneck(nn.Module):
         return self.relu(self.bn3(self.conv3(out)) + identity)
 
 
+Block = type[BasicBlock] | type[Bottleneck]  # a residual block; `expansion`: its output channels / planes
+
+
 class ResNet(nn.Module):
-    def __init__(self, block: type, layers: list[int], num_classes: int = 1000, width: int = 64) -> None:
+    def __init__(self, block: Block, layers: list[int], num_classes: int = 1000, width: int = 64) -> None:
         super().__init__()
         self.inplanes = width
         self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
@@ -68,7 +71,7 @@ class ResNet(nn.Module):
             if isinstance(m, (BasicBlock, Bottleneck)):
                 nn.init.zeros_((m.bn3 if isinstance(m, Bottleneck) else m.bn2).weight)
 
-    def _layer(self, block: type, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
+    def _layer(self, block: Block, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
             downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
@@ -84,7 +87,7 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-ARCHS = {
+ARCHS: dict[str, tuple[Block, list[int]]] = {
     "resnet10": (BasicBlock, [1, 1, 1, 1]),
     "resnet18": (BasicBlock, [2, 2, 2, 2]),
     "resnet34": (BasicBlock, [3, 4, 6, 3]),

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 from dali_pipes.run import tuning
+
+T = TypeVar("T")
 
 INPUT_BOUND = 0.05  # a rank that waits more than this fraction of its epoch is input-bound
 
@@ -35,11 +38,11 @@ def rank_figures(rank: int, wait: float, seconds: float, steps: int, images: int
     return figures
 
 
-def gather(figures: dict) -> list[dict] | None:
-    """Every rank's figures, on rank 0 (None elsewhere)."""
+def gather(figures: T) -> list[T] | None:
+    """Every rank's figures (any picklable value), on rank 0 (None elsewhere)."""
     if not dist.is_initialized():
         return [figures]
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(figures, out, dst=0)
     return out
 
@@ -71,7 +74,8 @@ class Trace:
     closing bracket, so the file grows an epoch at a time): one track per rank."""
 
     def __init__(self, path: str | None, rank: int) -> None:
-        self.path, self.rank, self.events = path, rank, []
+        self.path, self.rank = path, rank
+        self.events: list[dict[str, Any]] = []
         self._offset = time.time() - time.perf_counter()  # perf_counter -> wall clock, comparable across ranks
         if path and rank == 0:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -17,9 +17,8 @@ import json
 import os
 import random
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -33,26 +32,17 @@ from dali_pipes.graph import resolution
 from dali_pipes.loader import Loader
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes.run.machine import default_threads
-from train import observe
-from train.checkpoint import clear_status, load_checkpoint, preempted, save_checkpoint
+from train import crash_tests, observe
+from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train.compiled import CompileCounter, add_compile_arguments, training_forward
+from train.data import DEFAULT_DATA, num_classes_of, resolve_data
+from train.distributed import mean_over_ranks, setup_distributed, sum_over_ranks
 from train.lock import hold as hold_workdir
-from train.metrics import MemoryMeter
 from train.models import ARCHS, create_model
 from train.observe import TensorBoard, Trace
-from train.utils import (
-    DEFAULT_DATA,
-    KILL_WHEN_ENV,
-    Preemption,
-    kill_at_step,
-    mean_over_ranks,
-    num_classes_of,
-    param_groups,
-    resolve_data,
-    setup_distributed,
-    sum_over_ranks,
-    warmup_cosine,
-)
+from train.optim import param_groups, warmup_cosine
+from train.preemption import clear_status
+from train.run import Run, close_run
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -78,15 +68,13 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (and at epoch end)")
     p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt (an error if none)")
     p.add_argument("--resume-if-present", action="store_true", help="continue from it if there is one, else start")
-    p.add_argument("--record-labels", action="store_true", help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
+    p.add_argument("--record-labels", action="store_true",
+                   help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
     p.add_argument("--dist-timeout", type=int, default=600, help="seconds a collective may wait for a lost rank")
-    p.add_argument("--kill-at-step", type=int, default=0, help="crash test: SIGKILL rank --kill-rank after this step")
-    p.add_argument("--kill-rank", type=int, default=0)
-    p.add_argument("--kill-signal", default="KILL", choices=["KILL", "TERM", "USR1"], help="crash test: the signal")
-    p.add_argument("--kill-again-during-save", action="store_true", help="crash test: and again while rank 0 saves")
     p.add_argument("--trace", default="", help="write a Chrome/Perfetto trace here: per rank, steps, waits, loader "
                    "rebuilds and tuning trials")
-    p.add_argument("--tensorboard", default="", help="log the epoch metrics here (pip install 'dali_pipes[tensorboard]')")
+    p.add_argument("--tensorboard", default="",
+                   help="log the epoch metrics here (pip install 'dali_pipes[tensorboard]')")
     # The loader's options, generated from the library's dataclasses (one config path; saved in config.json).
     add_arguments(p, LoaderConfig, "the DALI loader (bad samples excluded with --skip-bad are recorded in "
                   "WORKDIR/bad_samples-rank<R>.txt)")
@@ -97,7 +85,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def loader_configs(args) -> dict:
+def loader_configs(args: argparse.Namespace) -> dict[str, Any]:
     """The dataclasses the flags resolve to, as saved with the run."""
     channels_last = args.device == "gpu" if args.channels_last is None else args.channels_last
     return {"loader": from_args(LoaderConfig, args),
@@ -105,39 +93,11 @@ def loader_configs(args) -> dict:
             "source": from_args(SourceConfig, args)}
 
 
-@dataclass
-class Run:
-    """What the loop carries between steps: counters, and everything a checkpoint holds."""
-    args: argparse.Namespace
-    shard: Shard
-    device: torch.device
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    train_loader: Loader
-    val_loader: Loader | None
-    forward: Callable[[torch.Tensor], torch.Tensor]  # the model's training forward (--compile: compiled)
-    step: int = 0
-    epoch_start_step: int = 0  # the step the epoch in progress began at (in an earlier run, when resumed)
-    pending_epoch: dict | None = None  # an epoch trained but not validated when preempted (from the checkpoint)
-    memory: MemoryMeter = field(default_factory=MemoryMeter)
-    step_hooks: list = field(default_factory=list)  # called as hook(run) after every step (tests: crash)
-    preemption: Preemption = field(default_factory=Preemption)  # SIGTERM / SIGUSR1: stop at a step boundary
-    loaders_built_at: float = 0.0          # perf_counter() before the loaders were constructed
-    trace: Trace = field(default_factory=lambda: Trace(None, 0))
-    first_batch_s: float | None = None     # construction -> first batch in hand (this process)
-
-    @property
-    def is_main(self) -> bool:
-        return self.shard.rank == 0
-
-
 # ---------------------------------------------------------------------------------------------
 # Set-up
 # ---------------------------------------------------------------------------------------------
 
-def build_loader(args, data: str, train: bool, shard: Shard):
+def build_loader(args: argparse.Namespace, data: str, train: bool, shard: Shard) -> Loader:
     """The one place where the two loaders differ: the constructor."""
     cfg = loader_configs(args)
     common = dict(batch_size=args.batch_size, train=train, rank=shard.rank, world_size=shard.world_size,
@@ -152,7 +112,7 @@ def build_loader(args, data: str, train: bool, shard: Shard):
                        persistent_workers=True, keys=source_args["keys"], **common)
 
 
-def create_run(args) -> Run:
+def create_run(args: argparse.Namespace) -> Run:
     shard, device = setup_distributed(args)
     random.seed(args.seed + shard.rank)
     np.random.seed(args.seed + shard.rank)
@@ -164,7 +124,7 @@ def create_run(args) -> Run:
     num_classes = args.num_classes or num_classes_of(train_loader.source)
     model = create_model(args.arch, num_classes, args.width).to(device)
     if args.device == "gpu":
-        model = model.to(memory_format=torch.channels_last)
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit it
     if shard.world_size > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if args.device == "gpu" else None)
     lr = args.lr or 0.1 * args.batch_size * shard.world_size / 256
@@ -183,18 +143,18 @@ def create_run(args) -> Run:
 # The loop
 # ---------------------------------------------------------------------------------------------
 
-def _autocast(run: Run):
+def _autocast(run: Run) -> AbstractContextManager:
     amp = run.args.amp if run.args.amp is not None else run.args.device == "gpu"
     return torch.autocast(run.device.type, dtype=torch.bfloat16) if amp else nullcontext()
 
 
-def _to_device(run: Run, images: torch.Tensor, labels: torch.Tensor):
+def _to_device(run: Run, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     fmt = torch.channels_last if run.args.device == "gpu" else torch.preserve_format
     return (images.to(run.device, non_blocking=True, memory_format=fmt),
             labels.to(run.device, non_blocking=True))
 
 
-def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> dict:
+def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log: IO[str] | None) -> dict:
     run.model.train()
     loader = run.train_loader
     loader.set_epoch(epoch)
@@ -260,13 +220,15 @@ def evaluate(run: Run) -> dict:
     """Top-1/top-5 over the whole val set: each sample counted once across ranks (padding, label
     -1, is masked out), sums all-reduced. The unwrapped model runs: DDP does no collectives here,
     so ranks may run different numbers of val batches (the torch loader does)."""
-    model = run.model.module if hasattr(run.model, "module") else run.model
+    model, loader = run.unwrapped, run.val_loader
+    if loader is None:
+        return {}  # no val data
     model.eval()
     if dist.is_initialized():  # sync point: rank 0's norm statistics, as checkpointed (each rank's last
         for buffer in model.buffers():  # batch moved its own), so a validation run on resume is the same
             dist.broadcast(buffer, 0)
     sums = torch.zeros(4, dtype=torch.float64, device=run.device)  # correct@1, correct@5, loss, count
-    for images, labels in run.val_loader:
+    for images, labels in loader:
         images, labels = _to_device(run, images, labels)
         real = labels >= 0
         with _autocast(run):
@@ -279,10 +241,10 @@ def evaluate(run: Run) -> dict:
         dist.all_reduce(sums)  # sync point: totals over all ranks
     correct1, correct5, loss, count = sums.tolist()
     return {"val_top1": correct1 / max(count, 1), "val_top5": correct5 / max(count, 1),
-            "val_loss": loss / max(count, 1), "val_samples": int(count), "val_image_size": run.val_loader.image_size}
+            "val_loss": loss / max(count, 1), "val_samples": int(count), "val_image_size": loader.image_size}
 
 
-def main(args) -> list[dict]:
+def main(args: argparse.Namespace) -> list[dict]:
     checkpoint = os.path.join(args.workdir, "checkpoint.pt")
     if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
         raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
@@ -294,24 +256,24 @@ def main(args) -> list[dict]:
         load_checkpoint(run, checkpoint)
         if run.is_main:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
-    if args.kill_at_step:
-        run.step_hooks.append(kill_at_step(args.kill_at_step, args.kill_rank, args.kill_signal,
-                                           args.kill_again_during_save, os.environ.get(KILL_WHEN_ENV, "step")))
+    run.step_hooks += crash_tests.step_hooks()  # none unless a test's environment asks for a crash
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
         with open(os.path.join(args.workdir, "config.json"), "w") as f:
             json.dump({k: dataclasses.asdict(v) for k, v in loader_configs(args).items()}, f, indent=1)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)
-    label_log = open(os.path.join(args.workdir, f"labels-rank{run.shard.rank}.jsonl"), "a") if args.record_labels else None
-    history, board = [], TensorBoard(args.tensorboard or None, run.is_main)
+    label_log = open(os.path.join(args.workdir, f"labels-rank{run.shard.rank}.jsonl"), "a") \
+        if args.record_labels else None
+    history: list[dict] = []
+    board = TensorBoard(args.tensorboard or None, run.is_main)
     if run.pending_epoch is not None:  # preempted between an epoch's training and its validation: finish it
         finish_epoch(run, dict(run.pending_epoch), history, board)
     while run.train_loader.next_batch[0] < args.epochs:
         epoch = run.train_loader.next_batch[0]
         stats = {"epoch": epoch, **train_one_epoch(run, epoch, criterion, label_log)}
         if run.preemption.stop_now():  # sync point: a vote after the epoch's training, also after its last step
-            preempted(run, close_run, stats if run.train_loader.next_batch[0] > epoch else None)
+            preempted(run, stats if run.train_loader.next_batch[0] > epoch else None)
         finish_epoch(run, stats, history, board)
     if label_log:
         label_log.close()
@@ -339,12 +301,3 @@ def finish_epoch(run: Run, stats: dict, history: list, board: TensorBoard) -> No
         board.epoch(stats)
         print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
                        if k not in ("ranks", "verdict")) + "\n" + stats["verdict"], flush=True)
-
-
-def close_run(run: Run) -> None:
-    run.memory.close()
-    for loader in (run.train_loader, run.val_loader):
-        if loader is not None:
-            loader.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
