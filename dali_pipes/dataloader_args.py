@@ -15,7 +15,9 @@ script swaps the class name and nothing else:
     itself, and has no worker processes);
   * without a sampler a dataset object is read whole by every process, as DataLoader reads it, except
     where a Lightning Trainer would give a DataLoader built there a DistributedSampler (its hooks under a
-    distributed strategy, use_distributed_sampler=True): there it is sharded as Lightning would shard it;
+    distributed strategy, use_distributed_sampler=True) or where Hugging Face Accelerate runs on several
+    processes (accelerator.prepare shards DataLoaders and passes DaliLoader through): there it is sharded as
+    Lightning or prepare() would shard it;
   * `shuffle=True` or a random transform means train mode; `drop_last` is DataLoader's. The reader
     shuffles a dataset object only where DataLoader would: `shuffle=True` or a sampler that shuffles.
     `shuffle` unset or False, or a sampler that does not shuffle (DistributedSampler(shuffle=False),
@@ -91,10 +93,10 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     if is_location:
         rank_, world_ = (rank, world_size) if drawn.get("world_size") is None else (drawn["rank"], drawn["world_size"])
     else:  # a dataset object: DataLoader semantics, every process reads it whole unless a sampler shards it
-        lightning = lightning_shard() if drawn.get("world_size") is None and (rank, world_size) == (None, None) \
-            else None
-        rank_ = drawn.get("rank", rank if rank is not None else lightning[0] if lightning else 0)
-        world_ = drawn.get("world_size", world_size if world_size is not None else lightning[1] if lightning
+        framework = (lightning_shard() or accelerate_shard(bool(train))) \
+            if drawn.get("world_size") is None and (rank, world_size) == (None, None) else None
+        rank_ = drawn.get("rank", rank if rank is not None else framework[0] if framework else 0)
+        world_ = drawn.get("world_size", world_size if world_size is not None else framework[1] if framework
                            else None if rank is not None else 1)  # a rank alone: the world size of the job
         if not train and sampler_drop_last:  # DistributedSampler drops the last N % world samples
             samples = samples[:len(samples) // world_ * world_]
@@ -145,6 +147,25 @@ def lightning_shard() -> tuple[int, int] | None:
             return None
         frame = frame.f_back
     return None
+
+
+def accelerate_shard(train: bool) -> tuple[int, int] | None:
+    """(rank, world size) when Hugging Face Accelerate runs on several processes (an Accelerator, or a Trainer's,
+    exists). accelerator.prepare() shards a DataLoader but hands any other loader back unchanged, so a dataset
+    object is sharded here, as prepare would shard a DataLoader of it; each process reading it whole would train
+    on every sample once per rank. Nothing is imported: only an Accelerate already in use counts."""
+    state = sys.modules.get("accelerate.state")
+    if state is None or not state.is_initialized():
+        return None
+    shared = state.PartialState()  # the initialised state (a shared singleton), never a new one
+    if shared.num_processes <= 1:
+        return None
+    val = "" if train else ("; its gather_for_metrics cannot drop DaliLoader's repeated val samples: pass "
+                            "val_padding='label' and drop labels -1 (PADDING_LABEL) after gathering")
+    warnings.warn(f"DaliLoader built under Accelerate: rank {shared.process_index} of {shared.num_processes}, "
+                  f"sharded as accelerator.prepare shards a DataLoader (prepare passes a DaliLoader through){val}",
+                  stacklevel=4)  # the DaliLoader(...) line (through resolve_call and __init__)
+    return shared.process_index, shared.num_processes
 
 
 def _refuse_unsupported(batch_sampler: Any, collate_fn: Any, worker_init_fn: Any) -> None:

@@ -72,6 +72,11 @@ def check_fits(state: dict, identity: dict, contract: dict) -> None:
     differ = {k: (state.get(k), v) for k, v in identity.items() if state.get(k) != v}
     if state.get("contract", contract) != contract:  # 0.2.0 states have none: their batches cut as today's
         differ["contract"] = (state["contract"], contract)
+    if set(differ) == {"rank"}:  # one rank's state loaded into every rank: a checkpointer that keeps rank 0's
+        raise ValueError(f"loader state of rank {state.get('rank')} loaded into rank {identity['rank']}: a loader "
+                         f"state belongs to one rank. A checkpointer that saves rank 0's copy alone and loads it "
+                         f"into every rank (Accelerate's register_for_checkpointing) needs every rank's: register "
+                         f"dali_pipes.frameworks.RankStates(loader) instead of the loader")
     if differ:
         raise ValueError(f"loader state does not fit this loader: (saved, now) = {differ}; resume with "
                          f"the same data, rank, world size, batch size, seed, drop_last and val_padding")
@@ -147,7 +152,10 @@ def state_of(rank: RankPipeline, next_batch: tuple[int, int], position: Position
 
 
 def restore(rank: RankPipeline, position: Position, facts: LoaderFacts, state: dict | list[dict]) -> None:
-    """Put a loader where `state` (one, or every old rank's in rank order) was taken."""
+    """Put a loader where `state` (one, or every old rank's in rank order) was taken. An empty state ({}, [])
+    loads nothing, as torchdata's StatefulDataLoader takes it (`load_state_dict(ckpt.get("loader", {}))`)."""
+    if isinstance(state, (dict, list, tuple)) and not state:
+        return
     world, me = facts.identity["world_size"], facts.identity["rank"]
     if isinstance(state, (list, tuple)):
         states = [flat(s) for s in state]
