@@ -50,6 +50,16 @@ def status_of(error: BaseException) -> int:
     return int(getattr(response, "status_code", 0) or getattr(response, "status", 0) or 0)
 
 
+def _causes(error: BaseException, depth: int = 4) -> Iterator[BaseException]:
+    """The error and those it was raised from (an SDK that turns a refused connection into FileNotFoundError)."""
+    seen: BaseException | None = error
+    for _ in range(depth):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
 def _connection_fault(error: BaseException) -> bool:
     """A fault of the network or the server, not of the request: refused, reset, timed out."""
     import aiohttp
@@ -111,12 +121,19 @@ class FsspecBackend:
         walk = posixpath.dirname(prefix) if pattern else prefix.rstrip("/")
         depth = parsed.key.count("/") - (walk.count("/") + 1 if walk else 0) + 1 if pattern else None
         root = self.path(RemoteUrl(parsed.scheme, bucket, walk))
-        found = remote.retrying(url, self, lambda: self.fs.find(root, maxdepth=depth, detail=True))
+        found = remote.retrying(url, self, lambda: self._find(root, depth))
         start = self.path(RemoteUrl(parsed.scheme, bucket, ""))
         for name, meta in found.items():
             key = name[len(start):] if name.startswith(start) else name
             if meta.get("type", "file") == "file" and key.startswith(prefix) and not key.endswith("/"):
                 yield self.object_info(f"{parsed.scheme}://{bucket}/{key}", meta)
+
+    def _find(self, root: str, depth: int | None) -> dict[str, dict]:
+        found = self.fs.find(root, maxdepth=depth, detail=True)
+        if isinstance(found, dict):
+            return found
+        # adlfs 2026.8 answers a list for a path that is one blob
+        return {m["name"]: m for m in (item if isinstance(item, dict) else self.fs.info(item) for item in found)}
 
     def head(self, url: RemoteUrl) -> ObjectInfo:
         meta = self.fs.info(self.path(url))
@@ -156,9 +173,10 @@ class FsspecBackend:
         credentials = self.credentials_error(error, url)
         if credentials is not None:
             return credentials
-        if _connection_fault(error):
+        fault = next((e for e in _causes(error) if _connection_fault(e)), None)  # fsspec's http wraps it
+        if fault is not None:
             return ConnectionError(f"{url}: cannot reach the {self.service} endpoint {endpoint} "
-                                   f"({type(error).__name__}: {error}); {self.endpoint_hint}")
+                                   f"({type(fault).__name__}: {fault}); {self.endpoint_hint}")
         if isinstance(error, FileNotFoundError) or status == 404:
             if expected is not None:
                 return remote.disappeared_error(url, expected)
@@ -171,7 +189,7 @@ class FsspecBackend:
         return error
 
     def retryable(self, error: Exception) -> bool:
-        return status_of(error) in RETRIED_STATUSES or _connection_fault(error)
+        return status_of(error) in RETRIED_STATUSES or any(_connection_fault(e) for e in _causes(error))
 
 
 def _aiohttp_timeout(options: ClientOptions):
@@ -311,7 +329,7 @@ class HttpBackend(FsspecBackend):
         return HTTPFileSystem(client_kwargs={"timeout": _aiohttp_timeout(options)}, skip_instance_cache=True)
 
     def endpoint(self, url: str = "") -> str:
-        return "://".join(url.split("/")[0:3:2]) if url else "the HTTP server"
+        return "{0.scheme}://{0.bucket}".format(RemoteUrl.parse(url)) if url else "the HTTP server"
 
     def path(self, url: RemoteUrl) -> str:
         return str(url)

@@ -417,7 +417,10 @@ def list_objects(url_or_glob: str, client: Backend | None = None, page_size: int
         return [_unlisted(url_or_glob, parsed, backend)]
     pattern = has_wildcard(parsed.key)
     searched = parsed.key[:min(parsed.key.index(c) for c in WILDCARDS if c in parsed.key)] if pattern else parsed.key
-    below = sorted(backend.list_prefix(parsed.bucket, searched, url_or_glob, page_size), key=_key)
+    try:
+        below = sorted(backend.list_prefix(parsed.bucket, searched, url_or_glob, page_size), key=_key)
+    except FileNotFoundError:
+        below = []  # a missing bucket (or folder, to some stores): told apart below
     if pattern:
         found = [o for o in below if glob_matches(_key(o), parsed.key)]
     elif not parsed.key or parsed.key.endswith("/"):
