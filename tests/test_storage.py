@@ -195,16 +195,122 @@ def numbered_shards(store, prefix: str, n: int, shards: int) -> list[str]:
 
 def test_two_loaders_in_one_process_keep_their_own_retries(s3, proxy, tmp_path, monkeypatch):
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
-    numbered_shards(s3, "a", 12, 6)
-    numbered_shards(s3, "b", 12, 6)
-    kw = dict(batch_size=2, train=False, cache_prefetch=1, shuffle_buffer=1, **KW)
-    patient = DaliLoader(s3.url("b/"), s3_attempts=3, s3_timeout=5, **kw)
-    hasty = DaliLoader(s3.url("a/"), s3_attempts=2, s3_timeout=5, **kw)  # built last: once, its retries won
-    proxy.add_fault(Fault("/a/train-00005-of-00006", method="GET", status=503, times=2))
-    proxy.add_fault(Fault("/b/train-00005-of-00006", method="GET", status=503, times=2))
-    assert sorted(l for _, labels in patient for l in labels.tolist() if l >= 0) == list(range(12))
-    with pytest.raises(ConnectionError, match=r"train-00005-of-00006: cannot reach .* after 2 attempts"):
+    numbered_shards(s3, "a", 48, 12)  # the shard cache fetches the last shards only while the loader runs
+    numbered_shards(s3, "b", 48, 12)
+    kw = dict(batch_size=2, train=False, cache_prefetch=1, shuffle_buffer=1, prefetch_queue_depth=1, **KW)
+    hasty = DaliLoader(s3.url("a/"), s3_attempts=2, s3_timeout=5, **kw)
+    patient = DaliLoader(s3.url("b/"), s3_attempts=3, s3_timeout=5, **kw)  # built last: once, its retries won
+    proxy.add_fault(Fault("/a/train-00011-of-00012", method="GET", status=503, times=2))
+    proxy.add_fault(Fault("/b/train-00011-of-00012", method="GET", status=503, times=2))
+    assert sorted(l for _, labels in patient for l in labels.tolist() if l >= 0) == list(range(48))
+    with pytest.raises(ConnectionError, match=r"train-00011-of-00012: cannot reach .* after 2 attempts"):
         list(hasty)
     assert hasty.bad_samples == []
     patient.close()
     hasty.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Done when: the same sets read exactly through every scheme, in one process and on 2 ranks
+# ---------------------------------------------------------------------------------------------
+
+TF_SET, FOLDER_CLASSES, PER_CLASS = 209, ("cat", "dog", "fish"), 16  # 209 records; 48 images
+
+
+def tfrecord_set(put) -> list[str]:
+    """209 numbered records (image i, label i) in 5 shards, written with `put(name, bytes)`."""
+    records: list[list[bytes]] = [[] for _ in range(5)]
+    for i in range(TF_SET):
+        records[i % 5].append(tfrecord.frame_record(tfrecord.encode_example(
+            {"image/encoded": jpeg_bytes(i), "image/class/label": i})))
+    return [put(f"tf/train-{s:05d}-of-00005", b"".join(r)) for s, r in enumerate(records)]
+
+
+def image_set(put) -> str:
+    """48 images, 16 per class folder, and list.txt beside them ("class/name label"); returns the list's name."""
+    lines = []
+    for label, name in enumerate(FOLDER_CLASSES):
+        for i in range(PER_CLASS):
+            put(f"images/{name}/{i:03d}.jpg", jpeg_bytes(label * PER_CLASS + i))
+            lines.append(f"{name}/{i:03d}.jpg {label}")
+    return put("images/list.txt", "\n".join(lines).encode())
+
+
+def local_put(root):
+    def put(name: str, data: bytes) -> str:
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+    return put
+
+
+def read_val(location, world_size: int, **kw) -> tuple[list[int], list[int]]:
+    """(sorted real labels over all ranks, batches per rank) of val loaders on `world_size` ranks."""
+    loaders = [DaliLoader(location, batch_size=8, train=False, rank=r, world_size=world_size, **{**KW, **kw})
+               for r in range(world_size)]
+    labels, lengths = [], []
+    for loader in loaders:
+        batches = [b.tolist() for _, b in loader]
+        labels += [l for batch in batches for l in batch if l >= 0]
+        lengths.append(len(batches))
+        assert len(batches) == len(loader)
+        loader.close()
+    return sorted(labels), lengths
+
+
+@pytest.fixture
+def local_sets(tmp_path):
+    """The same two sets on the local disk: (tfrecord folder, image folder)."""
+    root = str(tmp_path / "local")
+    tfrecord_set(local_put(root))
+    image_set(local_put(root))
+    os.remove(os.path.join(root, "images", "list.txt"))  # an image folder: classes from its subfolders
+    return os.path.join(root, "tf"), os.path.join(root, "images")
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_same_sets_read_exactly_through_every_scheme(store, local_sets, tmp_path, monkeypatch, world_size):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    shards = tfrecord_set(store.put)
+    file_list = image_set(store.put)
+    if store.scheme == "http":  # never listed: a list of shard URLs, and the image set's file list
+        tf_location, image_location = shards, file_list
+    else:
+        tf_location, image_location = store.url("tf/"), store.url("images/")
+    for remote_location, local_location in ((tf_location, local_sets[0]), (image_location, local_sets[1])):
+        assert read_val(remote_location, world_size) == read_val(local_location, world_size)
+    assert read_val(tf_location, world_size)[0] == list(range(TF_SET))
+
+
+def test_native_feed_on_a_scheme_dali_cannot_read_says_so(azure, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    tfrecord_set(azure.put)
+    with pytest.raises(ValueError, match=r"remote_feed='native' but DALI reads only s3://, gs:// .*'cache'"):
+        DaliLoader(azure.url("tf/"), batch_size=8, train=False, remote_feed="native", **KW)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outages: as S3's (a short one ridden out with the same batches, a long one a ConnectionError)
+# ---------------------------------------------------------------------------------------------
+
+def test_gs_outages_behave_as_s3s(gcs, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    numbered_shards(gcs, "o", 48, 12)
+    kw = dict(batch_size=2, train=False, cache_prefetch=1, shuffle_buffer=1, prefetch_queue_depth=1, **KW)
+    calm = DaliLoader(gcs.url("o/"), **kw)
+    expected = [labels.tolist() for _, labels in calm]
+    calm.close()
+    with LatencyProxy(gcs.endpoint, delay_ms=0) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        short = DaliLoader(gcs.url("o/"), s3_attempts=4, **kw)
+        proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503, times=2))
+        assert [labels.tolist() for _, labels in short] == expected  # ridden out, the same batches
+        short.close()
+        long = DaliLoader(gcs.url("o/"), s3_attempts=2, s3_timeout=2, **kw)
+        proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503))
+        with pytest.raises(ConnectionError, match="cannot reach the GCS endpoint .* after 2 attempts"):
+            list(long)
+        assert long.bad_samples == []  # the store, not a sample: nothing excluded
+        long.close()
