@@ -19,8 +19,8 @@ import argparse
 import contextlib
 import email.utils
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys

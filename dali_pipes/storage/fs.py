@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import errno
+import functools
 import os
 import posixpath
 from typing import Any, Iterator
@@ -155,7 +156,7 @@ class FsspecBackend:
         """The object as ranged reads of REQUEST_BYTES, each tried by remote.retrying, yielded in chunk_bytes."""
         for offset in range(0, info.size, REQUEST_BYTES):
             end = min(info.size, offset + REQUEST_BYTES)
-            data = remote.retrying(info.url, self, lambda o=offset, e=end: self.read(info, o, e), info)
+            data: bytes = remote.retrying(info.url, self, functools.partial(self.read, info, offset, end), info)
             if len(data) != end - offset:
                 raise remote.truncated_error(info, offset + len(data))
             for at in range(0, len(data), chunk_bytes):
@@ -265,8 +266,9 @@ class AzureBackend(FsspecBackend):
         if not any(os.environ.get(v) for v in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME")):
             raise PermissionError("az:// URLs need AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
                                   "AZURE_STORAGE_ACCOUNT_KEY (or a default Azure credential)")
+        keyed = bool(os.environ.get("AZURE_STORAGE_ACCOUNT_KEY"))
         return OneTryAzure(connection_timeout=options.connect_timeout, read_timeout=options.read_timeout,
-                           skip_instance_cache=True, anon=False if os.environ.get("AZURE_STORAGE_ACCOUNT_KEY") else None)
+                           skip_instance_cache=True, anon=False if keyed else None)
 
     def endpoint(self, url: str = "") -> str:
         return str(self.fs.service_client.url).rstrip("/")

@@ -216,7 +216,8 @@ class S3Backend:
 
     def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
         url = S3Url.parse(info.url)
-        reply = self.client.get_object(Bucket=url.bucket, Key=url.key, IfMatch=info.etag, Range=f"bytes={start}-{end - 1}")
+        reply = self.client.get_object(Bucket=url.bucket, Key=url.key, IfMatch=info.etag,
+                                       Range=f"bytes={start}-{end - 1}")
         return reply["Body"].read()
 
     def stream(self, info: ObjectInfo, chunk_bytes: int) -> Iterator[bytes]:

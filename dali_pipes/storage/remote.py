@@ -197,7 +197,8 @@ class ClientOptions:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.read_timeout <= 0:
-            raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, got {self.attempts} and {self.read_timeout}")
+            raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, got {self.attempts} and "
+                             f"{self.read_timeout}")
 
     @classmethod
     def of(cls, attempts: int | None = None, timeout: float | None = None,
@@ -314,8 +315,9 @@ def _cached_backend(pid: int, entry: Scheme, options: ClientOptions, environment
         module = importlib.import_module(entry.module)
         return getattr(module, entry.backend)(options)
     except ImportError as error:
-        raise MissingBackendError(f"{entry.backend.removesuffix('Backend')} URLs need a package that is not "
-                                  f"installed ({error.name or error}): pip install 'dali_pipes[{entry.extra}]'") from error
+        raise MissingBackendError(
+            f"{entry.backend.removesuffix('Backend')} URLs need a package that is not installed "
+            f"({error.name or error}): pip install 'dali_pipes[{entry.extra}]'") from error
 
 
 # ---------------------------------------------------------------------------------------------
