@@ -2,9 +2,10 @@
 
 An error of a remote source's reader (DALI's native s3:// reader; the shard cache raises ConnectionError
 itself) that reads as the network's (`network_fault`: curl's and the AWS SDK's connection errors, timeouts,
-5xx replies) never starts a culprit search (recovery.py): `StoreOutage.wait` probes the store with backoff, and the rank's pipeline is rebuilt at its last good batch; a store that
-stays away ends in ConnectionError naming the endpoint and the object. Nothing is excluded, even with
-skip_bad. The handler is a hook (hooks.py): each delivered batch ends a run of failed rebuilds.
+5xx replies) never starts a culprit search (recovery.py): `StoreOutage.wait` probes the store with backoff,
+and the rank's pipeline is rebuilt at its last good batch; a store that stays away ends in ConnectionError
+naming the endpoint and the object. Nothing is excluded, even with skip_bad. The handler is a hook (hooks.py):
+each delivered batch ends a run of failed rebuilds.
 """
 
 from __future__ import annotations
