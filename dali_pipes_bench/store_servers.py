@@ -78,6 +78,11 @@ class _ServerProcess:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
+
     def __enter__(self):
         import tempfile
         handle, log = tempfile.mkstemp(prefix="dali_pipes-server-", suffix=".log")
