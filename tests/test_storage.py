@@ -314,3 +314,45 @@ def test_gs_outages_behave_as_s3s(gcs, tmp_path, monkeypatch):
             list(long)
         assert long.bad_samples == []  # the store, not a sample: nothing excluded
         long.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands on every scheme: convert writes there, verify and the loader read it back
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_convert_to_a_bucket_then_verify_and_read(scheme, request, tmp_path, monkeypatch, capsys):
+    import collections
+
+    from dali_pipes.tools.cli import main
+
+    from conftest import write_folder
+    store = request.getfixturevalue({"gs": "gcs", "az": "azure"}[scheme])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    expected = write_folder(str(tmp_path / "images"))
+    assert main(["convert", "tfrecord", str(tmp_path / "images"), store.url("out/"), "--shards", "2",
+                 "--workers", "1"]) == 0
+    assert sorted(keys(remote.list_objects(store.url("out/")))) == sorted(
+        ["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002.tfrecord{idx}"
+                                                     for i in range(2) for idx in ("", ".idx")])
+    assert main(["verify", store.url("out/"), "--workers", "1"]) == 0
+    assert f"{len(expected)} samples checked, 0 problems" in capsys.readouterr().out
+    loader = DaliLoader(store.url("out/"), batch_size=4, train=False, **KW)
+    labels = [l for _, batch in loader for l in batch.tolist() if l >= 0]
+    assert collections.Counter(labels) == collections.Counter(expected.values())
+    assert loader.source.classes == ["cat", "dog", "fish"]
+    loader.close()
+
+
+def test_verify_reads_an_http_file_list_and_names_a_bad_image_by_its_url(http_store, tmp_path, monkeypatch, capsys):
+    from dali_pipes.tools.cli import main
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    listed = image_set(http_store.put)
+    http_store.put("images/dog/004.jpg", jpeg_bytes(20)[:40])  # cut short
+    assert main(["verify", listed, "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert http_store.url("images/dog/004.jpg") in out and "48 samples checked, 1 problems" in out
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    with pytest.raises(SystemExit, match="http.*read-only"):  # one line, no traceback
+        main(["convert", "tfrecord", str(tmp_path / "images"), http_store.url("out/"), "--workers", "1"])
