@@ -55,7 +55,7 @@ from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.tuning import AUTO
-from dali_pipes.storage import object_store
+from dali_pipes.storage import remote
 
 DEVICES = ("auto", "gpu", "cpu")
 _LOADER, _SOURCE = LoaderConfig(), SourceConfig()  # the loader's defaults, written once (config.py)
@@ -101,12 +101,19 @@ def resolve_device(device: str) -> str:
 
 
 def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool, s3_attempts: int, s3_timeout: float, allow_duplicates: bool = False,
-                 num_classes: int | None = None) -> Source:
+                 skip_bad: bool, s3_attempts: int | remote.ClientOptions, s3_timeout: float | None = None,
+                 allow_duplicates: bool = False, num_classes: int | None = None) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location, its labels
-    bounded by `num_classes` where given. The process's S3 retries are set first (object_store.configure):
-    opening lists and reads objects."""
-    object_store.configure(attempts=s3_attempts, timeout=s3_timeout)
+    bounded by `num_classes` where given. Opening lists and reads objects under the loader's own retries
+    (`s3_attempts`: a count with `s3_timeout`, or the ClientOptions), never another loader's."""
+    options = s3_attempts if isinstance(s3_attempts, remote.ClientOptions) else \
+        remote.ClientOptions.of(s3_attempts, s3_timeout)
+    with remote.options_in_force(options):
+        return _open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, allow_duplicates, num_classes)
+
+
+def _open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None, skip_bad: bool,
+                  allow_duplicates: bool, num_classes: int | None) -> Source:
     if call.location is None:
         return with_num_classes(samples_source(call.root, call.samples, call.classes, skip_bad), num_classes)
     if isinstance(call.location, Source):
@@ -171,7 +178,8 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, s3_attempts, s3_timeout,
+        store = remote.ClientOptions.of(s3_attempts, s3_timeout)  # this loader's retries, not the process's
+        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, None,
                               allow_duplicates, num_classes)  # num_classes: the model's outputs bound the labels
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
@@ -187,7 +195,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                             prefetch_queue_depth, shuffle_buffer, call.shuffle, max_pixels)
         self.position = Position()
         self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
-                                  feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch),
+                                  feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
                                   sharding_check=sharding_check, tune_threads=threads == AUTO,
                                   tune_depth=prefetch_queue_depth == AUTO)
         try:

@@ -1,14 +1,15 @@
 """Object-store feed benchmark: the same TFRecord shards read from local disk, by DALI's native
 s3:// reader, and through the shard cache, with a round-trip delay between loader and store.
 
-    python -m dali_pipes_bench.s3_feed [--delay-ms 20] [--ranks 1 2] [--images 1536] [--shards 24]
+    python -m dali_pipes_bench.s3_feed [--scheme s3|gs|az|http] [--delay-ms 20] [--ranks 1 2] [--images 1536]
 
-A local S3 server (moto, in a process) holds the shards; a LatencyProxy process in front of it
+A local server of the scheme (moto for s3, gcp-storage-emulator for gs, Azurite for az, a Range-capable
+HTTP file server for http: store_servers.py; each in a process) holds the shards; a LatencyProxy process in front of it
 waits `delay_ms` before forwarding each request. Every case runs each rank as a fresh process,
 all ranks at once, through the same decode + resize + crop graph (DALI CPU operators), and reads
 the rank's DALI shard (shard_id = rank) in storage order:
   * local:  fn.readers.tfrecord over local files;
-  * native: the same reader over s3:// URLs (DALI's AWS SDK, one ranged GET per record);
+  * native: the same reader over s3:// URLs (DALI's AWS SDK, one ranged GET per record; s3 only here);
   * cache:  the same reader over ShardCache files, whole shards fetched ahead (ReadAheadGate).
 Reported per case: images/s over all ranks (images after each rank's first batch / the slowest
 rank's time), the first-batch latency, requests seen by the proxy, and the ratio to local at the
@@ -96,7 +97,7 @@ def build_pipe(paths: list[str], indexes: list[str], rank: int, world: int, batc
 def run_worker(args: argparse.Namespace) -> dict:
     """Read `batches` batches of this rank's shard; images/s counted after the first batch."""
     from dali_pipes.data.reader import ReaderModel
-    from dali_pipes.storage import object_store
+    from dali_pipes.storage import remote
     from dali_pipes.storage.shard_cache import ReadAheadGate, ShardCache
     with open(args.manifest) as f:
         manifest = json.load(f)
@@ -113,7 +114,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     elif args.case == "native":
         paths = [s["url"] for s in shards]
     else:
-        infos = object_store.list_objects(f"s3://{BUCKET}/train/train-*")  # through the proxy, as a job would
+        infos = _listed(args.scheme, [s["url"] for s in shards], remote)  # through the proxy, as a job would
         cache = ShardCache(folder=args.cache_folder, max_bytes=args.cache_bytes, prefetch=args.prefetch)
         cache.extend([infos[i] for i, _ in taken] * (args.epochs + 1))  # +1: the reader reads on past the end
         gate = ReadAheadGate(cache, [n for _, n in taken] * (args.epochs + 1), reader.read_ahead)
@@ -143,6 +144,23 @@ def run_worker(args: argparse.Namespace) -> dict:
 # The driver
 # ---------------------------------------------------------------------------------------------
 
+def _listed(scheme: str, urls: list[str], remote) -> list:
+    """The shards' infos as a job gets them: a listing of the glob, or a HEAD of each URL (http)."""
+    if not remote.SCHEMES[scheme].listing:
+        return remote.heads(urls)
+    return remote.list_objects(f"{scheme}://{BUCKET}/train/train-*")
+
+
+def scheme_environment(scheme: str, proxy_url: str, config_file: str, server) -> dict[str, str]:
+    """The workers' environment: the scheme's chain pointed at the proxy, nothing else reachable."""
+    env = aws_environment(proxy_url, config_file)
+    if scheme == "gs":
+        env["STORAGE_EMULATOR_HOST"] = proxy_url
+    elif scheme == "az":
+        env["AZURE_STORAGE_CONNECTION_STRING"] = server.connection_string(proxy_url)
+    return env
+
+
 def aws_environment(endpoint: str, config_file: str) -> dict[str, str]:
     """The AWS chain of the workers: the proxy, fake keys, no ~/.aws files, no EC2 metadata lookups."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -168,7 +186,8 @@ def run_case(case: str, world: int, args: argparse.Namespace, manifest: str, env
     batches = args.native_batches if case == "native" else args.batches
     before = proxy.stats()
     store_before = sum(process_cpu_s(pid) for pid in store_pids)
-    command = [sys.executable, "-m", "dali_pipes_bench.s3_feed", "--worker", "--case", case, "--world", str(world),
+    command = [sys.executable, "-m", "dali_pipes_bench.s3_feed", "--worker", "--scheme", args.scheme, "--case", case,
+               "--world", str(world),
                "--manifest", manifest, "--batch-size", str(args.batch_size), "--batches", str(batches),
                "--epochs", str(args.epochs), "--cache-folder", args.cache_folder,
                "--cache-bytes", str(args.cache_bytes), "--prefetch", str(args.prefetch)]
@@ -198,16 +217,56 @@ def main(argv: list[str] | None = None) -> None:
         shards = write_shards(work, args.images, args.shards)
         config_file = os.path.join(work, "aws-empty")
         open(config_file, "w").close()
-        with LocalS3Server() as server, ProxyProcess(server.endpoint, args.delay_ms) as proxy:
-            upload(server.endpoint, shards)
+        with _server(args.scheme, work) as server, ProxyProcess(server.endpoint, args.delay_ms) as proxy:
+            _upload(args.scheme, server, shards, proxy.url)
             manifest = os.path.join(work, "manifest.json")
             with open(manifest, "w") as f:
                 json.dump({"shards": shards}, f)
-            env = aws_environment(proxy.url, config_file)
+            env = scheme_environment(args.scheme, proxy.url, config_file, server)
             pids = [server.pid, proxy.pid]
             rows = [run_case(case, world, args, manifest, env, proxy, pids)
                     for _ in range(args.repeats) for world in args.ranks for case in args.cases]
     report(rows, args)
+
+
+def _server(scheme: str, work: str):
+    from dali_pipes_bench import store_servers
+    if scheme == "gs":
+        return store_servers.GcsEmulator()
+    if scheme == "az":
+        return store_servers.Azurite()
+    if scheme == "http":
+        os.makedirs(os.path.join(work, "http", BUCKET, "train"), exist_ok=True)
+        return store_servers.HttpFileServer(os.path.join(work, "http"))
+    return LocalS3Server()
+
+
+def _upload(scheme: str, server, shards: list[dict], proxy_url: str) -> None:
+    """The shards onto the server directly (not through the delay); their URLs (through the proxy for http)."""
+    if scheme == "s3":
+        return upload(server.endpoint, shards)
+    for shard in shards:
+        key = f"train/{os.path.basename(shard['path'])}"
+        if scheme == "http":
+            os.link(shard["path"], os.path.join(server.root, BUCKET, key))
+            shard["url"] = f"{proxy_url}/{BUCKET}/{key}"
+            continue
+        shard["url"] = f"{scheme}://{BUCKET}/{key}"
+    if scheme == "http":
+        return
+    admin = _admin_fs(scheme, server)
+    admin.mkdir(BUCKET)
+    for shard in shards:
+        admin.put_file(shard["path"], f"{BUCKET}/train/{os.path.basename(shard['path'])}")
+
+
+def _admin_fs(scheme: str, server):
+    if scheme == "gs":
+        os.environ["STORAGE_EMULATOR_HOST"] = server.endpoint  # this driver process only
+        from gcsfs.core import GCSFileSystem
+        return GCSFileSystem(token="anon", skip_instance_cache=True)
+    from adlfs import AzureBlobFileSystem
+    return AzureBlobFileSystem(connection_string=server.connection_string(), skip_instance_cache=True)
 
 
 def upload(endpoint: str, shards: list[dict]) -> None:
@@ -238,7 +297,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 def report(rows: list[dict], args: argparse.Namespace) -> None:
     """Each case's row, then the summary; one JSON line each, appended to --out when given."""
     options = {k: v for k, v in vars(args).items() if k not in ("worker", "case", "rank", "world", "manifest")}
-    for row in rows + summarise(rows):
+    for row in [{**r, "scheme": args.scheme} for r in rows + summarise(rows)]:
         print(json.dumps(row), flush=True)
         if args.out:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -249,6 +308,8 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from dali_pipes.storage.shard_cache import DEFAULT_MAX_BYTES, DEFAULT_PREFETCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scheme", choices=["s3", "gs", "az", "http"], default="s3",
+                        help="the store: moto (s3), gcp-storage-emulator (gs), Azurite (az), an HTTP file server")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added before each request to the store")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts to run")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)

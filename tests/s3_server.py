@@ -63,9 +63,9 @@ def point_aws_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, empty_file: str
 
 
 def keep_s3_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retries and timeouts a test sets (object_store.configure, DaliLoader's s3_attempts) end with it."""
-    from dali_pipes.storage import object_store
-    monkeypatch.setattr(object_store, "_options", object_store.current_options())
+    """Retries and timeouts a test sets (remote.configure, the process's default) end with it."""
+    from dali_pipes.storage import remote
+    monkeypatch.setattr(remote, "_default_options", remote.current_options())
 
 
 @dataclass

@@ -4,9 +4,10 @@
 apart, given as a folder, a glob ("train-*-of-*"), a Python list of paths, or a text file of paths.
 It returns the kind and the shard paths (folders and file lists are listed by their format module).
 
-s3:// locations (object_store.is_remote) are classified the same way from a listing: a prefix or a
-glob is listed (ListObjectsV2), a list of URLs is checked with HEADs, and a shard's kind is told by
-its extension or by its first 12 bytes (one ranged GET). `classify_remote` also returns the
+Remote locations (s3://, gs://, az://, hf://, http(s)://: remote.is_remote) are classified the same way
+from a listing: a prefix or a glob is listed, a list of URLs is checked with HEADs, and a shard's kind is
+told by its extension or by its first 12 bytes (one ranged read). http(s) servers are never listed: a URL
+names one shard or one text list. `classify_remote` also returns the
 ObjectInfo of every shard, which the source keeps (indexes and the shard cache are keyed by it).
 """
 
@@ -20,9 +21,9 @@ from typing import Sequence
 from dali_pipes.data.formats import SNIFF_BYTES, UNNAMED_SHARD_KIND, not_a_shard, shard_kind_by_name, shard_kind_of
 from dali_pipes.data.formats.image_files import looks_like_file_list_line
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import object_store
+from dali_pipes.storage import remote
 from dali_pipes.storage.files import remove_stale_temps
-from dali_pipes.storage.object_store import ObjectInfo
+from dali_pipes.storage.remote import ObjectInfo
 
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards
 
@@ -54,14 +55,15 @@ def describe(location: Location) -> str:
 
 
 def is_remote(location: Location) -> bool:
-    """True for an s3:// URL, or a list whose entries are s3:// URLs."""
+    """True for a remote URL (s3://, gs://, ...), or a list whose entries are URLs of one scheme."""
     if isinstance(location, (str, os.PathLike)):
-        return object_store.is_remote(str(location))
+        return remote.is_remote(str(location))
     items = [str(p) for p in location]
-    remote = [object_store.is_remote(p) for p in items]
-    if any(remote) and not all(remote):
-        raise DatasetError(describe(location), "mixes s3:// URLs and local paths", "Give one or the other")
-    return bool(items) and all(remote)
+    schemes = {remote.scheme_of(p) for p in items}
+    if len(schemes) > 1:
+        named = sorted(f"{s}://" if s else "local paths" for s in schemes)
+        raise DatasetError(describe(location), f"mixes {' and '.join(named)}", "Give paths of one kind")
+    return bool(items) and None not in schemes
 
 
 def classify(location: Location) -> tuple[str, list[str]]:
@@ -158,24 +160,24 @@ def _classify_text_list(path: str) -> tuple[str, list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# s3:// locations
+# Remote locations
 # ---------------------------------------------------------------------------------------------
 
 def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
-    """(kind, shard infos) of an s3:// location; folders and file lists get [] (their format lists
-    them). Errors from object_store name the bucket, key and endpoint (missing, denied, unreachable)."""
+    """(kind, shard infos) of a remote location; folders and file lists get [] (their format lists
+    them). Errors from remote.py name the bucket, key and endpoint (missing, denied, unreachable)."""
     if not isinstance(location, (str, os.PathLike)):
         urls = [str(p) for p in location]
         infos = _heads(urls)
         return remote_shard_kind(infos, describe(location)), infos
     url = str(location)
-    if object_store.has_wildcard(object_store.S3Url.parse(url).key):
-        infos = [o for o in object_store.list_objects(url) if not _not_shard(o.url)]
+    if remote.has_wildcard(remote.RemoteUrl.parse(url).key):
+        infos = [o for o in remote.list_objects(url) if not _not_shard(o.url)]
         if not infos:
             raise FileNotFoundError(f"{url}: no shards match this pattern (only index or metadata files)")
         check_complete([o.url for o in infos], url)
         return remote_shard_kind(infos, url), infos
-    found = object_store.list_objects(url)
+    found = remote.list_objects(url)
     if len(found) == 1 and found[0].url == url:  # one object: a shard or a text list
         info = found[0]
         if remote_kind(info):
@@ -191,16 +193,13 @@ def _not_shard(url: str) -> bool:
 def _heads(urls: list[str]) -> list[ObjectInfo]:
     if not urls:
         raise DatasetError("an empty list of shards was given")
-    from concurrent.futures import ThreadPoolExecutor
-    client = object_store.s3_client()
-    with ThreadPoolExecutor(min(16, len(urls))) as pool:
-        return list(pool.map(lambda u: object_store.head(u, client), urls))
+    return remote.heads(urls)
 
 
 def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, list[ObjectInfo]]:
     """Objects directly below the prefix that are shards -> shards; objects only in "subfolders"
     -> an image folder (class = first key segment below the prefix)."""
-    top = [o for o in found if "/" not in object_store.relative_to(o.url, prefix)]
+    top = [o for o in found if "/" not in remote.relative_to(o.url, prefix)]
     shards = [o for o in top if not _not_shard(o.url)]
     if any(shard_kind_by_name(o.url) for o in shards) or (shards and remote_kind(shards[0])):
         check_complete([o.url for o in shards], prefix)
@@ -214,9 +213,9 @@ def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, 
 
 
 def remote_kind(info: ObjectInfo) -> str | None:
-    """The format of an s3:// object: by its name, else by its first bytes (one ranged GET)."""
+    """The format of a remote object: by its name, else by its first bytes (one ranged read)."""
     def head() -> bytes:
-        return object_store.read_range(info, 0, SNIFF_BYTES) if info.size >= SNIFF_BYTES else b""
+        return remote.read_range(info, 0, SNIFF_BYTES) if info.size >= SNIFF_BYTES else b""
     return shard_kind_of(info.url, head)
 
 

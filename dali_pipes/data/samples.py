@@ -73,4 +73,4 @@ class SourceRecord(Protocol):
     num_classes: int | None  # the class count the run uses (a model's outputs), where given: labels.label_bound
     keys: TFRecordKeys
     label_ext: str
-    remote: list[Any] | None  # object_store.ObjectInfo per file, for s3:// sources
+    remote: list[Any] | None  # remote.ObjectInfo per file, for remote (s3://, gs://, ...) sources

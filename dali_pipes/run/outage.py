@@ -1,10 +1,11 @@
-"""Network faults of an s3:// source's reader: not bad samples, ridden out.
+"""Network faults of a remote source's reader: not bad samples, ridden out.
 
-An error of an s3:// source's reader that reads as the network's (`network_fault`: curl's and the AWS SDK's
-connection errors, timeouts, 5xx replies) never starts a culprit search (recovery.py): `StoreOutage.wait`
-probes the store with backoff, and the rank's pipeline is rebuilt at its last good batch; a store that
-stays away ends in ConnectionError naming the endpoint and the object. Nothing is excluded, even with
-skip_bad. The handler is a hook (hooks.py): each delivered batch ends a run of failed rebuilds.
+An error of a remote source's reader (DALI's native s3:// reader; the shard cache raises ConnectionError
+itself) that reads as the network's (`network_fault`: curl's and the AWS SDK's connection errors, timeouts,
+5xx replies) never starts a culprit search (recovery.py): `StoreOutage.wait` probes the store with backoff,
+and the rank's pipeline is rebuilt at its last good batch; a store that stays away ends in ConnectionError
+naming the endpoint and the object. Nothing is excluded, even with skip_bad. The handler is a hook (hooks.py):
+each delivered batch ends a run of failed rebuilds.
 """
 
 from __future__ import annotations
@@ -15,48 +16,53 @@ import warnings
 
 from dali_pipes.data.source import Source
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
-from dali_pipes.storage import object_store
+from dali_pipes.storage import remote
+from dali_pipes.storage.remote import ClientOptions
 
 # What DALI's S3 reader (libcurl under the AWS SDK) says when the store, not a sample, failed.
 NETWORK_MESSAGE = re.compile(
     r"curlCode: \d+|could not connect|couldn't connect|failed to connect|connection (refused|reset|timed out)|"
     r"timeout was reached|couldn't resolve host|network_connection|unable to connect|RequestTimeout|SlowDown|"
     r"ServiceUnavailable|InternalError|response code: 5\d\d", re.IGNORECASE)
-S3_URL = re.compile(r"s3://[^\s'\"]+")
+REMOTE_URL = re.compile(r"(?:%s)://[^\s'\"]+" % "|".join(remote.SCHEMES))
+S3_URL = REMOTE_URL  # its earlier name
 
 
 def network_fault(error: BaseException, source: Source) -> bool:
-    """Whether a pipeline error of `source` is the network's: an s3:// source whose reader's message
+    """Whether a pipeline error of `source` is the network's: a remote source whose reader's message
     reads as a connection error, a timeout or a 5xx reply of the store."""
     return source.remote is not None and bool(NETWORK_MESSAGE.search(str(error)))
 
 
 class StoreOutage(BatchHook):
-    """Network faults of an s3:// source's reader, ridden out: `wait` probes the store (a HEAD of the
-    object the error names, retried with backoff by object_store) and returns once it answers, so the
+    """Network faults of a remote source's reader, ridden out: `wait` probes the store (a HEAD of the
+    object the error names, retried with backoff by storage.remote) and returns once it answers, so the
     caller rebuilds at its last good batch; it raises ConnectionError once the store stays away for
-    object_store's attempts, or after that many rebuilds in a row that delivered nothing."""
+    the loader's attempts, or after that many rebuilds in a row that delivered nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: ClientOptions | None = None) -> None:
         self.rebuilds = 0  # in a row, since the last delivered batch
+        self.options = options  # the loader's retries; None: the process's default
 
     def wait(self, error: BaseException, source: Source) -> None:
-        options = object_store.current_options()
-        named = [u for u in S3_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
+        options = self.options or remote.current_options()
+        named = [u for u in REMOTE_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
         url = named[0] if named else source.remote[0].url
         lines = [line for line in str(error).splitlines() if NETWORK_MESSAGE.search(line)] or [repr(error)]
         detail = lines[0].strip(" :")[:300]
         self.rebuilds += 1
         if self.rebuilds > options.attempts:
-            raise object_store.UnreachableError(
-                f"{url}: DALI's S3 reader failed {self.rebuilds} times in a row on network errors ({detail}), "
-                f"although the store answers; {object_store.ENDPOINT_HINT}; {object_store.RETRY_HINT}") from error
+            raise remote.UnreachableError(
+                f"{url}: DALI's reader failed {self.rebuilds} times in a row on network errors ({detail}), "
+                f"although the store answers; {remote.backend_for(url, options).endpoint_hint}; "
+                f"{remote.RETRY_HINT}") from error
         warnings.warn(f"{source.location}: a network fault, not a bad sample ({detail}); waiting for the store "
                       f"and going on from the last good batch")
         if self.rebuilds > 1:  # the store answered last time, yet the reader failed again: back off
-            time.sleep(min(object_store.BACKOFF_CAP_S, object_store.BACKOFF_BASE_S * 2 ** (self.rebuilds - 2)))
+            time.sleep(min(remote.BACKOFF_CAP_S, remote.BACKOFF_BASE_S * 2 ** (self.rebuilds - 2)))
         try:
-            object_store.head(url)
+            with remote.options_in_force(options):
+                remote.head(url)
         except ConnectionError as unreachable:
             raise unreachable from error
 

@@ -26,6 +26,7 @@ from dali_pipes.run.remote_feed import RemoteFeed
 from dali_pipes.run.schedule import SizeSchedule
 from dali_pipes.run.sharding import ShardingCheck
 from dali_pipes.run.stats import LoaderClock
+from dali_pipes.storage.remote import ClientOptions
 
 
 def weak_method(method: Callable) -> Callable:
@@ -161,11 +162,12 @@ class RankPipeline:
 
 @dataclass(frozen=True)
 class FeedOptions:
-    """How an s3:// source reaches DALI's reader (remote_feed.py)."""
+    """How a remote source reaches DALI's reader (remote_feed.py), and the loader's retries and timeouts."""
     mode: str = "cache"
     cache_dir: str | None = None
     cache_bytes: int = 0
     cache_prefetch: int = 0
+    store: ClientOptions | None = None  # None: the process's default (remote.configure)
 
 
 def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy, *,
@@ -176,14 +178,14 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     s3:// data read through the shard cache is not tuned online: a rebuild would replay the epoch's shards
     into a new cache (the remembered or default values run). Damage found while opening (skip_bad) is
     excluded first."""
-    clock, outage = LoaderClock(), StoreOutage()
+    clock, outage = LoaderClock(), StoreOutage(feed.store)
     through_cache = source.remote is not None and feed.mode == "cache"
     spec, tuner = tuning.plan(spec, source.kind, clock, tune_threads=tune_threads, tune_depth=tune_depth,
                               online=not through_cache)
     # The feed keeps the reader's reach local: with the depth searched online, the deepest it may be
     deepest = dataclasses.replace(spec, prefetch_queue_depth=max(tuning.DEPTHS)) if tuner and tune_depth else spec
     remote = RemoteFeed(feed.mode, deepest, cache_dir=feed.cache_dir, cache_bytes=feed.cache_bytes,
-                        cache_prefetch=feed.cache_prefetch)
+                        cache_prefetch=feed.cache_prefetch, options=feed.store)
     every_sample = not (contract.drop_last or contract.sampler_drop_last)  # val promises full cover
     hooks: list[BatchHook] = [clock, *([tuner] if tuner else []), SizeSchedule(),
                               ShardingCheck(sharding_check, every_sample=every_sample), outage]

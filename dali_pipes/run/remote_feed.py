@@ -1,6 +1,8 @@
-"""How a DALI reader gets the bytes of an s3:// source: the shard cache (default) or DALI's own s3://.
+"""How a DALI reader gets the bytes of a remote source: the shard cache (default) or DALI's own reader.
 
-    native  the reader gets the s3:// URLs; DALI's AWS SDK reads each record with a ranged GET.
+    native  the reader gets the URLs; DALI reads each record with a ranged request. DALI 2.4 reads
+            s3:// and gs:// itself (remote.SCHEMES' `native`); az://, hf:// and http(s):// have no
+            native reader and always go through the cache.
     cache   the reader gets local paths in a ShardCache folder (shard_cache.py); whole shards are
             fetched in parallel ahead of it, and deleted once this rank has read past them.
 
@@ -19,12 +21,15 @@ samples before the checkpoint), so such a build needs the epoch's files up to th
 at once: a cache too small for that raises CacheTooSmallError naming remote_feed="native".
 
 Not fed by the cache, read natively instead: WebDataset tar shards (DALI's webdataset reader
-opens every tar file when it is built) and an elastic resume's remainder epoch (a subset source).
+opens every tar file when it is built) and an elastic resume's remainder epoch (a subset source). On a
+scheme DALI cannot read, those are fetched whole into the cache first (`_whole`): it must hold them all.
 """
 
 from __future__ import annotations
 
 from dali_pipes.run.pipeline import PipelineSpec, reader_model
+from dali_pipes.storage import remote
+from dali_pipes.storage.remote import ClientOptions
 from dali_pipes.storage.shard_cache import (
     DEFAULT_MAX_BYTES,
     DEFAULT_PREFETCH,
@@ -41,12 +46,15 @@ class RemoteFeed:
     """Turns a remote Source into what its DALI reader reads, and keeps the cache ahead of it."""
 
     def __init__(self, mode: str, spec: PipelineSpec, *, cache_dir: str | None = None,
-                 cache_bytes: int = DEFAULT_MAX_BYTES, cache_prefetch: int = DEFAULT_PREFETCH) -> None:
-        """`spec`: the rank's pipeline settings, its prefetch depth the deepest the pipeline may run (tuning)."""
+                 cache_bytes: int = DEFAULT_MAX_BYTES, cache_prefetch: int = DEFAULT_PREFETCH,
+                 options: ClientOptions | None = None) -> None:
+        """`spec`: the rank's pipeline settings, its prefetch depth the deepest the pipeline may run (tuning).
+        `options`: the loader's retries and timeouts, for the cache's downloads."""
         if mode not in FEEDS:
             raise ValueError(f"remote_feed must be one of {FEEDS}, got {mode!r}")
         self.mode, self.spec = mode, spec
         self.cache_dir, self.cache_bytes, self.cache_prefetch = cache_dir, cache_bytes, cache_prefetch
+        self.options = options
         self.reader = reader_model(spec, 0, False)  # of the source, once dali_source sees it
         self.cache: ShardCache | None = None
         self._gate: ReadAheadGate | None = None
@@ -60,12 +68,19 @@ class RemoteFeed:
         """The source to build the reader over, for a build at (epoch, batch position).
         fresh: built without a checkpoint (its reader starts at reader epoch 0 now)."""
         self.close()
-        if source.remote is None or self.mode == "native" or subset or source.kind not in LAZY_KINDS:
-            return source  # local files, or s3:// URLs that DALI reads itself
+        if source.remote is None:
+            return source
+        native = _native(source)
+        if self.mode == "native" and not native:
+            raise ValueError(f"{source.location}: remote_feed='native' but DALI reads only "
+                             f"{', '.join(s + '://' for s, e in remote.SCHEMES.items() if e.native)} itself; "
+                             f"use remote_feed='cache'")
+        if self.mode == "native" or subset or source.kind not in LAZY_KINDS:
+            return source if native else self._whole(source)  # URLs that DALI reads itself
         if fresh:
             self._first_epoch = epoch
         self._untouched = fresh and not position
-        self.cache = ShardCache(folder=self.cache_dir, max_bytes=self.cache_bytes, prefetch=self.cache_prefetch)
+        self.cache = self._new_cache()
         try:
             return self._start(source, epoch, position)
         except BaseException as error:
@@ -75,6 +90,26 @@ class RemoteFeed:
             raise CacheTooSmallError(f"{error}. A mid-epoch resume needs this epoch's shards up to the resumed "
                                      f"position in the cache at once (DALI replays the epoch): raise cache_bytes, "
                                      f"or use remote_feed='native'") from error
+
+    def _new_cache(self) -> ShardCache:
+        return ShardCache(folder=self.cache_dir, max_bytes=self.cache_bytes, prefetch=self.cache_prefetch,
+                          options=self.options)
+
+    def _whole(self, source):
+        """The source over local copies of all its files, fetched now (a reader that opens every file
+        when it is built, on a scheme DALI cannot read): the cache must hold them all."""
+        import dataclasses
+        self.cache = self._new_cache()
+        try:
+            self.cache.extend(source.remote)
+            for position in range(len(source.remote)):
+                self.cache.path(position)
+        except BaseException:
+            self.close()
+            raise
+        files = [self.cache.path_for(info) if path == info.url else path
+                 for path, info in zip(source.files, source.remote)]
+        return dataclasses.replace(source, files=files)
 
     def _start(self, source, epoch: int, position: int):
         """A new stream from (epoch, position), its first shards fetched; the source over cache paths."""
@@ -143,3 +178,8 @@ class RemoteFeed:
         if self.cache is not None:
             self.cache.close()
         self.cache = self._gate = None
+
+
+def _native(source) -> bool:
+    """Whether DALI 2.4 reads the source's URLs itself."""
+    return remote.SCHEMES[remote.scheme_of(source.remote[0].url) or "s3"].native

@@ -1,4 +1,5 @@
-"""A bounded local cache of remote shards, fetched whole and ahead of the reader that consumes them.
+"""A bounded local cache of remote shards (any scheme of remote.py), fetched whole and ahead of the reader
+that consumes them.
 
 DALI's native s3:// reading sends one HTTP range request per record, so at 20 ms per request a
 reader thread waits 20 ms per image. Fetching whole shards (one GET each, many in parallel) into
@@ -43,9 +44,9 @@ from typing import Iterable, Sequence
 
 from tqdm import tqdm
 
-from dali_pipes.storage import object_store
+from dali_pipes.storage import remote
 from dali_pipes.storage.files import moved_by, pid_alive
-from dali_pipes.storage.object_store import ObjectInfo
+from dali_pipes.storage.remote import ClientOptions, ObjectInfo
 
 CACHE_FLAG = "--cache-dir (another disk; DaliLoader's cache_dir) or a smaller --cache-bytes"
 
@@ -90,7 +91,8 @@ class _State:
     folder: str
     max_bytes: int
     prefetch: int
-    client: object
+    client: remote.Backend | None  # None: the backend of each shard's scheme under `options`
+    options: ClientOptions  # the retries and timeouts of the loader that made the cache
     progress: tqdm
     lock: threading.Condition = field(default_factory=lambda: threading.Condition(threading.Lock()))
     stop: threading.Event = field(default_factory=threading.Event)
@@ -114,7 +116,9 @@ class ShardCache:
 
     def __init__(self, shards: Sequence[ObjectInfo] = (), *, folder: str | None = None,
                  max_bytes: int = DEFAULT_MAX_BYTES, prefetch: int = DEFAULT_PREFETCH,
-                 workers: int | None = None, client=None, progress: bool = False) -> None:
+                 workers: int | None = None, client: remote.Backend | None = None, progress: bool = False,
+                 options: ClientOptions | None = None) -> None:
+        """`options`: the retries and timeouts of the downloads (default: the calling thread's)."""
         if max_bytes < 1 or prefetch < 1:
             raise ValueError(f"max_bytes and prefetch must be >= 1, got {max_bytes} and {prefetch}")
         shards = list(shards)
@@ -125,7 +129,7 @@ class ShardCache:
         private = tempfile.mkdtemp(dir=root, prefix=f"{_owner_prefix(os.getpid())}")
         bar = tqdm(desc="shard cache", unit="B", unit_scale=True, file=sys.stderr,
                    disable=None if progress else True)
-        self._state = _State(private, max_bytes, prefetch, client or object_store.s3_client(), bar)
+        self._state = _State(private, max_bytes, prefetch, client, options or remote.current_options(), bar)
         self._finalizer = weakref.finalize(self, _shutdown, self._state)
         for i in range(workers or min(prefetch, MAX_WORKERS)):
             thread = threading.Thread(target=_worker, args=(self._state,), name=f"shard-cache-{i}", daemon=True)
@@ -281,7 +285,7 @@ class ReadAheadGate:
 # ---------------------------------------------------------------------------------------------
 
 def _entry_path(state: _State, info: ObjectInfo) -> str:
-    return os.path.join(state.folder, f"{info.version}-{os.path.basename(object_store.S3Url.parse(info.url).key)}")
+    return os.path.join(state.folder, f"{info.version}-{remote.basename(info.url)}")
 
 
 def _schedule(state: _State) -> None:
@@ -359,9 +363,9 @@ def _worker(state: _State) -> None:
 
 def _fetch(state: _State, entry: _Entry) -> BaseException | None:
     try:
-        with moved_by(CACHE_FLAG, entry.path):
-            object_store.download(entry.info, entry.path, client=state.client, stop=state.stop,
-                                  on_bytes=state.progress.update)
+        with moved_by(CACHE_FLAG, entry.path), remote.options_in_force(state.options):
+            remote.download(entry.info, entry.path, client=state.client, stop=state.stop,
+                            on_bytes=state.progress.update)
         return None
     except Exception as error:  # handed to the consumer by path(), not lost in this thread
         return error

@@ -184,18 +184,18 @@ def _clear_local(out: str, prefix: str, overwrite: bool) -> None:
 
 
 def _clear_remote(out: str, prefix: str, overwrite: bool) -> None:
-    from dali_pipes.storage import object_store
+    from dali_pipes.storage import remote
     try:
-        found = object_store.list_objects(out)
+        found = remote.list_objects(out)
     except FileNotFoundError:
         return  # nothing below the prefix (a missing bucket is named by the upload)
     try:
-        previous = manifest.read(object_store.join(out, manifest.MANIFEST_NAME))
+        previous = manifest.read(remote.join(out, manifest.MANIFEST_NAME))
     except DatasetError:
         previous = None
-    contents = survey_output([object_store.relative_to(o.url, out) for o in found], prefix, previous)
+    contents = survey_output([remote.relative_to(o.url, out) for o in found], prefix, previous)
     for name in files_to_replace(out, contents, prefix, overwrite):
-        object_store.delete(object_store.join(out, name))
+        remote.delete(remote.join(out, name))
 
 
 def _remote_out(write):
@@ -207,9 +207,9 @@ def _remote_out(write):
 
     @functools.wraps(write)
     def wrapper(source: Source, out: str, **kwargs) -> ConvertStats:
-        from dali_pipes.storage import object_store
+        from dali_pipes.storage import remote
         prefix, overwrite = kwargs.get("prefix", "train"), kwargs.pop("overwrite", False)
-        if not object_store.is_remote(out):
+        if not remote.is_remote(out):
             _clear_local(out, prefix, overwrite)
             try:
                 with moved_by("convert's output argument (a folder on a disk with room, or an s3:// prefix)", out):
@@ -219,16 +219,18 @@ def _remote_out(write):
                 raise
         import tempfile
         out = out.rstrip("/") + "/"
+        if not remote.SCHEMES[remote.RemoteUrl.parse(out).scheme].listing:
+            raise DatasetError(out, "http(s):// locations are read-only", "Convert to a local folder or a bucket")
         _clear_remote(out, prefix, overwrite)
         with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder, \
-                moved_by("TMPDIR (convert stages s3:// output there: a folder on a disk with room)", folder):
+                moved_by("TMPDIR (convert stages remote output there: a folder on a disk with room)", folder):
             stats = write(source, folder, **kwargs)
             ours = manifest.read(os.path.join(folder, manifest.MANIFEST_NAME))
-            manifest.write(folder, manifest.merged(manifest.read(object_store.join(out, manifest.MANIFEST_NAME)),
+            manifest.write(folder, manifest.merged(manifest.read(remote.join(out, manifest.MANIFEST_NAME)),
                                                    ours, prefix))
             names = sorted(os.listdir(folder), key=lambda n: n == manifest.MANIFEST_NAME)  # the manifest last
             for name in names:
-                object_store.upload(os.path.join(folder, name), object_store.join(out, name))
+                remote.upload(os.path.join(folder, name), remote.join(out, name))
         return stats
     return wrapper
 

@@ -148,9 +148,9 @@ def source_info(ref: SampleRef) -> str:
 
 
 def read_sample(ref: SampleRef) -> Sample:
-    from dali_pipes.storage import object_store
-    if object_store.is_remote(ref.path):
-        return Sample(ref.path, object_store.read_bytes(ref.path), ref.label)
+    from dali_pipes.storage import remote
+    if remote.is_remote(ref.path):
+        return Sample(ref.path, remote.read_bytes(ref.path), ref.label)
     with open(ref.path, "rb") as f:
         return Sample(ref.path, f.read(), ref.label)
 

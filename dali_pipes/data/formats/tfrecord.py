@@ -307,7 +307,7 @@ def build_tfrecord_index(path: str, damaged: list[DatasetError] | None = None) -
 
 
 def scan_tfrecord_stream(f: BinaryIO, where: str) -> list[tuple[int, int]]:
-    """build_tfrecord_index over a sequential stream (a remote shard read once, object_store.open_object):
+    """build_tfrecord_index over a sequential stream (a remote shard read once, remote.open_object):
     every header's length CRC is checked, the data is read past, not kept. Raises DatasetError."""
     head = f.read(HEADER_BYTES)
     compression = compression_of_header(head)
@@ -438,7 +438,7 @@ def read_sample(ref: SampleRef) -> Sample:
     """One record, its CRCs and keys checked. Raises DatasetError naming shard#record."""
     (keys,) = ref.extra
     where = f"{ref.path}#{ref.index}"
-    from dali_pipes.storage.object_store import read_range
+    from dali_pipes.storage.remote import read_range
     frame = read_range(ref.path, ref.offset, ref.size)
     if len(frame) != ref.size:
         raise DatasetError(where, f"truncated record (byte {ref.offset})")
@@ -486,7 +486,7 @@ def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | No
     the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size) from the index
     reads just that record (an s3:// shard: one ranged GET)."""
     if first_frame is not None:
-        from dali_pipes.storage.object_store import read_range
+        from dali_pipes.storage.remote import read_range
         frame = read_range(shard, *first_frame)
         records = [(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)]
     else:
@@ -530,7 +530,7 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     keys = source.keys
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: EXCLUDED_LABEL}))  # reads as PADDING_LABEL
     entries, offset = [], 0
-    from dali_pipes.storage.object_store import local_copy
+    from dali_pipes.storage.remote import local_copy
     with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as out:
         for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
             f.seek(start)

@@ -300,9 +300,9 @@ def sample_refs(source: SourceRecord) -> list[SampleRef]:
 
 
 def _read_members(ref: SampleRef, members: tuple[Member, ...]) -> list[bytes]:
-    from dali_pipes.storage import object_store
-    if object_store.is_remote(ref.path):
-        return [object_store.read_range(ref.path, m.offset, m.size) for m in members]
+    from dali_pipes.storage import remote
+    if remote.is_remote(ref.path):
+        return [remote.read_range(ref.path, m.offset, m.size) for m in members]
     with open(ref.path, "rb") as f:
         return [read_member(f, m) for m in members]
 
@@ -364,7 +364,7 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
 def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: SourceRecord) -> None:
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
     placeholder image, label EXCLUDED_LABEL), and write the copy's index."""
-    from dali_pipes.storage.object_store import local_copy
+    from dali_pipes.storage.remote import local_copy
     # atomic_write: the temp copy is removed when reading the shard or writing the copy fails
     with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as raw, \
             tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as out:

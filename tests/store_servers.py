@@ -1,0 +1,136 @@
+"""Real object stores on 127.0.0.1 for the storage tests, one per scheme, started by the tests themselves:
+gcp-storage-emulator for gs://, Azurite (npx azurite-blob; skipped with the reason where Node is absent)
+for az://, a Range-capable HTTP file server for http://. Test modules load the fixtures as a plugin:
+
+    pytest_plugins = ["store_servers"]
+
+    def test_something(store):          # parametrized over "gs", "az", "http"
+        url = store.put("train/a.tfrecord", b"...")
+
+Each fixture points its SDK's chain at the server (STORAGE_EMULATOR_HOST; AZURE_STORAGE_CONNECTION_STRING)
+with every other variable of that chain cleared, so no test can reach another address.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+
+import pytest
+
+from dali_pipes_bench.store_servers import Azurite, GcsEmulator, HttpFileServer, azurite_missing
+
+_numbers = itertools.count()
+CLEARED = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "AZURE_STORAGE_ACCOUNT_NAME",
+           "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_ID",
+           "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+           "https_proxy")
+
+
+@dataclass
+class Store:
+    """One empty bucket (container, folder of the HTTP server) of one scheme, and how to fill it."""
+    scheme: str
+    bucket: str
+    endpoint: str
+    admin: object = field(repr=False, default=None)  # an fsspec filesystem made for the test, or a folder
+
+    def url(self, key: str = "") -> str:
+        if self.scheme == "http":
+            return f"{self.endpoint}/{self.bucket}/{key}"
+        return f"{self.scheme}://{self.bucket}/{key}"
+
+    def put(self, key: str, data: bytes) -> str:
+        if self.scheme == "http":
+            path = os.path.join(str(self.admin), self.bucket, key)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        else:
+            self.admin.pipe_file(f"{self.bucket}/{key}", data)
+        return self.url(key)
+
+    def delete(self, key: str) -> None:
+        if self.scheme == "http":
+            os.remove(os.path.join(str(self.admin), self.bucket, key))
+        else:
+            self.admin.rm_file(f"{self.bucket}/{key}")
+
+
+def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    from s3_server import keep_s3_options
+    for name in CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # gcsfs/google-auth: never ask a metadata server
+    keep_s3_options(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint():
+    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs: pip install 'dali_pipes[gcs]'")
+    with GcsEmulator() as server:
+        yield server.endpoint
+
+
+@pytest.fixture
+def gcs(gcs_endpoint, monkeypatch) -> Store:
+    """A fresh bucket on the GCS emulator; STORAGE_EMULATOR_HOST points there."""
+    from gcsfs.core import GCSFileSystem
+    _clear(monkeypatch)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_endpoint)
+    admin = GCSFileSystem(token="anon", skip_instance_cache=True)
+    bucket = f"bucket-{os.getpid()}-{next(_numbers)}"
+    admin.mkdir(bucket)
+    return Store("gs", bucket, gcs_endpoint, admin)
+
+
+@pytest.fixture(scope="session")
+def azurite_server():
+    pytest.importorskip("adlfs", reason="az:// needs adlfs: pip install 'dali_pipes[azure]'")
+    reason = azurite_missing()
+    if reason:
+        pytest.skip(reason)
+    with Azurite() as server:
+        yield server
+
+
+@pytest.fixture
+def azure(azurite_server, monkeypatch) -> Store:
+    """A fresh container on Azurite; AZURE_STORAGE_CONNECTION_STRING points there."""
+    from adlfs import AzureBlobFileSystem
+    _clear(monkeypatch)
+    connection = azurite_server.connection_string()
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    admin = AzureBlobFileSystem(connection_string=connection, skip_instance_cache=True)
+    container = f"container-{os.getpid()}-{next(_numbers)}"
+    admin.mkdir(container)
+    return Store("az", container, azurite_server.endpoint, admin)
+
+
+@pytest.fixture(scope="session")
+def http_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("http-root")
+
+
+@pytest.fixture(scope="session")
+def http_endpoint(http_root):
+    with HttpFileServer(str(http_root)) as server:
+        yield server.endpoint
+
+
+@pytest.fixture
+def http_store(http_endpoint, http_root, monkeypatch) -> Store:
+    """A fresh folder served over HTTP (never listed: URLs and lists of them)."""
+    _clear(monkeypatch)
+    return Store("http", f"folder-{os.getpid()}-{next(_numbers)}", http_endpoint, http_root)
+
+
+SCHEME_FIXTURES = {"gs": "gcs", "az": "azure", "http": "http_store"}
+
+
+@pytest.fixture(params=list(SCHEME_FIXTURES))
+def store(request) -> Store:
+    """A fresh bucket of each scheme in turn."""
+    return request.getfixturevalue(SCHEME_FIXTURES[request.param])

@@ -1,0 +1,358 @@
+"""The shared storage layer (storage/remote.py, storage/fs.py) against real servers on 127.0.0.1, one per
+scheme: gcp-storage-emulator (gs://), Azurite (az://), a Range-capable HTTP file server (http://); S3 is
+tests/test_object_store.py's (moto). Faults a healthy server does not make (503s, slow replies) come from
+the latency proxy in front of a server. hf:// is not tested against a server here (no Hub on loopback):
+its URL parsing is, and its backend is the same FsspecBackend code the others run."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dali_pipes import DaliLoader, DatasetError
+from dali_pipes.data.formats import tfrecord
+from dali_pipes.storage import remote
+from dali_pipes.storage.remote import ObjectInfo, RemoteUrl
+from dali_pipes_bench.latency_proxy import Fault, LatencyProxy
+
+from conftest import jpeg_bytes
+from s3_server import closed_endpoint
+
+pytest_plugins = ["store_servers", "s3_server"]  # fixtures: store (gs, az, http), gcs, azure, http_store; s3, proxy
+
+KW = dict(image_size=16, device="cpu", num_threads=1, val_padding="label")  # val: exactly once, -1 padding
+
+
+def keys(infos: list[ObjectInfo]) -> list[str]:
+    return [RemoteUrl.parse(info.url).key for info in infos]
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs and the table of schemes
+# ---------------------------------------------------------------------------------------------
+
+def test_urls_of_every_scheme_parse_join_and_relate():
+    assert RemoteUrl.parse("gs://b/a/x.tfrecord") == RemoteUrl("gs", "b", "a/x.tfrecord")
+    assert RemoteUrl.parse("az://cont/k") == RemoteUrl("az", "cont", "k")
+    assert RemoteUrl.parse("abfs://cont/k").bucket == "cont"
+    assert RemoteUrl.parse("hf://datasets/org/name/data/train-0.parquet") == \
+        RemoteUrl("hf", "datasets/org/name", "data/train-0.parquet")
+    assert RemoteUrl.parse("http://127.0.0.1:8000/d/list.txt") == RemoteUrl("http", "127.0.0.1:8000", "d/list.txt")
+    assert remote.join("gs://b/data/", "cat/1.jpg") == "gs://b/data/cat/1.jpg"
+    assert remote.dirname("https://h/d/list.txt") == "https://h/d/"
+    assert remote.relative_to("az://c/data/cat/1.jpg", "az://c/data") == "cat/1.jpg"
+    assert all(remote.is_remote(u) for u in ("s3://b/k", "gs://b/k", "az://c/k", "hf://datasets/o/n", "https://h/x"))
+    assert not remote.is_remote("/data/gs:/x") and not remote.is_remote(["gs://b/k"])
+    with pytest.raises(ValueError, match="no bucket"):
+        RemoteUrl.parse("gs:///key")
+    with pytest.raises(ValueError, match="not below"):
+        remote.relative_to("gs://b/data/1.jpg", "s3://b/data/")
+
+
+def test_a_plain_import_loads_no_storage_sdk():
+    code = ("import sys, dali_pipes; from dali_pipes import DaliLoader; from dali_pipes.storage import remote, fs\n"
+            "sdks = ('boto3', 'gcsfs', 'adlfs', 'azure', 'huggingface_hub', 'google.cloud', 's3fs')\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in sdks or m in sdks))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_url_whose_backend_is_missing_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed: importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "gcsfs.core", None)
+    remote._cached_backend.cache_clear()
+    with pytest.raises(ImportError, match=r"pip install 'dali_pipes\[gcs\]'"):
+        remote.list_objects("gs://bucket/train/")
+    remote._cached_backend.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Listing, reads, downloads: the same behaviour on every scheme
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_lists_a_prefix_recursively_and_globs_within_one_segment(scheme, request):
+    store = request.getfixturevalue({"gs": "gcs", "az": "azure"}[scheme])
+    for key in ("d/b.tfrecord", "d/a.tfrecord", "d/sub/c.tfrecord", "other/x", "d-sibling/y",
+                "im/train-00000-of-00002", "im/train-00001-of-00002", "im/train-x/train-1-of-2"):
+        store.put(key, key.encode())
+    found = remote.list_objects(store.url("d/"))
+    assert keys(found) == ["d/a.tfrecord", "d/b.tfrecord", "d/sub/c.tfrecord"]
+    assert [o.size for o in found] == [len(b"d/a.tfrecord"), len(b"d/b.tfrecord"), len(b"d/sub/c.tfrecord")]
+    assert found[0] == remote.head(found[0].url) and found[0].etag
+    assert keys(remote.list_objects(store.url("d"))) == keys(found)  # no slash: still the folder
+    assert keys(remote.list_objects(store.url("d/a.tfrecord"))) == ["d/a.tfrecord"]
+    assert keys(remote.list_objects(store.url("im/train-*-of-00002"))) == \
+        ["im/train-00000-of-00002", "im/train-00001-of-00002"]
+    assert keys(remote.list_objects(store.url("im/*/train-?-of-2"))) == ["im/train-x/train-1-of-2"]
+    with pytest.raises(FileNotFoundError, match="no objects match"):
+        remote.list_objects(store.url("val/"))
+
+
+def test_http_is_read_by_url_never_listed(http_store):
+    url = http_store.put("d/a.bin", b"0123456789")
+    (info,) = remote.list_objects(url)
+    assert info.url == url and info.size == 10 and info.etag
+    with pytest.raises(DatasetError, match="cannot be listed"):
+        remote.list_objects(http_store.url("d/"))
+    with pytest.raises(FileNotFoundError, match="no such object at http://127.0.0.1"):
+        remote.head(http_store.url("d/missing.bin"))
+
+
+def test_ranged_reads_whole_reads_and_checked_downloads(store, tmp_path):
+    data = os.urandom(3 << 20)
+    info = remote.head(store.put("x/blob", data))
+    assert info.size == len(data)
+    assert remote.read_range(info, 100, 50) == data[100:150]
+    assert remote.read_range(info.url, 0, 0) == b""
+    assert remote.read_bytes(info.url) == data
+    seen: list[int] = []
+    path = remote.download(info, str(tmp_path / "blob"), on_bytes=seen.append)
+    assert open(path, "rb").read() == data and sum(seen) == len(data)
+    assert os.listdir(tmp_path) == ["blob"]  # no temporary file left
+    with remote.open_object(info) as stream:
+        assert stream.read() == data
+    with pytest.raises(ValueError, match="outside the object"):
+        remote.read_range(info, len(data) - 1, 2)
+
+
+def test_missing_bucket_and_missing_object_are_named(store):
+    if store.scheme != "http":
+        word = "bucket" if store.scheme == "gs" else "container"
+        with pytest.raises(FileNotFoundError, match=f"{word} 'no-such-bucket' does not exist at http://127.0.0.1"):
+            remote.list_objects(f"{store.scheme}://no-such-bucket/train/")
+        with pytest.raises(FileNotFoundError, match=f"{word} 'no-such-bucket' does not exist"):
+            remote.head(f"{store.scheme}://no-such-bucket/train/a.tfrecord")
+    with pytest.raises(FileNotFoundError, match="no such object"):
+        remote.head(store.url("train/missing.tfrecord"))
+
+
+def test_object_changed_or_deleted_after_listing_is_an_error(store, tmp_path):
+    info = remote.head(store.put("train/a.tfrecord", b"version 1"))
+    if store.scheme == "http":
+        os.utime(os.path.join(str(store.admin), store.bucket, "train/a.tfrecord"), (1, 1))  # a new ETag
+    store.put("train/a.tfrecord", b"version 2 is longer")
+    with pytest.raises(remote.ObjectChangedError, match="changed after it was listed .* rebuild its indexes"):
+        remote.download(remote.ObjectInfo(info.url, info.size, info.etag, info.last_modified, info.generation),
+                        str(tmp_path / "a"))
+    other = remote.head(store.put("train/b.tfrecord", b"abc"))
+    store.delete("train/b.tfrecord")
+    with pytest.raises(FileNotFoundError, match="disappeared after it was listed"):
+        remote.download(other, str(tmp_path / "b"))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az", "http"])
+def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monkeypatch):
+    from store_servers import _clear
+    _clear(monkeypatch)
+    closed = closed_endpoint()
+    url = {"gs": "gs://any-bucket/train/", "az": "az://any/train/", "http": f"{closed}/train/a.tfrecord"}[scheme]
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", closed)
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
+                       f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+                       f"BlobEndpoint={closed}/devstoreaccount1;")
+    with remote.options_in_force(remote.ClientOptions.of(attempts=2, timeout=2)):
+        with pytest.raises(remote.UnreachableError, match=f"cannot reach the .* endpoint {closed}.* after 2 attempts"
+                                                          f".*--s3-attempts"):
+            remote.list_objects(url)
+
+
+def test_a_store_answering_503_twice_is_retried_not_failed(gcs, tmp_path, monkeypatch):
+    data = os.urandom(1000)
+    info = remote.head(gcs.put("train/a.tfrecord", data))
+    with LatencyProxy(gcs.endpoint, delay_ms=0) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        proxy.add_fault(Fault("train%2Fa.tfrecord", method="GET", status=503, times=2))
+        assert open(remote.download(info, str(tmp_path / "a")), "rb").read() == data
+        assert proxy.counts()["GET"] >= 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Retries are the loader's own (issue 25)
+# ---------------------------------------------------------------------------------------------
+
+def test_options_are_per_thread_context_not_the_last_ones_set():
+    default = remote.current_options()
+    with remote.options_in_force(remote.ClientOptions.of(attempts=2, timeout=3)):
+        assert (remote.current_options().attempts, remote.current_options().read_timeout) == (2, 3)
+        with remote.options_in_force(remote.ClientOptions.of(attempts=5)):
+            assert remote.current_options().attempts == 5
+        assert remote.current_options().attempts == 2
+    assert remote.current_options() == default
+
+
+def numbered_shards(store, prefix: str, n: int, shards: int) -> list[str]:
+    """`shards` TFRecord shards of n numbered samples (image i, label i), i dealt to shard i % shards."""
+    records: list[list[bytes]] = [[] for _ in range(shards)]
+    for i in range(n):
+        records[i % shards].append(tfrecord.frame_record(tfrecord.encode_example(
+            {"image/encoded": jpeg_bytes(i), "image/class/label": i})))
+    return [store.put(f"{prefix}/train-{s:05d}-of-{shards:05d}", b"".join(r)) for s, r in enumerate(records)]
+
+
+def test_two_loaders_in_one_process_keep_their_own_retries(s3, proxy, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    numbered_shards(s3, "a", 48, 12)  # the shard cache fetches the last shards only while the loader runs
+    numbered_shards(s3, "b", 48, 12)
+    kw = dict(batch_size=2, train=False, cache_prefetch=1, shuffle_buffer=1, prefetch_queue_depth=1, **KW)
+    hasty = DaliLoader(s3.url("a/"), s3_attempts=2, s3_timeout=5, **kw)
+    patient = DaliLoader(s3.url("b/"), s3_attempts=3, s3_timeout=5, **kw)  # built last: once, its retries won
+    proxy.add_fault(Fault("/a/train-00011-of-00012", method="GET", status=503, times=2))
+    proxy.add_fault(Fault("/b/train-00011-of-00012", method="GET", status=503, times=2))
+    assert sorted(l for _, labels in patient for l in labels.tolist() if l >= 0) == list(range(48))
+    with pytest.raises(ConnectionError, match=r"train-00011-of-00012: cannot reach .* after 2 attempts"):
+        list(hasty)
+    assert hasty.bad_samples == []
+    patient.close()
+    hasty.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Done when: the same sets read exactly through every scheme, in one process and on 2 ranks
+# ---------------------------------------------------------------------------------------------
+
+TF_SET, FOLDER_CLASSES, PER_CLASS = 209, ("cat", "dog", "fish"), 16  # 209 records; 48 images
+
+
+def tfrecord_set(put) -> list[str]:
+    """209 numbered records (image i, label i) in 5 shards, written with `put(name, bytes)`."""
+    records: list[list[bytes]] = [[] for _ in range(5)]
+    for i in range(TF_SET):
+        records[i % 5].append(tfrecord.frame_record(tfrecord.encode_example(
+            {"image/encoded": jpeg_bytes(i), "image/class/label": i})))
+    return [put(f"tf/train-{s:05d}-of-00005", b"".join(r)) for s, r in enumerate(records)]
+
+
+def image_set(put) -> str:
+    """48 images, 16 per class folder, and list.txt beside them ("class/name label"); returns the list's name."""
+    lines = []
+    for label, name in enumerate(FOLDER_CLASSES):
+        for i in range(PER_CLASS):
+            put(f"images/{name}/{i:03d}.jpg", jpeg_bytes(label * PER_CLASS + i))
+            lines.append(f"{name}/{i:03d}.jpg {label}")
+    return put("images/list.txt", "\n".join(lines).encode())
+
+
+def local_put(root):
+    def put(name: str, data: bytes) -> str:
+        path = os.path.join(root, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+    return put
+
+
+def read_val(location, world_size: int, **kw) -> tuple[list[int], list[int]]:
+    """(sorted real labels over all ranks, batches per rank) of val loaders on `world_size` ranks."""
+    loaders = [DaliLoader(location, batch_size=8, train=False, rank=r, world_size=world_size, **{**KW, **kw})
+               for r in range(world_size)]
+    labels, lengths = [], []
+    for loader in loaders:
+        batches = [b.tolist() for _, b in loader]
+        labels += [l for batch in batches for l in batch if l >= 0]
+        lengths.append(len(batches))
+        assert len(batches) == len(loader)
+        loader.close()
+    return sorted(labels), lengths
+
+
+@pytest.fixture
+def local_sets(tmp_path):
+    """The same two sets on the local disk: (tfrecord folder, image folder)."""
+    root = str(tmp_path / "local")
+    tfrecord_set(local_put(root))
+    image_set(local_put(root))
+    os.remove(os.path.join(root, "images", "list.txt"))  # an image folder: classes from its subfolders
+    return os.path.join(root, "tf"), os.path.join(root, "images")
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_same_sets_read_exactly_through_every_scheme(store, local_sets, tmp_path, monkeypatch, world_size):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    shards = tfrecord_set(store.put)
+    file_list = image_set(store.put)
+    if store.scheme == "http":  # never listed: a list of shard URLs, and the image set's file list
+        tf_location, image_location = shards, file_list
+    else:
+        tf_location, image_location = store.url("tf/"), store.url("images/")
+    for remote_location, local_location in ((tf_location, local_sets[0]), (image_location, local_sets[1])):
+        assert read_val(remote_location, world_size) == read_val(local_location, world_size)
+    assert read_val(tf_location, world_size)[0] == list(range(TF_SET))
+
+
+def test_native_feed_on_a_scheme_dali_cannot_read_says_so(azure, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    tfrecord_set(azure.put)
+    with pytest.raises(ValueError, match=r"remote_feed='native' but DALI reads only s3://, gs:// .*'cache'"):
+        DaliLoader(azure.url("tf/"), batch_size=8, train=False, remote_feed="native", **KW)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outages: as S3's (a short one ridden out with the same batches, a long one a ConnectionError)
+# ---------------------------------------------------------------------------------------------
+
+def test_gs_outages_behave_as_s3s(gcs, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    numbered_shards(gcs, "o", 48, 12)
+    kw = dict(batch_size=2, train=False, cache_prefetch=1, shuffle_buffer=1, prefetch_queue_depth=1, **KW)
+    calm = DaliLoader(gcs.url("o/"), **kw)
+    expected = [labels.tolist() for _, labels in calm]
+    calm.close()
+    with LatencyProxy(gcs.endpoint, delay_ms=0) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        short = DaliLoader(gcs.url("o/"), s3_attempts=4, **kw)
+        proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503, times=2))
+        assert [labels.tolist() for _, labels in short] == expected  # ridden out, the same batches
+        short.close()
+        long = DaliLoader(gcs.url("o/"), s3_attempts=2, s3_timeout=2, **kw)
+        proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503))
+        with pytest.raises(ConnectionError, match="cannot reach the GCS endpoint .* after 2 attempts"):
+            list(long)
+        assert long.bad_samples == []  # the store, not a sample: nothing excluded
+        long.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The commands on every scheme: convert writes there, verify and the loader read it back
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_convert_to_a_bucket_then_verify_and_read(scheme, request, tmp_path, monkeypatch, capsys):
+    import collections
+
+    from dali_pipes.tools.cli import main
+
+    from conftest import write_folder
+    store = request.getfixturevalue({"gs": "gcs", "az": "azure"}[scheme])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    expected = write_folder(str(tmp_path / "images"))
+    assert main(["convert", "tfrecord", str(tmp_path / "images"), store.url("out/"), "--shards", "2",
+                 "--workers", "1"]) == 0
+    assert sorted(keys(remote.list_objects(store.url("out/")))) == sorted(
+        ["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002.tfrecord{idx}"
+                                                     for i in range(2) for idx in ("", ".idx")])
+    assert main(["verify", store.url("out/"), "--workers", "1"]) == 0
+    assert f"{len(expected)} samples checked, 0 problems" in capsys.readouterr().out
+    loader = DaliLoader(store.url("out/"), batch_size=4, train=False, **KW)
+    labels = [l for _, batch in loader for l in batch.tolist() if l >= 0]
+    assert collections.Counter(labels) == collections.Counter(expected.values())
+    assert loader.source.classes == ["cat", "dog", "fish"]
+    loader.close()
+
+
+def test_verify_reads_an_http_file_list_and_names_a_bad_image_by_its_url(http_store, tmp_path, monkeypatch, capsys):
+    from dali_pipes.tools.cli import main
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    listed = image_set(http_store.put)
+    http_store.put("images/dog/004.jpg", jpeg_bytes(20)[:40])  # cut short
+    assert main(["verify", listed, "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert http_store.url("images/dog/004.jpg") in out and "48 samples checked, 1 problems" in out
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    with pytest.raises(SystemExit, match="http.*read-only"):  # one line, no traceback
+        main(["convert", "tfrecord", str(tmp_path / "images"), http_store.url("out/"), "--workers", "1"])
