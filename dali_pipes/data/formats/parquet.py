@@ -1,0 +1,609 @@
+"""Parquet image datasets, and the format's entries in the format table (samples, the Python-fed DALI
+source, verification, exclusion).
+
+Layouts read: Hugging Face `datasets`' (a struct column `image` of {bytes, path}, an integer `label` column,
+the ClassLabel names in the file's "huggingface" schema metadata), and any table with a binary column of
+encoded images and an integer label column, named by --image-column / --label-column (TFRecordKeys).
+
+DALI has no Parquet reader, so the encoded bytes reach DALI's decoder through `fn.external_source`, fed by
+ParquetFeed: a callable of (epoch, iteration), so that DALI's own checkpoint holds its position and a
+restored pipeline asks for the very batch it stopped at. What it reads, in which order, is reader.ReaderModel's
+(slices, their rotation, padding), the read order of a shuffled epoch `read_order` here: the row groups of the
+slice in a random order per (seed, epoch), cut into windows of about `shuffle_buffer` samples whose rows are
+shuffled together. Row groups are read whole (the unit Parquet compresses), in threads, a window ahead.
+
+An "index" here lists each sample as (row group, row of the file): it comes from the file's footer alone,
+and is what elastic resume's subsets and the exclusion of bad samples rewrite, as for TFRecord.
+A file is opened through `open_file`, the one place that knows local paths from s3:// URLs.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
+from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.storage.files import atomic_write
+
+SHARD_NAME = "a .parquet file"  # in messages
+SHARDED = True
+SHUFFLES_LIST = False  # its order is read_order's, given to reader.ReaderModel
+PYTHON_FED = True  # read by ParquetFeed through fn.external_source, not by a DALI reader
+MAGIC = b"PAR1"
+SNIFF_BYTES = len(MAGIC)
+INDEX_VERSION = "parquet-v1"
+MISSING_LABEL = -2_147_483_000  # a null label: fails its batch in the graph, as TFRecord's missing key does
+GROUP_THREADS = 4  # row groups read at once (pyarrow decompresses outside the GIL)
+INSTALL = "pip install 'dali_pipes[parquet]' (pyarrow)"
+
+
+def pyarrow_modules():
+    """(pyarrow, pyarrow.parquet, pyarrow.compute), or ImportError naming the extra to install."""
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.parquet
+    except ImportError as e:
+        raise ImportError(f"reading Parquet datasets needs pyarrow: {INSTALL}") from e
+    return pyarrow, pyarrow.parquet, pyarrow.compute
+
+
+def sniff_name(name: str) -> bool:
+    return name.endswith(".parquet")
+
+
+def sniff_head(head: bytes) -> bool:
+    return head[:SNIFF_BYTES] == MAGIC
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening files: local paths, s3:// URLs through ranged reads.
+# ---------------------------------------------------------------------------------------------
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over an object store's ranged reads: pyarrow reads the footer, then each
+    column chunk it needs, one ranged GET each (never the whole object)."""
+
+    def __init__(self, url: str, size: int, read_range: Callable[[str, int, int], bytes]) -> None:
+        self.url, self.size, self._read_range, self._at = url, size, read_range, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._at = {0: offset, 1: self._at + offset, 2: self.size + offset}[whence]
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.size - self._at if size is None or size < 0 else min(size, self.size - self._at)
+        data = self._read_range(self.url, self._at, size) if size > 0 else b""
+        self._at += len(data)
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def open_remote(url: str) -> RangedFile:
+    """The storage layer's ranged reader for a remote file: today object_store's s3://; the scheme-neutral
+    layer (storage/) replaces these two calls, and nothing else here changes."""
+    from dali_pipes.storage import object_store
+    return RangedFile(url, object_store.head(url).size, object_store.read_range)
+
+
+def open_file(path: str, metadata: Any = None):
+    """A pyarrow ParquetFile of a local path or a remote URL; `metadata` (a FileMetaData read before) spares
+    reading the footer again. DatasetError naming the file when it is not a readable Parquet file."""
+    _, pq, _ = pyarrow_modules()
+    from dali_pipes.storage import object_store
+    try:
+        return pq.ParquetFile(open_remote(path) if object_store.is_remote(path) else path, metadata=metadata)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError; ArrowIOError an OSError
+        if isinstance(e, (FileNotFoundError, ConnectionError, DatasetError)):
+            raise
+        raise DatasetError(path, f"not a readable Parquet file ({e})", "Re-create the file") from None
+
+
+def _stamp(path: str) -> tuple:
+    """What tells one version of a local file from the next (a cache key); remote files: their URL."""
+    from dali_pipes.storage import object_store
+    if object_store.is_remote(path):
+        return (path,)
+    stat = os.stat(path)
+    return (path, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _metadata_of(stamp: tuple):
+    return open_file(stamp[0]).metadata
+
+
+def metadata(path: str):
+    """The footer of a Parquet file (FileMetaData), read once per version of the file in a process."""
+    return _metadata_of(_stamp(path))
+
+
+def group_starts(path: str) -> np.ndarray:
+    """The first row of each row group of a file, and its row count last."""
+    meta = metadata(path)
+    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns: which holds the images, which the labels; the class names.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a table keeps the encoded images (`image`, `struct`: HF's {bytes, path}) and the labels."""
+    image: str
+    label: str
+    struct: bool
+
+
+def columns_of(path: str, keys: TFRecordKeys) -> Columns:
+    """The image and label columns of a file, checked: DatasetError naming the columns found and the flag."""
+    pa, _, _ = pyarrow_modules()
+    schema = metadata(path).schema.to_arrow_schema()
+    present = ", ".join(f"{f.name} ({f.type})" for f in schema)
+    fix = "Name the columns: --image-column / --label-column (TFRecordKeys(image_column=..., label_column=...))"
+    for name in (keys.image_column, keys.label_column):
+        if schema.get_field_index(name) < 0:
+            raise DatasetError(path, f"no column {name!r}; columns: {present}", fix)
+    image, label = schema.field(keys.image_column).type, schema.field(keys.label_column).type
+    struct = pa.types.is_struct(image)
+    bytes_type = image.field(image.get_field_index("bytes")).type if struct and image.get_field_index("bytes") >= 0 \
+        else image
+    if not (pa.types.is_binary(bytes_type) or pa.types.is_large_binary(bytes_type)):
+        raise DatasetError(path, f"column {keys.image_column!r} holds {image}, not encoded images (binary, or "
+                           f"the Hugging Face Image struct of bytes and path); columns: {present}", fix)
+    if not pa.types.is_integer(label):
+        raise DatasetError(path, f"column {keys.label_column!r} holds {label}, not integer labels; columns: "
+                           f"{present}", fix)
+    return Columns(keys.image_column, keys.label_column, struct)
+
+
+def class_names(path: str, label_column: str) -> list[str] | None:
+    """The ClassLabel names `datasets` keeps in a file's schema metadata for the label column, or None."""
+    meta = metadata(path).metadata or {}
+    try:
+        features = json.loads(meta[b"huggingface"])["info"]["features"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    names = features.get(label_column, {}).get("names") if isinstance(features, dict) else None
+    return list(names) if isinstance(names, list) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Row groups, read whole.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Group:
+    """One row group's encoded images (byte ranges into `data`), labels and identities."""
+    data: np.ndarray     # uint8: the image bytes of every row, back to back
+    starts: np.ndarray   # per row: where its bytes start in `data`
+    ends: np.ndarray     # per row: where they end (== start for a null image)
+    labels: np.ndarray   # int64 per row, MISSING_LABEL for a null one
+    first_row: int       # of the file
+
+    def image(self, row: int) -> np.ndarray:
+        """The encoded image of `row` (a row of the file), a view into the group's buffer."""
+        j = row - self.first_row
+        return self.data[self.starts[j]:self.ends[j]]
+
+
+def read_group(path: str, group: int, columns: Columns) -> Group:
+    """Row group `group` of a file: its image and label columns only."""
+    _, _, pc = pyarrow_modules()
+    try:
+        table = open_file(path, metadata(path)).read_row_group(group, columns=[columns.image, columns.label],
+                                                               use_threads=False)
+    except (OSError, ValueError) as e:  # pyarrow: a damaged page or a truncated file
+        if isinstance(e, (ConnectionError, DatasetError)):
+            raise
+        raise DatasetError(f"{path} (row group {group})", f"unreadable ({e})", "Re-create the file") from None
+    images = table.column(columns.image).combine_chunks()
+    if columns.struct:
+        images = pc.struct_field(images, "bytes")  # honours the struct's offset and its nulls
+    data, starts, ends = _byte_ranges(images)
+    labels = table.column(columns.label).combine_chunks()
+    stored = np.asarray(labels.fill_null(MISSING_LABEL).to_numpy(zero_copy_only=False), np.int64)
+    return Group(data, starts, ends, stored, int(group_starts(path)[group]))
+
+
+def _byte_ranges(array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(data buffer, starts, ends) of a binary array, without copying the bytes; a null is empty."""
+    pa, _, _ = pyarrow_modules()
+    _, offsets, data = array.buffers()[:3]
+    kind = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    bounds = np.frombuffer(offsets, kind)[array.offset:array.offset + len(array) + 1].astype(np.int64) \
+        if offsets is not None else np.zeros(len(array) + 1, np.int64)
+    starts, ends = bounds[:-1], bounds[1:]
+    valid = np.asarray(array.is_valid().to_numpy(zero_copy_only=False), bool)
+    buffer = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    return buffer, starts, np.where(valid, ends, starts)
+
+
+class _GroupCache:
+    """A few row groups of this process, for sample-at-a-time reads (read_sample: converters, verification,
+    the bad-sample search): neighbouring samples share their group's one read."""
+
+    def __init__(self, size: int = 4) -> None:
+        self._size, self._groups, self._lock = size, {}, threading.Lock()
+
+    def get(self, path: str, group: int, columns: Columns) -> Group:
+        key = (_stamp(path), group, columns)
+        with self._lock:
+            found = self._groups.pop(key, None)
+        found = found or read_group(path, group, columns)
+        with self._lock:
+            self._groups[key] = found
+            while len(self._groups) > self._size:
+                self._groups.pop(next(iter(self._groups)))
+        return found
+
+
+_GROUPS = _GroupCache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Index: (row group, row of the file) per sample, from the footer.
+# ---------------------------------------------------------------------------------------------
+
+def file_entries(path: str) -> list[tuple[int, int]]:
+    """(row group, row) of every row of a file, in storage order."""
+    starts = group_starts(path)
+    return [(g, row) for g in range(len(starts) - 1) for row in range(int(starts[g]), int(starts[g + 1]))]
+
+
+def build_index(shard: str, index_path: str, label_ext: str = "cls", damaged: list | None = None) -> None:
+    entries = file_entries(shard)
+    if not entries:
+        raise DatasetError(shard, "empty Parquet file (0 rows)")
+    write_index(entries, index_path)
+
+
+def build_index_stream(f, where: str, index_path: str, label_ext: str = "cls") -> None:
+    """The index of a remote file: from its footer alone, by ranged reads (the stream is not needed)."""
+    build_index(where, index_path, label_ext)
+
+
+def write_index(entries: Sequence[tuple[int, int]], index_path: str) -> None:
+    lines = [f"{INDEX_VERSION} {len(entries)}\n"] + [f"{g} {row}\n" for g, row in entries]
+    with atomic_write(index_path, "w") as f:
+        f.writelines(lines)
+
+
+def read_index(index_path: str) -> list[tuple[int, int]]:
+    with open(index_path) as f:
+        version, count = f.readline().split()
+        if version != INDEX_VERSION:
+            raise ValueError(f"unsupported index version {version}")
+        entries = [(int(g), int(row)) for g, row in (line.split() for line in f if line.strip())]
+    if len(entries) != int(count):
+        raise ValueError("index entry count does not match its header")
+    return entries
+
+
+def _index_arrays(index_path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(row groups, rows) of an index as arrays (the feed's and the read order's bulk form)."""
+    with open(index_path) as f:
+        f.readline()
+        table = np.loadtxt(f, dtype=np.int64, ndmin=2)
+    return (table[:, 0], table[:, 1]) if table.size else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def count_samples(index_path: str) -> int:
+    with open(index_path) as f:
+        return int(f.readline().split()[1])
+
+
+def index_matches(shard: str, index_path: str) -> bool:
+    """True if the index lists every row of the file as its footer has them (a cheap, full check)."""
+    try:
+        return read_index(index_path) == file_entries(shard)
+    except (OSError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The format table's entries (see formats/__init__.py).
+# ---------------------------------------------------------------------------------------------
+
+def check_shard(shard: str) -> None:
+    """A readable Parquet footer (DatasetError naming the file if not)."""
+    metadata(shard)
+
+
+def source_info(ref: SampleRef) -> str:
+    """The identity ParquetFeed gives each sample (DALI's readers give source_info): file#row."""
+    return f"{ref.path}#{ref.offset}"
+
+
+def split_source_info(info: str) -> tuple[str, int]:
+    path, _, row = info.rpartition("#")
+    return path, int(row)
+
+
+def sample_refs(source: SourceRecord) -> list[SampleRef]:
+    return [SampleRef("parquet", path, i, str(row), row, extra=(group, source.keys))
+            for path, idx in zip(source.files, source.index_files or [])
+            for i, (group, row) in enumerate(read_index(idx))]
+
+
+def read_sample(ref: SampleRef) -> Sample:
+    """One row's encoded image and label (its row group read once per process for its neighbours)."""
+    group, keys = ref.extra
+    read = _GROUPS.get(ref.path, group, columns_of(ref.path, keys))
+    data, stored = read.image(ref.offset), int(read.labels[ref.offset - read.first_row])
+    if not len(data):
+        raise DatasetError(ref.origin, f"no image bytes in column {keys.image_column!r} (null or empty)",
+                           "Embed the images in the table (datasets: cast_column with Image(), embed_storage)")
+    if stored == MISSING_LABEL:
+        raise DatasetError(ref.origin, f"no label in column {keys.label_column!r} (null)")
+    return Sample(ref.origin, data.tobytes(), stored_to_label(stored, ref.origin, keys.label_offset))
+
+
+def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
+    """The image and label columns of every file, the class names of the first one's metadata (when no
+    classes.json names them), and the labels: every label of local files (one column, read alone), the first
+    row group's of the first and last remote ones. LabelError names file#row."""
+    for path in source.files:
+        columns_of(path, keys)
+    if source.classes is None:
+        source.classes = class_names(source.files[0], keys.label_column)
+    num_classes, classes_from = label_bound(source)
+    from dali_pipes.storage import object_store
+    remote = object_store.is_remote(source.files[0])
+    for path in sorted(set([source.files[0], source.files[-1]])) if remote else source.files:
+        groups = [0] if remote else range(metadata(path).num_row_groups)
+        for group in groups:
+            stored = read_group_labels(path, group, keys.label_column)
+            _check_labels(stored, path, int(group_starts(path)[group]), keys, num_classes, classes_from)
+
+
+def read_group_labels(path: str, group: int, label_column: str) -> np.ndarray:
+    labels = open_file(path, metadata(path)).read_row_group(group, columns=[label_column]).column(0)
+    return np.asarray(labels.fill_null(MISSING_LABEL).to_numpy(zero_copy_only=False), np.int64)
+
+
+def _check_labels(stored: np.ndarray, path: str, first_row: int, keys: TFRecordKeys, num_classes: int | None,
+                  classes_from: str) -> None:
+    labels = stored - keys.label_offset
+    bad = (stored != EXCLUDED_LABEL) & ((labels < 0) | (labels >= (num_classes or np.iinfo(np.int64).max)))
+    missing = stored == MISSING_LABEL
+    if missing.any():
+        raise LabelError(f"{path}#{first_row + int(np.argmax(missing))}", f"null label in column "
+                         f"{keys.label_column!r}", "Fill the label, or drop the row")
+    if bad.any():
+        j = int(np.argmax(bad))
+        check_label(int(labels[j]), f"{path}#{first_row + j}", offset=keys.label_offset, num_classes=num_classes,
+                    classes_from=classes_from)
+
+
+def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
+    """A readable footer and columns: every row becomes a ref for the per-sample checks; else one problem."""
+    try:
+        columns_of(shard, keys)
+        entries = file_entries(shard)
+    except DatasetError as e:
+        return [], [e]
+    return [SampleRef("parquet", shard, i, str(row), row, extra=(g, keys)) for i, (g, row) in enumerate(entries)], []
+
+
+def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes,
+                    source: SourceRecord) -> None:
+    """Copy `shard` to `target` with the rows numbered in `bad` replaced by a placeholder (the placeholder image,
+    label EXCLUDED_LABEL), row group for row group, metadata kept; and write the copy's index."""
+    pa, pq, _ = pyarrow_modules()
+    columns = columns_of(shard, source.keys)
+    starts = group_starts(shard)
+    with atomic_write(target, "wb") as raw:
+        writer = None
+        for group in range(len(starts) - 1):
+            table = open_file(shard, metadata(shard)).read_row_group(group)
+            rows = [int(k) - int(starts[group]) for k in bad if starts[group] <= int(k) < starts[group + 1]]
+            table = _with_placeholders(table, rows, columns, jpeg) if rows else table
+            if writer is None:
+                writer = pq.ParquetWriter(raw, table.schema)
+            writer.write_table(table, row_group_size=max(1, table.num_rows))
+        if writer is not None:
+            writer.close()
+    write_index(file_entries(target), target + ".idx")
+
+
+def _with_placeholders(table, rows: list[int], columns: Columns, jpeg: bytes):
+    """`table` with the image and label of `rows` replaced by the placeholder's."""
+    pa, _, _ = pyarrow_modules()
+    mask = np.zeros(table.num_rows, bool)
+    mask[rows] = True
+    image = table.column(columns.image).combine_chunks()
+    if columns.struct:
+        fields = [image.field(i) for i in range(image.type.num_fields)]
+        names = [image.type.field(i).name for i in range(image.type.num_fields)]
+        at = names.index("bytes")
+        fields[at] = _replaced(fields[at], mask, jpeg)
+        image = pa.StructArray.from_arrays(fields, names=names)
+    else:
+        image = _replaced(image, mask, jpeg)
+    label = table.column(columns.label).combine_chunks().cast(pa.int64())
+    label = pa.array(np.where(mask, EXCLUDED_LABEL, label.fill_null(MISSING_LABEL).to_numpy()), pa.int64())
+    table = table.set_column(table.schema.get_field_index(columns.image), columns.image, image)
+    return table.set_column(table.schema.get_field_index(columns.label), columns.label, label)
+
+
+def _replaced(array, mask: np.ndarray, data: bytes):
+    pa, _, _ = pyarrow_modules()
+    values = array.to_pylist()
+    return pa.array([data if m else v for v, m in zip(values, mask)], array.type)
+
+
+# ---------------------------------------------------------------------------------------------
+# The read order of a shuffled epoch, and the feed.
+# ---------------------------------------------------------------------------------------------
+
+def read_order(blocks: np.ndarray, span: Sequence[int], seed: int, epoch: int, fill: int,
+               shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(storage indices of `span` in read order, the start of each window in that order).
+
+    `blocks`: the storage index where each row group starts (sorted; row groups are read whole). Shuffled:
+    the row groups of the span in a random order drawn from (seed, epoch), dealt into windows of at least
+    `fill` samples, each window's rows shuffled together; else storage order, windows of whole groups."""
+    lo, hi = (span[0], span[-1] + 1) if len(span) else (0, 0)
+    cuts = np.unique(np.concatenate([[lo, hi], np.clip(blocks, lo, hi)]))
+    bounds = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+    rng = np.random.default_rng([seed, epoch]) if shuffle else None
+    if rng is not None:
+        bounds = [bounds[i] for i in rng.permutation(len(bounds))]
+    pieces, windows, size = [], [0], 0
+    for start, stop in bounds:
+        pieces.append(np.arange(start, stop, dtype=np.int64))
+        size += stop - start
+        if size - windows[-1] >= max(1, fill):
+            windows.append(size)
+    order = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    windows = [w for w in windows if w < len(order)] or [0]
+    if rng is not None:
+        for start, stop in zip(windows, windows[1:] + [len(order)]):
+            order[start:stop] = order[start:stop][rng.permutation(stop - start)]
+    return order, np.asarray(windows, np.int64)
+
+
+@dataclass(frozen=True)
+class SampleTable:
+    """Where each storage-order sample of a source lives: its file, row group and row, and where each row
+    group begins in storage order (read_order's blocks)."""
+    files: list[str]
+    file: np.ndarray
+    group: np.ndarray
+    row: np.ndarray
+
+    @classmethod
+    def of(cls, source: SourceRecord) -> "SampleTable":
+        parts = [_index_arrays(idx) for idx in source.index_files or []]
+        file = np.concatenate([np.full(len(g), i, np.int64) for i, (g, _) in enumerate(parts)] or [np.zeros(0)])
+        group = np.concatenate([g for g, _ in parts] or [np.zeros(0)]).astype(np.int64)
+        row = np.concatenate([r for _, r in parts] or [np.zeros(0)]).astype(np.int64)
+        return cls(list(source.files), file.astype(np.int64), group, row)
+
+    def blocks(self) -> np.ndarray:
+        """The storage index at which each run of one (file, row group) starts."""
+        change = (np.diff(self.file) != 0) | (np.diff(self.group) != 0)
+        return np.concatenate([[0], np.flatnonzero(change) + 1]).astype(np.int64)
+
+
+def order_model(source: SourceRecord, seed: int, fill: int) -> Callable[[int, Sequence[int]], Sequence[int]]:
+    """reader.ReaderModel's `order` of a shuffled reader: (epoch, slice) -> the slice in read order. The
+    source's index is read at the first call (a bad-sample search), not now."""
+    blocks: list[np.ndarray] = []
+
+    def order(epoch: int, span: Sequence[int]) -> Sequence[int]:
+        if not blocks:
+            blocks.append(SampleTable.of(source).blocks())
+        return read_order(blocks[0], span, seed, epoch, fill, True)[0].tolist()
+    return order
+
+
+@dataclass
+class _Epoch:
+    order: np.ndarray    # storage indices, padded to whole batches with the last one repeated
+    windows: np.ndarray  # where each window starts in `order`
+    batches: int
+
+
+class ParquetFeed:
+    """The external source's callback: batch `iteration` of the pipeline's epoch `epoch_idx` as (encoded images,
+    stored labels, identities), exactly as `plan` (a reader.ReaderModel) says this rank reads it; StopIteration
+    after the epoch's last batch. A pure function of (epoch, iteration), so a DALI checkpoint resumes it."""
+
+    def __init__(self, source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool) -> None:
+        self.table, self.plan, self.seed, self.shuffle = SampleTable.of(source), plan, seed, shuffle
+        self.columns = [columns_of(path, source.keys) for path in self.table.files]
+        self._blocks = self.table.blocks()
+        self._epoch: tuple[int, _Epoch] | None = None
+        self._loaded: dict[tuple[int, int], Future] = {}
+        self._pool = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
+        self._ids: dict[int, np.ndarray] = {}
+
+    def __call__(self, info) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray]]:
+        epoch = self._plan_of(info.epoch_idx)
+        if info.iteration >= epoch.batches:
+            raise StopIteration
+        batch = self.plan.batch_size
+        picks = epoch.order[info.iteration * batch:(info.iteration + 1) * batch]
+        window = int(np.searchsorted(epoch.windows, info.iteration * batch, side="right") - 1)
+        self._keep(epoch, window)
+        groups = {key: self._loaded[key].result() for key in self._keys(picks)}
+        t = self.table
+        rows = [(groups[(int(t.file[i]), int(t.group[i]))], int(t.row[i])) for i in picks]
+        images = [group.image(row) for group, row in rows]
+        labels = np.array([group.labels[row - group.first_row] for group, row in rows], np.int64)
+        return images, labels, [self._identity(int(i)) for i in picks]
+
+    def _plan_of(self, epoch: int) -> _Epoch:
+        if self._epoch is None or self._epoch[0] != epoch:
+            span = self.plan.slice(self.plan.shard_of(epoch))
+            order, windows = read_order(self._blocks, span, self.seed, epoch, self.plan.shuffle_buffer, self.shuffle)
+            batches = -(-self.plan.longest() // self.plan.batch_size)
+            padded = np.concatenate([order, np.full(batches * self.plan.batch_size - len(order), order[-1])])
+            self._epoch = (epoch, _Epoch(padded.astype(np.int64), windows, batches))
+        return self._epoch[1]
+
+    def _keys(self, picks: np.ndarray) -> list[tuple[int, int]]:
+        pairs = np.unique(np.stack([self.table.file[picks], self.table.group[picks]], axis=1), axis=0)
+        return [(int(f), int(g)) for f, g in pairs]
+
+    def _keep(self, epoch: _Epoch, window: int) -> None:
+        """Row groups of this window and the next read (or being read); all others let go."""
+        bounds = list(epoch.windows) + [len(epoch.order)]
+        wanted = self._keys(epoch.order[bounds[window]:bounds[min(window + 2, len(bounds) - 1)]])
+        for key in wanted:
+            if key not in self._loaded:
+                path = self.table.files[key[0]]
+                self._loaded[key] = self._pool.submit(read_group, path, key[1], self.columns[key[0]])
+        keep = set(wanted)
+        for key in [k for k in self._loaded if k not in keep]:
+            del self._loaded[key]
+
+    def _identity(self, i: int) -> np.ndarray:
+        if i not in self._ids:
+            text = f"{self.table.files[int(self.table.file[i])]}#{int(self.table.row[i])}"
+            self._ids[i] = np.frombuffer(text.encode(), np.uint8)
+        return self._ids[i]
+
+
+def python_reader(source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool, with_ids: bool) -> tuple:
+    """(encoded images, int64 labels, identity rows or None) inside a pipeline definition, from ParquetFeed
+    through fn.external_source; labels less label_offset and checked in the graph (labels.dali_checked_labels)."""
+    from nvidia.dali import fn, types
+    feed = ParquetFeed(source, plan, seed, shuffle)
+    outputs = 3 if with_ids else 2
+    call = feed if with_ids else (lambda info: feed(info)[:2])
+    nodes = fn.external_source(call, num_outputs=outputs, batch=True, batch_info=True,
+                               dtype=[types.UINT8, types.INT64, types.UINT8][:outputs])
+    labels = dali_checked_labels(nodes[1], source.keys.label_offset, label_bound(source)[0])
+    ids = fn.pad(nodes[2], axes=(0,), fill_value=0) if with_ids else None
+    return nodes[0], labels, ids
+
+
+def dali_reader(source: SourceRecord, reader_args: dict) -> tuple:
+    raise NotImplementedError("Parquet has no DALI reader: reader.dali_reader feeds it (python_reader)")
