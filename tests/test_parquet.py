@@ -16,6 +16,8 @@ from dali_pipes.errors import LabelError
 
 from conftest import jpeg_bytes
 
+pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
+
 datasets = pytest.importorskip("datasets", reason="the tests write Parquet with Hugging Face datasets")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -296,3 +298,39 @@ def test_convert_turns_parquet_into_shards_with_the_same_samples(hf, tmp_path, f
     converted = open_source(out)
     assert converted.kind == fmt and converted.classes == [f"c{i:03d}" for i in range(N)]
     assert sorted((s.label, s.data) for s in converted.iter_samples()) == [(i, image(i)) for i in range(N)]
+
+
+# ---------------------------------------------------------------------------------------------
+# In an object store (s3:// through a local moto server)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def s3_parquet(hf, request, tmp_path, monkeypatch):
+    """The datasets-written files under s3://BUCKET/hf/, the caches inside the test's tmp_path."""
+    pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
+    s3 = request.getfixturevalue("s3")
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    for name in sorted(os.listdir(hf)):
+        if name.endswith(".parquet"):
+            with open(os.path.join(hf, name), "rb") as f:
+                s3.put(f"hf/{name}", f.read())
+    return s3.url("hf/")
+
+
+def test_an_s3_parquet_dataset_reads_exactly_on_one_and_two_ranks(s3_parquet):
+    source = open_source(s3_parquet)
+    assert source.kind == "parquet" and source.remote is not None and source.classes == [f"c{i:03d}" for i in range(N)]
+    assert [(s.data, s.label) for s in source.iter_samples()] == [(image(i), i) for i in range(N)]
+    per_rank = epoch(ranks(s3_parquet, 2, False, val_padding="none"))
+    assert per_rank[0] + per_rank[1] == list(range(N))
+    train = epoch(ranks(s3_parquet, 2, True))
+    assert len(train[0] + train[1]) == len(set(train[0] + train[1])) == 2 * (N // 2 // BATCH) * BATCH
+
+
+def test_an_s3_parquet_dataset_resumes_exactly(s3_parquet):
+    whole = batches(DaliLoader(s3_parquet, train=True, **KW), 2)
+    stopped = DaliLoader(s3_parquet, train=True, **KW)
+    next(iter(stopped))
+    resumed = DaliLoader(s3_parquet, train=True, **KW)
+    resumed.load_state_dict(stopped.state_dict())
+    assert same(batches(resumed, 2), whole[1:])

@@ -141,11 +141,17 @@ def remote_index_path(info, cache_dir: str | None = None) -> str:
 
 
 def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext: str = "cls") -> str:
-    """Stream the shard once and write its index into the cache; returns the index path."""
+    """Stream the shard once (a Python-fed format: read its footer) and write its index into the cache;
+    returns the index path."""
     from dali_pipes.storage import object_store
     target = remote_index_path(info, cache_dir)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = private_tmp(target)
+    if format_of(kind).PYTHON_FED:  # read by ranged reads (Parquet): its index comes from them too, a footer
+        with moved_by(INDEX_FLAG, target):
+            format_of(kind).build_index(info.url, tmp, label_ext)
+        os.replace(tmp, target)
+        return target
     try:
         with object_store.open_object(info) as f, moved_by(INDEX_FLAG, target):
             format_of(kind).build_index_stream(f, info.url, tmp, label_ext)

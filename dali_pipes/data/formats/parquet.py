@@ -103,10 +103,17 @@ class RangedFile(io.RawIOBase):
 
 
 def open_remote(url: str) -> RangedFile:
-    """The storage layer's ranged reader for a remote file: today object_store's s3://; the scheme-neutral
-    layer (storage/) replaces these two calls, and nothing else here changes."""
+    """The storage layer's ranged reader for a remote file: today object_store's s3:// (its size, then ranged
+    reads); the scheme-neutral layer (storage/) replaces the two object_store calls here and in _remote_size,
+    and nothing else in this module changes."""
     from dali_pipes.storage import object_store
-    return RangedFile(url, object_store.head(url).size, object_store.read_range)
+    return RangedFile(url, _remote_size(url), object_store.read_range)
+
+
+@functools.lru_cache(maxsize=1024)
+def _remote_size(url: str) -> int:
+    from dali_pipes.storage import object_store
+    return object_store.head(url).size
 
 
 def open_file(path: str, metadata: Any = None):
