@@ -104,6 +104,7 @@ def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_di
     bounded by `num_classes` where given. The process's S3 retries are set first (object_store.configure):
     opening lists and reads objects."""
     object_store.configure(attempts=s3_attempts, timeout=s3_timeout)
+    keys = call.keys or keys  # a datasets.Dataset's columns
     if call.location is None:
         return with_num_classes(samples_source(call.root, call.samples, call.classes, skip_bad), num_classes)
     if isinstance(call.location, Source):

@@ -117,7 +117,7 @@ def test_the_dali_feed_gives_every_encoded_image_with_its_label(hf):
 
 def test_plain_binary_and_integer_columns_are_named_by_flags(tmp_path):
     path = write_plain_parquet(tmp_path / "plain.parquet")
-    with pytest.raises(DatasetError, match=r"no column 'image'; columns: jpg \(binary\), cls \(int32\).*--image-column"):
+    with pytest.raises(DatasetError, match=r"no column 'image'; columns: jpg \(binary\), cls \(int32\).*--image-col"):
         open_source(path)
     keys = TFRecordKeys(image_column="jpg", label_column="cls")
     assert [(s.data, s.label) for s in open_source(path, keys=keys).iter_samples()] == [(image(i), i) for i in range(N)]
@@ -334,3 +334,54 @@ def test_an_s3_parquet_dataset_resumes_exactly(s3_parquet):
     resumed = DaliLoader(s3_parquet, train=True, **KW)
     resumed.load_state_dict(stopped.state_dict())
     assert same(batches(resumed, 2), whole[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# The DataLoader form with a datasets.Dataset
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def saved_dataset(hf, tmp_path):
+    """The datasets-written files loaded as a Dataset and saved to disk: its rows live in Arrow files."""
+    ds = datasets.load_dataset("parquet", data_files=sorted(os.path.join(hf, n) for n in os.listdir(hf)
+                                                            if n.endswith(".parquet")),
+                               split="train", cache_dir=str(tmp_path / "hf_cache"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    return datasets.load_from_disk(str(tmp_path / "saved"))
+
+
+def val_transform(T):
+    return T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor()])
+
+
+def test_a_datasets_dataset_is_read_from_its_files_with_its_transform(saved_dataset, torchvision):
+    import torchvision.transforms as T
+    compose = val_transform(T)
+
+    def apply(batch):
+        batch["pixel_values"] = [compose(image.convert("RGB")) for image in batch["image"]]
+        return batch
+
+    dataset = saved_dataset.with_transform(apply)
+    loader = DaliLoader(dataset, batch_size=BATCH, num_workers=1, device="cpu")
+    assert loader.dataset is dataset and not loader.train and len(loader) == -(-N // BATCH)
+    got = [(x.shape, y.tolist()) for x, y in loader]
+    assert [y for _, ys in got for y in ys] == list(range(N))  # storage order, every sample once
+    assert all(shape[1:] == (3, 16, 16) for shape, _ in got)
+    assert loader.source.classes == [f"c{i:03d}" for i in range(N)]
+
+
+def test_what_a_datasets_dataset_cannot_be_read_as_is_refused_naming_why(saved_dataset, torchvision):
+    import torchvision.transforms as T
+    first, second = val_transform(T), val_transform(T)
+    with pytest.raises(TypeError, match=r"reads one split: pass dataset\['train'\]"):
+        DaliLoader(datasets.DatasetDict({"train": saved_dataset}), batch_size=BATCH)
+    with pytest.raises(ValueError, match="indices mapping .*flatten_indices"):
+        DaliLoader(saved_dataset.shuffle(seed=0).with_transform(lambda b: b), batch_size=BATCH)
+    with pytest.raises(ValueError, match="held in memory only .*save_to_disk"):
+        DaliLoader(datasets.Dataset.from_dict({"image": [], "label": []}), batch_size=BATCH)
+    with pytest.raises(ValueError, match="refers to 2 torchvision transforms"):
+        DaliLoader(saved_dataset.with_transform(lambda b: [first(i) for i in b["image"]] + [second(b)]),
+                   batch_size=BATCH)
+    with pytest.raises(ValueError, match="no transform"):
+        DaliLoader(saved_dataset, batch_size=BATCH)

@@ -35,7 +35,7 @@ from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, T
 from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.storage.files import atomic_write
 
-SHARD_NAME = "a .parquet file"  # in messages
+SHARD_NAME = "a .parquet (or datasets' .arrow) file"  # in messages
 SHARDED = True
 SHUFFLES_LIST = False  # its order is read_order's, given to reader.ReaderModel
 PYTHON_FED = True  # read by ParquetFeed through fn.external_source, not by a DALI reader
@@ -59,7 +59,8 @@ def pyarrow_modules():
 
 
 def sniff_name(name: str) -> bool:
-    return name.endswith(".parquet")
+    """A .parquet file, or an .arrow file as `datasets` keeps a Dataset (save_to_disk, its cache files)."""
+    return name.endswith((".parquet", ".arrow"))
 
 
 def sniff_head(head: bytes) -> bool:
@@ -138,20 +139,73 @@ def _stamp(path: str) -> tuple:
     return (path, stat.st_size, stat.st_mtime_ns)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a file's header tells: its schema (with the "huggingface" metadata), its row groups' sizes (an Arrow
+    file's record batches), and a Parquet file's footer (FileMetaData), kept to open it again unread."""
+    schema: Any
+    sizes: tuple[int, ...]
+    footer: Any = None
+
+
 @functools.lru_cache(maxsize=256)
-def _metadata_of(stamp: tuple):
-    return open_file(stamp[0]).metadata
+def _layout_of(stamp: tuple) -> Layout:
+    path = stamp[0]
+    if is_arrow(path):
+        table = arrow_table(path)
+        return Layout(table.schema, tuple(batch.num_rows for batch in table.to_batches()))
+    opened = open_file(path)
+    footer = opened.metadata
+    return Layout(opened.schema_arrow, tuple(footer.row_group(g).num_rows for g in range(footer.num_row_groups)),
+                  footer)
 
 
-def metadata(path: str):
-    """The footer of a Parquet file (FileMetaData), read once per version of the file in a process."""
-    return _metadata_of(_stamp(path))
+def layout(path: str) -> Layout:
+    """The header of a Parquet or Arrow file, read once per version of the file in a process."""
+    return _layout_of(_stamp(path))
 
 
 def group_starts(path: str) -> np.ndarray:
     """The first row of each row group of a file, and its row count last."""
-    meta = metadata(path)
-    return np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    return np.cumsum([0, *layout(path).sizes])
+
+
+def read_columns(path: str, group: int, columns: list[str] | None):
+    """Row group `group` of a file (an Arrow file: its record batch), those columns (None: all), as a table."""
+    pa, _, _ = pyarrow_modules()
+    if is_arrow(path):
+        table = pa.Table.from_batches([arrow_table(path).to_batches()[group]])
+        return table if columns is None else table.select(columns)
+    return open_file(path, layout(path).footer).read_row_group(group, columns=columns, use_threads=False)
+
+
+# Arrow IPC files, as `datasets` keeps a Dataset's cache (Dataset.cache_files, save_to_disk): read the same way.
+
+def is_arrow(path: str) -> bool:
+    return path.endswith(".arrow")
+
+
+def arrow_table(path: str):
+    """The table of a local Arrow file (stream or file format), memory-mapped: nothing is copied."""
+    return _arrow_table_of(_stamp(path))
+
+
+@functools.lru_cache(maxsize=64)
+def _arrow_table_of(stamp: tuple):
+    pa, _, _ = pyarrow_modules()
+    import pyarrow.ipc
+    path = stamp[0]
+    from dali_pipes.storage import object_store
+    if object_store.is_remote(path):
+        raise DatasetError(path, "an Arrow file in an object store (Arrow files are read from local disk only)",
+                           "Write the dataset as Parquet (datasets: Dataset.to_parquet), or copy it locally")
+    try:
+        try:
+            return pyarrow.ipc.open_stream(pa.memory_map(path)).read_all()
+        except pa.ArrowInvalid:
+            return pyarrow.ipc.open_file(pa.memory_map(path)).read_all()
+    except pa.ArrowInvalid as e:
+        raise DatasetError(path, f"not a readable Arrow file ({e})", "Re-create the file") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +223,7 @@ class Columns:
 def columns_of(path: str, keys: TFRecordKeys) -> Columns:
     """The image and label columns of a file, checked: DatasetError naming the columns found and the flag."""
     pa, _, _ = pyarrow_modules()
-    schema = metadata(path).schema.to_arrow_schema()
+    schema = layout(path).schema
     present = ", ".join(f"{f.name} ({f.type})" for f in schema)
     fix = "Name the columns: --image-column / --label-column (TFRecordKeys(image_column=..., label_column=...))"
     for name in (keys.image_column, keys.label_column):
@@ -190,7 +244,7 @@ def columns_of(path: str, keys: TFRecordKeys) -> Columns:
 
 def class_names(path: str, label_column: str) -> list[str] | None:
     """The ClassLabel names `datasets` keeps in a file's schema metadata for the label column, or None."""
-    meta = metadata(path).metadata or {}
+    meta = layout(path).schema.metadata or {}
     try:
         features = json.loads(meta[b"huggingface"])["info"]["features"]
     except (KeyError, TypeError, ValueError):
@@ -222,8 +276,7 @@ def read_group(path: str, group: int, columns: Columns) -> Group:
     """Row group `group` of a file: its image and label columns only."""
     _, _, pc = pyarrow_modules()
     try:
-        table = open_file(path, metadata(path)).read_row_group(group, columns=[columns.image, columns.label],
-                                                               use_threads=False)
+        table = read_columns(path, group, [columns.image, columns.label])
     except (OSError, ValueError) as e:  # pyarrow: a damaged page or a truncated file
         if isinstance(e, (ConnectionError, DatasetError)):
             raise
@@ -337,8 +390,8 @@ def index_matches(shard: str, index_path: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 def check_shard(shard: str) -> None:
-    """A readable Parquet footer (DatasetError naming the file if not)."""
-    metadata(shard)
+    """A readable Parquet footer or Arrow header (DatasetError naming the file if not)."""
+    layout(shard)
 
 
 def source_info(ref: SampleRef) -> str:
@@ -382,14 +435,14 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     from dali_pipes.storage import object_store
     remote = object_store.is_remote(source.files[0])
     for path in sorted(set([source.files[0], source.files[-1]])) if remote else source.files:
-        groups = [0] if remote else range(metadata(path).num_row_groups)
+        groups = [0] if remote else range(len(layout(path).sizes))
         for group in groups:
             stored = read_group_labels(path, group, keys.label_column)
             _check_labels(stored, path, int(group_starts(path)[group]), keys, num_classes, classes_from)
 
 
 def read_group_labels(path: str, group: int, label_column: str) -> np.ndarray:
-    labels = open_file(path, metadata(path)).read_row_group(group, columns=[label_column]).column(0)
+    labels = read_columns(path, group, [label_column]).column(0)
     return np.asarray(labels.fill_null(MISSING_LABEL).to_numpy(zero_copy_only=False), np.int64)
 
 
@@ -420,40 +473,44 @@ def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[S
 def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes,
                     source: SourceRecord) -> None:
     """Copy `shard` to `target` with the rows numbered in `bad` replaced by a placeholder (the placeholder image,
-    label EXCLUDED_LABEL), row group for row group, metadata kept; and write the copy's index."""
-    pa, pq, _ = pyarrow_modules()
+    label EXCLUDED_LABEL, labels widened to int64), row group for row group, metadata kept; write its index."""
     columns = columns_of(shard, source.keys)
     starts = group_starts(shard)
     with atomic_write(target, "wb") as raw:
         writer = None
         for group in range(len(starts) - 1):
-            table = open_file(shard, metadata(shard)).read_row_group(group)
             rows = [int(k) - int(starts[group]) for k in bad if starts[group] <= int(k) < starts[group + 1]]
-            table = _with_placeholders(table, rows, columns, jpeg) if rows else table
-            if writer is None:
-                writer = pq.ParquetWriter(raw, table.schema)
-            writer.write_table(table, row_group_size=max(1, table.num_rows))
+            table = _with_placeholders(read_columns(shard, group, None), rows, columns, jpeg)
+            writer = writer or _writer(raw, table.schema, arrow=is_arrow(shard))
+            writer.write_table(table, **({} if is_arrow(shard) else {"row_group_size": max(1, table.num_rows)}))
         if writer is not None:
             writer.close()
     write_index(file_entries(target), target + ".idx")
 
 
+def _writer(raw, schema, arrow: bool):
+    """A Parquet writer, or an Arrow stream writer (one record batch per write) for an Arrow file's copy."""
+    pa, pq, _ = pyarrow_modules()
+    import pyarrow.ipc
+    return pyarrow.ipc.new_stream(raw, schema) if arrow else pq.ParquetWriter(raw, schema)
+
+
 def _with_placeholders(table, rows: list[int], columns: Columns, jpeg: bytes):
-    """`table` with the image and label of `rows` replaced by the placeholder's."""
+    """`table` with the image and label of `rows` replaced by the placeholder's (labels as int64)."""
     pa, _, _ = pyarrow_modules()
     mask = np.zeros(table.num_rows, bool)
     mask[rows] = True
     image = table.column(columns.image).combine_chunks()
-    if columns.struct:
+    if columns.struct and rows:
         fields = [image.field(i) for i in range(image.type.num_fields)]
         names = [image.type.field(i).name for i in range(image.type.num_fields)]
         at = names.index("bytes")
         fields[at] = _replaced(fields[at], mask, jpeg)
         image = pa.StructArray.from_arrays(fields, names=names)
-    else:
+    elif rows:
         image = _replaced(image, mask, jpeg)
-    label = table.column(columns.label).combine_chunks().cast(pa.int64())
-    label = pa.array(np.where(mask, EXCLUDED_LABEL, label.fill_null(MISSING_LABEL).to_numpy()), pa.int64())
+    stored = table.column(columns.label).combine_chunks().cast(pa.int64()).fill_null(MISSING_LABEL).to_numpy()
+    label = pa.array(np.where(mask, EXCLUDED_LABEL, stored), pa.int64())
     table = table.set_column(table.schema.get_field_index(columns.image), columns.image, image)
     return table.set_column(table.schema.get_field_index(columns.label), columns.label, label)
 
