@@ -385,3 +385,30 @@ def test_what_a_datasets_dataset_cannot_be_read_as_is_refused_naming_why(saved_d
                    batch_size=BATCH)
     with pytest.raises(ValueError, match="no transform"):
         DaliLoader(saved_dataset, batch_size=BATCH)
+
+
+# ---------------------------------------------------------------------------------------------
+# The [parquet] extra
+# ---------------------------------------------------------------------------------------------
+
+def _python(code: str) -> str:
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_importing_the_library_imports_neither_pyarrow_nor_datasets():
+    assert _python("import sys, dali_pipes; from dali_pipes import DaliLoader, open_source; "
+                   "from dali_pipes.data.formats import parquet; "
+                   "print(sorted(m for m in ('pyarrow', 'datasets') if m in sys.modules))") == "[]"
+
+
+def test_without_pyarrow_a_parquet_location_names_the_extra(hf):
+    said = _python(f"import sys; sys.modules['pyarrow'] = None\n"  # as if pyarrow were not installed
+                   f"from dali_pipes import open_source\n"
+                   f"try:\n    open_source({hf!r})\nexcept ImportError as e:\n    print(e)")
+    assert "pip install 'dali_pipes[parquet]'" in said
