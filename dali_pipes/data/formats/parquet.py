@@ -308,7 +308,8 @@ class _GroupCache:
     the bad-sample search): neighbouring samples share their group's one read."""
 
     def __init__(self, size: int = 4) -> None:
-        self._size, self._groups, self._lock = size, {}, threading.Lock()
+        self._size, self._lock = size, threading.Lock()
+        self._groups: dict[tuple, Group] = {}
 
     def get(self, path: str, group: int, columns: Columns) -> Group:
         key = (_stamp(path), group, columns)
@@ -564,10 +565,11 @@ class SampleTable:
     @classmethod
     def of(cls, source: SourceRecord) -> "SampleTable":
         parts = [_index_arrays(idx) for idx in source.index_files or []]
-        file = np.concatenate([np.full(len(g), i, np.int64) for i, (g, _) in enumerate(parts)] or [np.zeros(0)])
-        group = np.concatenate([g for g, _ in parts] or [np.zeros(0)]).astype(np.int64)
-        row = np.concatenate([r for _, r in parts] or [np.zeros(0)]).astype(np.int64)
-        return cls(list(source.files), file.astype(np.int64), group, row)
+        empty = [np.zeros(0, np.int64)]
+        file = np.concatenate([np.full(len(g), i, np.int64) for i, (g, _) in enumerate(parts)] or empty)
+        group = np.concatenate([g for g, _ in parts] or empty)
+        row = np.concatenate([r for _, r in parts] or empty)
+        return cls(list(source.files), file, group, row)
 
     def blocks(self) -> np.ndarray:
         """The storage index at which each run of one (file, row group) starts."""
@@ -663,7 +665,8 @@ def python_reader(source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool
     outputs = 3 if with_ids else 2
     call = feed if with_ids else (lambda info: feed(info)[:2])
     nodes = fn.external_source(call, num_outputs=outputs, batch=True, batch_info=True,
-                               dtype=[types.UINT8, types.INT64, types.UINT8][:outputs])
+                               dtype=[types.DALIDataType.UINT8, types.DALIDataType.INT64,
+                                      types.DALIDataType.UINT8][:outputs])
     labels = dali_checked_labels(nodes[1], source.keys.label_offset, label_bound(source)[0])
     ids = fn.pad(nodes[2], axes=(0,), fill_value=0) if with_ids else None
     return nodes[0], labels, ids
@@ -671,3 +674,7 @@ def python_reader(source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool
 
 def dali_reader(source: SourceRecord, reader_args: dict) -> tuple:
     raise NotImplementedError("Parquet has no DALI reader: reader.dali_reader feeds it (python_reader)")
+
+
+def excluded_files(source: SourceRecord, bad_refs: list, placeholder: str) -> tuple:
+    raise NotImplementedError("a sharded format: recovery.exclude rewrites its files (rewrite_without)")
