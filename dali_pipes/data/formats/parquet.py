@@ -594,77 +594,84 @@ class _Epoch:
     order: np.ndarray    # storage indices, padded to whole batches with the last one repeated
     windows: np.ndarray  # where each window starts in `order`
     batches: int
+    groups: dict[int, np.ndarray]  # window -> the row groups it reads (ids), found when first needed
 
 
 class ParquetFeed:
     """The external source's callback: batch `iteration` of the pipeline's epoch `epoch_idx` as (encoded images,
-    stored labels, identities), exactly as `plan` (a reader.ReaderModel) says this rank reads it; StopIteration
-    after the epoch's last batch. A pure function of (epoch, iteration), so a DALI checkpoint resumes it."""
+    stored labels[, identities]), exactly as `plan` (a reader.ReaderModel) says this rank reads it; StopIteration
+    after the epoch's last batch. A pure function of (epoch, iteration), so a DALI checkpoint resumes it. Row
+    groups are read in threads, the next window's (the next epoch's first, at an epoch's last) while this one's
+    batches go out; only those two windows' groups are held."""
 
-    def __init__(self, source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool) -> None:
-        self.table, self.plan, self.seed, self.shuffle = SampleTable.of(source), plan, seed, shuffle
+    def __init__(self, source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool, with_ids: bool) -> None:
+        self.table, self.plan, self.seed, self.shuffle, self.with_ids = SampleTable.of(source), plan, seed, shuffle, \
+            with_ids
         self.columns = [columns_of(path, source.keys) for path in self.table.files]
         self._blocks = self.table.blocks()
-        self._epoch: tuple[int, _Epoch] | None = None
-        self._loaded: dict[tuple[int, int], Future] = {}
+        keys, self._gid = np.unique(self.table.file * (1 << 32) + self.table.group, return_inverse=True)
+        self._groups = [(int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys.tolist()]  # id -> (file, row group)
+        firsts = [group_starts(self.table.files[f])[g] for f, g in self._groups]
+        self._at = self.table.row - np.asarray(firsts, np.int64)[self._gid]  # row within its group
+        self._epochs: dict[int, _Epoch] = {}
+        self._loaded: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
-        self._ids: dict[int, np.ndarray] = {}
 
-    def __call__(self, info) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray]]:
+    def __call__(self, info) -> tuple:
         epoch = self._plan_of(info.epoch_idx)
         if info.iteration >= epoch.batches:
             raise StopIteration
-        batch = self.plan.batch_size
-        picks = epoch.order[info.iteration * batch:(info.iteration + 1) * batch]
-        window = int(np.searchsorted(epoch.windows, info.iteration * batch, side="right") - 1)
-        self._keep(epoch, window)
-        groups = {key: self._loaded[key].result() for key in self._keys(picks)}
+        size = self.plan.batch_size
+        picks = epoch.order[info.iteration * size:(info.iteration + 1) * size]
+        self._keep(info.epoch_idx, int(np.searchsorted(epoch.windows, info.iteration * size, side="right") - 1))
+        gids = self._gid[picks].tolist()
+        groups = {g: self._loaded[g].result() for g in set(gids)}
+        at = self._at[picks].tolist()
+        images = [groups[g].data[groups[g].starts[j]:groups[g].ends[j]] for g, j in zip(gids, at)]
+        labels = np.fromiter((groups[g].labels[j] for g, j in zip(gids, at)), np.int64, len(at))
+        if not self.with_ids:
+            return images, labels
         t = self.table
-        rows = [(groups[(int(t.file[i]), int(t.group[i]))], int(t.row[i])) for i in picks]
-        images = [group.image(row) for group, row in rows]
-        labels = np.array([group.labels[row - group.first_row] for group, row in rows], np.int64)
-        return images, labels, [self._identity(int(i)) for i in picks]
+        ids = [np.frombuffer(f"{t.files[t.file[i]]}#{t.row[i]}".encode(), np.uint8) for i in picks.tolist()]
+        return images, labels, ids
 
     def _plan_of(self, epoch: int) -> _Epoch:
-        if self._epoch is None or self._epoch[0] != epoch:
+        if epoch not in self._epochs:
             span = self.plan.slice(self.plan.shard_of(epoch))
             order, windows = read_order(self._blocks, span, self.seed, epoch, self.plan.shuffle_buffer, self.shuffle)
             batches = -(-self.plan.longest() // self.plan.batch_size)
             padded = np.concatenate([order, np.full(batches * self.plan.batch_size - len(order), order[-1])])
-            self._epoch = (epoch, _Epoch(padded.astype(np.int64), windows, batches))
-        return self._epoch[1]
+            self._epochs = {e: p for e, p in self._epochs.items() if e in (epoch - 1, epoch)}
+            self._epochs[epoch] = _Epoch(padded.astype(np.int64), windows, batches, {})
+        return self._epochs[epoch]
 
-    def _keys(self, picks: np.ndarray) -> list[tuple[int, int]]:
-        pairs = np.unique(np.stack([self.table.file[picks], self.table.group[picks]], axis=1), axis=0)
-        return [(int(f), int(g)) for f, g in pairs]
+    def _window_groups(self, epoch: int, window: int) -> np.ndarray:
+        plan = self._plan_of(epoch)
+        if window not in plan.groups:
+            bounds = [*plan.windows.tolist(), len(plan.order)]
+            plan.groups[window] = np.unique(self._gid[plan.order[bounds[window]:bounds[window + 1]]])
+        return plan.groups[window]
 
-    def _keep(self, epoch: _Epoch, window: int) -> None:
-        """Row groups of this window and the next read (or being read); all others let go."""
-        bounds = list(epoch.windows) + [len(epoch.order)]
-        wanted = self._keys(epoch.order[bounds[window]:bounds[min(window + 2, len(bounds) - 1)]])
-        for key in wanted:
-            if key not in self._loaded:
-                path = self.table.files[key[0]]
-                self._loaded[key] = self._pool.submit(read_group, path, key[1], self.columns[key[0]])
+    def _keep(self, epoch: int, window: int) -> None:
+        """Row groups of this window and the next (the next epoch's first) read or being read; others let go."""
+        following = (epoch, window + 1) if window + 1 < len(self._plan_of(epoch).windows) else (epoch + 1, 0)
+        wanted = np.concatenate([self._window_groups(epoch, window), self._window_groups(*following)]).tolist()
+        for g in wanted:
+            if g not in self._loaded:
+                f, group = self._groups[g]
+                self._loaded[g] = self._pool.submit(read_group, self.table.files[f], group, self.columns[f])
         keep = set(wanted)
-        for key in [k for k in self._loaded if k not in keep]:
-            del self._loaded[key]
-
-    def _identity(self, i: int) -> np.ndarray:
-        if i not in self._ids:
-            text = f"{self.table.files[int(self.table.file[i])]}#{int(self.table.row[i])}"
-            self._ids[i] = np.frombuffer(text.encode(), np.uint8)
-        return self._ids[i]
+        for g in [g for g in self._loaded if g not in keep]:
+            del self._loaded[g]
 
 
 def python_reader(source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool, with_ids: bool) -> tuple:
     """(encoded images, int64 labels, identity rows or None) inside a pipeline definition, from ParquetFeed
     through fn.external_source; labels less label_offset and checked in the graph (labels.dali_checked_labels)."""
     from nvidia.dali import fn, types
-    feed = ParquetFeed(source, plan, seed, shuffle)
     outputs = 3 if with_ids else 2
-    call = feed if with_ids else (lambda info: feed(info)[:2])
-    nodes = fn.external_source(call, num_outputs=outputs, batch=True, batch_info=True,
+    nodes = fn.external_source(ParquetFeed(source, plan, seed, shuffle, with_ids), num_outputs=outputs, batch=True,
+                               batch_info=True,
                                dtype=[types.DALIDataType.UINT8, types.DALIDataType.INT64,
                                       types.DALIDataType.UINT8][:outputs])
     labels = dali_checked_labels(nodes[1], source.keys.label_offset, label_bound(source)[0])
