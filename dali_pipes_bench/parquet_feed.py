@@ -89,14 +89,22 @@ def feed_epoch(source: Source, batch_size: int, loader_cfg: LoaderConfig) -> flo
     pipe = build_pipeline(source, spec, stage="read", enable_checkpointing=False)
     pipe.build()
     batches = source.num_samples // batch_size
-    for _ in range(batches):
-        pipe.run()
+    run_batches(pipe, batches)
     start = time.perf_counter()
-    for _ in range(2 * batches):
-        pipe.run()
+    run_batches(pipe, 2 * batches)
     seconds = time.perf_counter() - start
     shutdown_pipeline(pipe)
     return 2 * batches * batch_size / seconds
+
+
+def run_batches(pipe, count: int) -> None:
+    """`count` batches of a pipeline; a Python-fed source ends its epochs with StopIteration (then reset)."""
+    while count:
+        try:
+            pipe.run()
+            count -= 1
+        except StopIteration:
+            pipe.reset()
 
 
 def summary(values: list[float]) -> dict:
