@@ -14,7 +14,9 @@ shuffled together. Row groups are read whole (the unit Parquet compresses), in t
 
 An "index" here lists each sample as (row group, row of the file): it comes from the file's footer alone,
 and is what elastic resume's subsets and the exclusion of bad samples rewrite, as for TFRecord.
-A file is opened through `open_file`, the one place that knows local paths from s3:// URLs.
+A file is opened through `open_file`; remote files through `storage()`, the one place naming the storage layer.
+Arrow files (`datasets`' cache and save_to_disk, `.arrow`) are read the same way, their record batches as row
+groups, memory-mapped.
 """
 
 from __future__ import annotations
@@ -103,27 +105,33 @@ class RangedFile(io.RawIOBase):
         return len(data)
 
 
-def open_remote(url: str) -> RangedFile:
-    """The storage layer's ranged reader for a remote file: today object_store's s3:// (its size, then ranged
-    reads); the scheme-neutral layer (storage/) replaces the two object_store calls here and in _remote_size,
-    and nothing else in this module changes."""
+def storage():
+    """The storage layer remote files are read through, the one place this module names it: today object_store
+    (s3://). What is used of it: is_remote(path), head(url).size, read_range(url, start, length)."""
     from dali_pipes.storage import object_store
-    return RangedFile(url, _remote_size(url), object_store.read_range)
+    return object_store
+
+
+def is_remote(path: str) -> bool:
+    return storage().is_remote(path)
+
+
+def open_remote(url: str) -> RangedFile:
+    """A remote file as pyarrow reads it: its size once, then a ranged read per footer and column chunk."""
+    return RangedFile(url, _remote_size(url), storage().read_range)
 
 
 @functools.lru_cache(maxsize=1024)
 def _remote_size(url: str) -> int:
-    from dali_pipes.storage import object_store
-    return object_store.head(url).size
+    return storage().head(url).size
 
 
 def open_file(path: str, metadata: Any = None):
     """A pyarrow ParquetFile of a local path or a remote URL; `metadata` (a FileMetaData read before) spares
     reading the footer again. DatasetError naming the file when it is not a readable Parquet file."""
     _, pq, _ = pyarrow_modules()
-    from dali_pipes.storage import object_store
     try:
-        return pq.ParquetFile(open_remote(path) if object_store.is_remote(path) else path, metadata=metadata)
+        return pq.ParquetFile(open_remote(path) if is_remote(path) else path, metadata=metadata)
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError; ArrowIOError an OSError
         if isinstance(e, (FileNotFoundError, ConnectionError, DatasetError)):
             raise
@@ -132,8 +140,7 @@ def open_file(path: str, metadata: Any = None):
 
 def _stamp(path: str) -> tuple:
     """What tells one version of a local file from the next (a cache key); remote files: their URL."""
-    from dali_pipes.storage import object_store
-    if object_store.is_remote(path):
+    if is_remote(path):
         return (path,)
     stat = os.stat(path)
     return (path, stat.st_size, stat.st_mtime_ns)
@@ -195,8 +202,7 @@ def _arrow_table_of(stamp: tuple):
     pa, _, _ = pyarrow_modules()
     import pyarrow.ipc
     path = stamp[0]
-    from dali_pipes.storage import object_store
-    if object_store.is_remote(path):
+    if is_remote(path):
         raise DatasetError(path, "an Arrow file in an object store (Arrow files are read from local disk only)",
                            "Write the dataset as Parquet (datasets: Dataset.to_parquet), or copy it locally")
     try:
@@ -433,8 +439,7 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     if source.classes is None:
         source.classes = class_names(source.files[0], keys.label_column)
     num_classes, classes_from = label_bound(source)
-    from dali_pipes.storage import object_store
-    remote = object_store.is_remote(source.files[0])
+    remote = is_remote(source.files[0])
     for path in sorted(set([source.files[0], source.files[-1]])) if remote else source.files:
         groups = [0] if remote else range(len(layout(path).sizes))
         for group in groups:
