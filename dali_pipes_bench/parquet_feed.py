@@ -1,8 +1,8 @@
 """The Parquet feed against local TFRecord shards of the same images: the built-in train split written both
-ways, then rounds that alternate which format goes first, each reading one epoch of each (a) through DaliLoader
-in train mode (decode, random crop, flip, normalise) and (b) through the bare feed (the reader step alone,
-encoded bytes: what the format itself costs), each timed after a first epoch. Prints per-round figures, then the median and spread of each and
-the Parquet / TFRecord ratio; the last line is JSON.
+ways, then rounds that alternate which format goes first, each reading each format (a) through DaliLoader in
+train mode (decode, random crop, flip, normalise) and (b) through the bare feed (the reader step alone, encoded
+bytes: what the format itself costs), each timed after a first epoch. Prints per-round figures, then the
+median and spread of each and the Parquet / TFRecord ratio; the last line is JSON.
 Run: dali-pipes bench parquet [flags] (or python -m dali_pipes_bench.parquet_feed)."""
 
 from __future__ import annotations
