@@ -257,6 +257,20 @@ def test_a_corrupt_image_is_named_and_skipped_within_the_budget(tmp_path):
     assert [y for _, ys in loader for y in ys.tolist() if y >= 0] == [i for i in range(N) if i != 9]  # stays out
 
 
+def test_a_corrupt_image_met_in_a_shuffled_epoch_is_found_where_the_read_order_says(tmp_path):
+    """Train: the bad-sample search looks where ReaderModel.read_order says the feed has read, finds it, and the
+    run goes on from the last good batch: every other sample at most once per epoch."""
+    data = write_datasets_parquet(tmp_path / "bad", bad={9: GARBAGE})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DaliLoader(data, train=True, skip_bad=True, max_bad=1, **KW)
+        epochs = [[y for _, ys in loader for y in ys.tolist()] for _ in range(2)]
+    assert len([w for w in caught if "excluding" in str(w.message) and "#9" in str(w.message)]) == 1
+    for labels in epochs:
+        real = [y for y in labels if y >= 0]
+        assert 9 not in real and len(real) == len(set(real)) and len(labels) == N // BATCH * BATCH
+
+
 def test_bad_images_over_the_budget_stop_the_loader(tmp_path):
     data = write_datasets_parquet(tmp_path / "bad", bad={3: GARBAGE, 15: GARBAGE})
     with pytest.warns(UserWarning), pytest.raises(DatasetError, match="over the budget of 1"):
