@@ -19,6 +19,9 @@ class SourceConfig:
     label_offset: int = option(0, "subtracted from the labels TFRecord and WebDataset shards store (image "
                                "folders and file lists refuse it): 1 for TensorFlow's 1-based ImageNet records")
     label_ext: str = option("cls", "WebDataset member extension holding the label as ASCII digits")
+    image_column: str = option("image", "Parquet column holding the encoded images (binary, or the Hugging Face "
+                               "Image struct of bytes and path)")
+    label_column: str = option("label", "Parquet column holding the integer labels (Hugging Face ClassLabel)")
     index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
                                          "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)", type=str)
     allow_duplicates: bool = option(False, "a file list may name a sample more than once (each repeat is warned of "
@@ -27,7 +30,8 @@ class SourceConfig:
     def open_kwargs(self) -> dict:
         """Keywords for open_source."""
         from dali_pipes.data.samples import TFRecordKeys
-        return dict(keys=TFRecordKeys(self.image_key, self.label_key, self.label_offset), label_ext=self.label_ext,
+        keys = TFRecordKeys(self.image_key, self.label_key, self.label_offset, self.image_column, self.label_column)
+        return dict(keys=keys, label_ext=self.label_ext,
                     index_cache_dir=self.index_cache_dir, allow_duplicates=self.allow_duplicates)
 
 

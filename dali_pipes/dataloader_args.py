@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
+from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.graph.transforms import augment_from_transform
 
@@ -61,6 +62,7 @@ class DataLoaderCall:
     rank: int | None
     world_size: int | None
     seed: int
+    keys: TFRecordKeys | None = None  # a datasets.Dataset's image and label columns
 
 
 def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler: Any, batch_sampler: Any,
@@ -78,10 +80,13 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
             and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
         raise ValueError(f"rank={rank}, world_size={world_size} contradict the sampler's rank {drawn['rank']} "
                          f"of {drawn['world_size']}; pass one of them")
-    samples = classes = None
+    samples = classes = files = keys = None
     root, augment_args, random_transform = "", {}, False
     if not is_location:
-        samples, classes, root, transform = read_dataset(dataset)
+        if is_hf_dataset(dataset):  # read from its Arrow files, as a Parquet location is
+            files, keys, classes, root, transform = read_hf_dataset(dataset)
+        else:
+            samples, classes, root, transform = read_dataset(dataset)
         augment_args, random_transform = augment_from_transform(transform)
     if train is None:  # a transform says train or val; a sampler's default shuffle=True alone does not
         train = bool(shuffle or random_transform) if augment_args else bool(shuffle or drawn.get("shuffle"))
@@ -98,7 +103,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
         rank_ = drawn.get("rank", rank if rank is not None else framework[0] if framework else 0)
         world_ = drawn.get("world_size", world_size if world_size is not None else framework[1] if framework
                            else None if rank is not None else 1)  # a rank alone: the world size of the job
-        if not train and sampler_drop_last:  # DistributedSampler drops the last N % world samples
+        if not train and sampler_drop_last and samples is not None:  # DistributedSampler drops the last N % world
             samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
     seed = seed if seed is not None else drawn.get("seed", _generator_seed(generator))
@@ -109,9 +114,10 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
         reader_shuffle = bool(train) and shuffle is not False and drawn.get("shuffle", True)
     else:
         reader_shuffle = bool(train) and bool(shuffle or drawn.get("shuffle"))
-    return DataLoaderCall(None if not is_location else dataset, None if is_location else dataset, samples, classes,
+    location = files if files is not None else None if not is_location else dataset
+    return DataLoaderCall(location, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
-                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed)
+                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, keys)
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
@@ -119,9 +125,9 @@ def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
     + torchvision's default loader read it (PIL: no EXIF rotation; 16-bit PNGs reduced as convert("RGB")
     does); a location, DALI's way. png16="pil" adds a per-sample branch to the graph (graph.decode_rgb), so
     it is taken only where the dataset lists .png files: a JPEG dataset keeps the graph it always had."""
-    pil = call.location is None
+    pil = call.dataset is not None  # a torchvision dataset's files, or a datasets.Dataset's images (PIL too)
     exif = augment.exif_orientation if augment.exif_orientation is not None else not pil
-    lists_png = pil and any(str(path).lower().endswith(".png") for path, _ in call.samples)
+    lists_png = pil and any(str(path).lower().endswith(".png") for path, _ in call.samples or [])
     return replace(augment, exif_orientation=exif, png16=augment.png16 or ("pil" if lists_png else "scale"))
 
 
@@ -235,6 +241,79 @@ def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         raise ValueError(f"{root}: the dataset holds no samples")
     classes = list(dataset.classes) if hasattr(dataset, "classes") else None
     return out, classes, root, getattr(dataset, "transform", None)
+
+
+HF_DATASET_TYPES = ("Dataset", "DatasetDict", "IterableDataset", "IterableDatasetDict")
+
+
+def is_hf_dataset(dataset: Any) -> bool:
+    """A Hugging Face `datasets` object (told by its class's module: datasets is never imported here)."""
+    return any(c.__module__.split(".")[0] == "datasets" and c.__name__ in HF_DATASET_TYPES
+               for c in type(dataset).__mro__)
+
+
+def read_hf_dataset(dataset: Any) -> tuple[list[str], TFRecordKeys, list | None, str, Any]:
+    """(its Arrow files, its image and label columns, the ClassLabel names, their folder, the torchvision
+    transform its with_transform / set_transform applies) of a datasets.Dataset split. What cannot be read
+    from its files is refused, naming why: a DatasetDict, a streaming dataset, rows chosen by an indices mapping
+    (select, shuffle, filter), a dataset held in memory only."""
+    kind = type(dataset).__name__
+    if kind.endswith("Dict"):
+        raise TypeError(f"DaliLoader reads one split: pass dataset[{next(iter(dataset), 'train')!r}], not the "
+                        f"{kind} of splits {list(dataset)}")
+    if kind != "Dataset":
+        raise TypeError(f"a streaming {kind} has no files to read ahead; load it with streaming=False, or pass "
+                        f"its Parquet files' location")
+    if getattr(dataset, "_indices", None) is not None:  # datasets' own (private) name for the mapping
+        raise ValueError("the Dataset's rows are chosen by an indices mapping (select, shuffle, filter, sort) over "
+                         "its files; write them out first: dataset = dataset.flatten_indices() (DaliLoader shuffles "
+                         "by itself with shuffle=True)")
+    files = [entry["filename"] for entry in dataset.cache_files]
+    if not files:
+        raise ValueError("the Dataset is held in memory only (no Arrow files): save it, dataset.save_to_disk(PATH), "
+                         "and pass datasets.load_from_disk(PATH), or write it with dataset.to_parquet(PATH)")
+    image, label, classes = hf_columns(dataset.features)
+    return files, TFRecordKeys(image_column=image, label_column=label), classes, os.path.dirname(files[0]), \
+        hf_transform(dataset)
+
+
+def hf_columns(features: Any) -> tuple[str, str, list | None]:
+    """(image column, label column, class names) of a datasets.Features: its Image feature and its ClassLabel
+    (else a column named "label")."""
+    kinds = {name: type(feature).__name__ for name, feature in features.items()}
+    images = [name for name, kind in kinds.items() if kind == "Image"]
+    labels = [name for name, kind in kinds.items() if kind == "ClassLabel"] or [n for n in kinds if n == "label"]
+    if len(images) != 1 or not labels:
+        raise ValueError(f"the Dataset's features {kinds} need one Image column and a ClassLabel (or 'label') "
+                         f"column; pass the Parquet files' location with --image-column / --label-column instead")
+    names = getattr(features[labels[0]], "names", None)
+    return images[0], labels[0], list(names) if names else None
+
+
+def hf_transform(dataset: Any) -> Any:
+    """The torchvision transform a Dataset's with_transform / set_transform function applies to each image:
+    the one torchvision transform object the function refers to (a global, a closure, a default). None without
+    a transform (augment_from_transform refuses that as for ImageFolder); ValueError naming the function when it
+    refers to none or to several."""
+    found = dataset.format or {}
+    function = found.get("format_kwargs", {}).get("transform") if found.get("type") == "custom" else None
+    if function is None or _is_torchvision_transform(function):
+        return function
+    code = getattr(function, "__code__", None)
+    referred = [cell.cell_contents for cell in getattr(function, "__closure__", None) or ()]
+    referred += [function.__globals__.get(name) for name in code.co_names] if code is not None else []
+    referred += list(getattr(function, "__defaults__", None) or ())
+    transforms = list({id(obj): obj for obj in referred if _is_torchvision_transform(obj)}.values())
+    if len(transforms) != 1:
+        what = getattr(function, "__qualname__", repr(function))
+        raise ValueError(f"{what}: the Dataset's transform function refers to {len(transforms)} torchvision "
+                         f"transforms; DaliLoader runs one (a Compose) in DALI and cannot run Python per sample: "
+                         f"give with_transform a function that applies one torchvision transform to each image")
+    return transforms[0]
+
+
+def _is_torchvision_transform(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torchvision.transforms")
 
 
 DEFAULT_LOADERS = ("default_loader", "pil_loader")  # torchvision.datasets.folder's: PIL, then convert("RGB")

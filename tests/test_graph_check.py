@@ -32,20 +32,24 @@ from dali_pipes.tools.graph_check import (
 from conftest import write_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCE_KINDS = ("folder", "tfrecord", "webdataset")
+SOURCE_KINDS = ("folder", "tfrecord", "webdataset", "parquet")
 VARIANTS = [v.name for v in project_graphs(dict.fromkeys(SOURCE_KINDS))]  # names only: nothing is defined yet
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    """The same 12 JPEGs as an image folder, 2 TFRecord shards and 2 WebDataset shards."""
+    """The same 12 JPEGs as an image folder, 2 TFRecord shards, 2 WebDataset shards and 2 Parquet files (fed
+    through fn.external_source: its graph is checked as the others')."""
+    from dali_pipes_bench.parquet_feed import write_parquet_copy
     root = tmp_path_factory.mktemp("graphs")
     write_folder(str(root / "folder"))
     folder = open_source(str(root / "folder"))
     write_tfrecords(folder, str(root / "tfrecord"), shards=2, workers=1, progress=False)
     write_webdataset(folder, str(root / "webdataset"), shards=2, workers=1, progress=False)
+    write_parquet_copy(folder, str(root / "parquet"), files=2, rows_per_group=4)
     return {"folder": folder, "tfrecord": open_source(str(root / "tfrecord"), progress=False),
-            "webdataset": open_source(str(root / "webdataset"), progress=False)}
+            "webdataset": open_source(str(root / "webdataset"), progress=False),
+            "parquet": open_source(str(root / "parquet"), progress=False)}
 
 
 def checked(check, *args, **kwargs):

@@ -18,11 +18,11 @@ import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Sequence, cast
 
 from tqdm import tqdm
 
-from dali_pipes.data.formats import format_of
+from dali_pipes.data.formats import ShardedFormat, format_of
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import cache_root, moved_by, private_tmp, remove_stale_temps
 
@@ -141,11 +141,18 @@ def remote_index_path(info, cache_dir: str | None = None) -> str:
 
 
 def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext: str = "cls") -> str:
-    """Stream the shard once and write its index into the cache; returns the index path."""
+    """Stream the shard once (a Python-fed format: read its footer) and write its index into the cache;
+    returns the index path."""
     from dali_pipes.storage import remote
     target = remote_index_path(info, cache_dir)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = private_tmp(target)
+    fmt = cast(ShardedFormat, format_of(kind))
+    if fmt.PYTHON_FED:  # read by ranged reads (Parquet): its index comes from them too, a footer
+        with moved_by(INDEX_FLAG, target):
+            fmt.build_index(info.url, tmp, label_ext, None)
+        os.replace(tmp, target)
+        return target
     try:
         with remote.open_object(info) as f, moved_by(INDEX_FLAG, target):
             format_of(kind).build_index_stream(f, info.url, tmp, label_ext)

@@ -10,10 +10,10 @@ tests/test_reader.py checks it against DALI itself.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
-from dali_pipes.data.formats import format_of
+from dali_pipes.data.formats import PythonFedFormat, format_of
 from dali_pipes.data.samples import SourceRecord
 
 if TYPE_CHECKING:
@@ -44,7 +44,10 @@ class ReaderModel:
       count (contract.py cuts it); in train the file reader reads that last sample when it builds.
     * Read-ahead: past the samples delivered, the reader may have read its shuffle buffer (train),
       the pipeline's prefetch queue, its own queue, the batch being assembled and one more batch the
-      executor schedules: `read_ahead` samples, across an epoch's end into the next slice."""
+      executor schedules: `read_ahead` samples, across an epoch's end into the next slice.
+    * Python-fed formats (Parquet: formats/parquet.py) have no DALI reader: their source reads what this
+      model says, slices, rotation and padding alike, in the order `order` gives a shuffled epoch (the
+      format's own, drawn per epoch); their epoch has `batches()` batches."""
     num_samples: int
     rank: int = 0
     world_size: int = 1
@@ -53,6 +56,7 @@ class ReaderModel:
     shuffle_buffer: int = 0
     prefetch_queue_depth: int = 2
     list_shuffled: bool = False
+    order: Callable[[int, Sequence[int]], Sequence[int]] | None = field(default=None, compare=False)
 
     def slice_size(self, shard_id: int) -> int:
         n, s = self.num_samples, self.world_size
@@ -63,6 +67,19 @@ class ReaderModel:
         n, s = self.num_samples, self.world_size
         span = range(n * shard_id // s, n * (shard_id + 1) // s)
         return dali_list_order(n)[span.start:span.stop] if self.list_shuffled else span
+
+    def read_order(self, shard_id: int, epoch: int) -> Sequence[int]:
+        """Slice `shard_id` in the order the reader reads it in the pipeline's epoch `epoch`: the list order
+        (a DALI reader's shuffle buffer mixes within read_ahead of it), or a Python-fed format's `order`."""
+        span = self.slice(shard_id)
+        return span if self.order is None else self.order(epoch, span)
+
+    def batches(self, drop: bool) -> int:
+        """Batches a Python-fed source's epoch gives, as DALI's iterator counts a reader's: with the DROP
+        policy, full batches of the smallest slice's samples; else the longest slice's, padded."""
+        if drop:
+            return self.num_samples // self.world_size // self.batch_size
+        return -(-self.longest() // self.batch_size)
 
     def shard_of(self, epoch: int) -> int:
         """The slice this rank reads in the pipeline's epoch `epoch` (0: the epoch it was built at)."""
@@ -83,8 +100,10 @@ class ReaderModel:
         `epoch`, in read order: this epoch's slice up to the frontier and, in train, the start of the
         next epoch's slice (the pipeline prefetches across the boundary)."""
         current, following = self.shard_of(epoch), self.shard_of(epoch + 1)
-        out = [self.slice(current)[:position * self.batch_size + self.read_ahead]]
-        return out if following == current else out + [self.slice(following)[:self.read_ahead]]
+        out = [self.read_order(current, epoch)[:position * self.batch_size + self.read_ahead]]
+        if following == current and self.order is None:
+            return out
+        return out + [self.read_order(following, epoch + 1)[:self.read_ahead]]
 
     def window(self) -> int:
         """Samples one failed batch can have touched: the pipeline's queue and the reader's, in batches."""
@@ -167,21 +186,44 @@ def _mt19937(seed: int):
 def dali_reader(source: SourceRecord, *, name: str = READER_NAME, shard_id: int = 0, num_shards: int = 1,
                 random_shuffle: bool = False, initial_fill: int = 1024, seed: int = -1, pad_last_batch: bool = False,
                 stick_to_shard: bool = False, prefetch_queue_depth: int = 1, max_pixels: int | None = None,
-                **reader_args) -> tuple["DataNode", "DataNode"]:
-    """Reader nodes for use inside a DALI pipeline definition: (encoded images, int64 labels).
+                with_ids: bool = False, **reader_args) -> tuple:
+    """Reader nodes for use inside a DALI pipeline definition: (encoded images, int64 labels), and each
+    sample's identity as uint8 rows (its source_info, zero padded) when `with_ids`.
 
     Labels come out as int64 scalars per sample (shape ()), already shifted by label_offset.
     DALI cuts the data into `num_shards` contiguous slices in storage order; this rank reads
     slice `shard_id`. With `max_pixels`, a batch holding an image whose header claims more pixels
-    fails before any decoder sees it (see guard_pixels)."""
+    fails before any decoder sees it (see guard_pixels). A Python-fed format (PYTHON_FED) reads what
+    ReaderModel plans for these arguments (python_plan)."""
     from nvidia.dali import fn, types
-    args = dict(name=name, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
-                initial_fill=initial_fill, seed=seed, pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
-                prefetch_queue_depth=prefetch_queue_depth, **reader_args)
-    images, labels = format_of(source.kind).dali_reader(source, args)
+    fmt = format_of(source.kind)
+    if fmt.PYTHON_FED:
+        plan, seed = python_plan(source, shard_id, num_shards, random_shuffle, initial_fill, seed, stick_to_shard)
+        images, labels, ids = cast(PythonFedFormat, fmt).python_reader(source, plan, seed, random_shuffle, with_ids)
+    else:
+        args = dict(name=name, shard_id=shard_id, num_shards=num_shards, random_shuffle=random_shuffle,
+                    initial_fill=initial_fill, seed=seed, pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
+                    prefetch_queue_depth=prefetch_queue_depth, **reader_args)
+        images, labels = fmt.dali_reader(source, args)
+        ids = fn.pad(fn.get_property(images, key="source_info"), axes=(0,), fill_value=0) if with_ids else None
     if max_pixels is not None:
         images = guard_pixels(images, max_pixels)
-    return images, fn.reshape(fn.cast(labels, dtype=types.INT64), shape=[])
+    labels = fn.reshape(fn.cast(labels, dtype=types.INT64), shape=[])
+    return (images, labels, ids) if with_ids else (images, labels)
+
+
+def python_plan(source: SourceRecord, shard_id: int, num_shards: int, shuffle: bool, fill: int, seed: int,
+                stick_to_shard: bool) -> tuple[ReaderModel, int]:
+    """(the ReaderModel a Python-fed source reads by, its seed) inside the pipeline being defined: the batch
+    size and depth are the pipeline's, the seed the pipeline's unless given (as a DALI reader's)."""
+    from nvidia.dali.pipeline import Pipeline
+    pipe = Pipeline.current()
+    seed = pipe.seed if seed < 0 else seed
+    fmt = cast(PythonFedFormat, format_of(source.kind))
+    order = fmt.order_model(source, seed, fill) if shuffle else None
+    total = sum(source.counts) if source.counts is not None else len(source.files)
+    return ReaderModel(total, shard_id, num_shards, not stick_to_shard, pipe.max_batch_size, fill,
+                       pipe.prefetch_queue_depth, order=order), seed
 
 
 def guard_pixels(images: "DataNode", max_pixels: int) -> "DataNode":

@@ -7,7 +7,7 @@ the recovery code can all import it without closing an import cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 # The label of a sample that is not a real sample: val padding (to equalise batch counts across
 # ranks) and the placeholders of excluded bad samples. CrossEntropyLoss(ignore_index=-1) and
@@ -20,7 +20,9 @@ class TFRecordKeys:
     """Feature keys of TFRecord Examples; defaults are those of TensorFlow's ImageNet scripts."""
     image: str = "image/encoded"
     label: str = "image/class/label"
-    label_offset: int = 0  # subtracted from TFRecord and WebDataset labels: 1 for TensorFlow's 1-based ImageNet
+    label_offset: int = 0  # subtracted from stored labels (TFRecord, WebDataset, Parquet): 1 for TF's 1-based ImageNet
+    image_column: str = "image"  # Parquet: the column of encoded images (binary, or datasets' Image struct)
+    label_column: str = "label"  # Parquet: the column of integer labels (datasets' ClassLabel)
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,12 @@ class SampleRef:
     """Where one sample lives, picklable (worker processes read samples from it).
 
     kind: the kind of its source, the package's one vocabulary ("folder", "file_list", "tfrecord",
-    "webdataset"; 0.2.0 wrote "file" for both image kinds, still read); path: the image file or the shard;
-    index: the sample's position in its shard (0 for files); key: the record number as text (TFRecord)
-    or the sample key (tar); offset, size: the byte range of the record (TFRecord frame or image member);
-    label: the label when it is known without reading (files), else None; extra: format details
-    (a tar's member table)."""
+    "webdataset", "parquet"; 0.2.0 wrote "file" for both image kinds, still read); path: the image file or
+    the shard; index: the sample's position in its shard (0 for files); key: the record number as text
+    (TFRecord), the sample key (tar) or the row of the file as text (Parquet); offset, size: the byte range of
+    the record (TFRecord frame or image member), a Parquet row's number and 0; label: the label when it is
+    known without reading (files), else None; extra: format details (a tar's member table; a Parquet row's
+    row group and keys)."""
     kind: str
     path: str
     index: int = 0
@@ -47,8 +50,8 @@ class SampleRef:
         """Where to look, for messages: the file, shard#record (byte offset) or tar#key."""
         if self.kind == "tfrecord":
             return f"{self.path}#{self.index} (byte {self.offset})"
-        if self.kind == "webdataset":
-            return f"{self.path}#{self.key}"
+        if self.kind in ("webdataset", "parquet"):
+            return f"{self.path}#{self.key}"  # the tar's sample key; the Parquet file's row
         return self.path  # an image file
 
 
@@ -74,3 +77,16 @@ class SourceRecord(Protocol):
     keys: TFRecordKeys
     label_ext: str
     remote: list[Any] | None  # remote.ObjectInfo per file, for remote (s3://, gs://, ...) sources
+
+
+class ReadPlan(Protocol):
+    """What a Python-fed format (formats/parquet.py) reads of reader.ReaderModel, which tells it, per rank and
+    epoch, the slice to read, its order and its batches: typed here so that the format needs no reader.py."""
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def shuffle_buffer(self) -> int: ...
+
+    def shard_of(self, epoch: int) -> int: ...
+    def slice(self, shard_id: int) -> Sequence[int]: ...
+    def longest(self) -> int: ...

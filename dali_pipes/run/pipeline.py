@@ -6,21 +6,21 @@ new specs in between."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
-from dali_pipes.run.delivery import sample_ids as identity_rows
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline
 
-__all__ = ["READER_NAME", "PipelineSpec", "build_pipeline", "cuda_device_id", "rank_seed", "reader_model"]
+__all__ = ["READER_NAME", "PipelineSpec", "build_pipeline", "cuda_device_id", "rank_seed", "reader_model",
+           "source_reader"]
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -82,27 +82,39 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
                   # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
                   enable_conditionals=spec.train and augment.auto_augment is not None or augment.png16 == "pil")
     def graph():
-        jpegs, labels = source.dali_reader(
+        jpegs, labels, *ids = source.dali_reader(
             name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=spec.shuffled,
             initial_fill=spec.shuffle_buffer, pad_last_batch=True, stick_to_shard=not spec.shuffled,
-            max_pixels=spec.max_pixels)
+            max_pixels=spec.max_pixels, with_ids=sample_ids)
         # After a decode error the loader finds the culprit from the reader's position (recovery.py)
         if stage == "read":
             return jpegs, labels
         augment_images = {"augment": train_augment if spec.train else eval_augment, "decode": decode_only}[stage]
         images = augment_images(jpegs, augment, spec.device, spec.decode_device)
         labels = labels.gpu() if gpu else labels
-        return (images, labels, identity_rows(jpegs)) if sample_ids else (images, labels)
+        return (images, labels, *ids)  # ids: each sample's identity (delivery.py), when asked
 
     return graph(checkpoint=checkpoint) if checkpoint else graph()
 
 
-def reader_model(spec: PipelineSpec, num_samples: int, list_order_shuffles: bool) -> ReaderModel:
+def reader_model(spec: PipelineSpec, num_samples: int, list_order_shuffles: bool,
+                 order: Callable[[int, Sequence[int]], Sequence[int]] | None = None) -> ReaderModel:
     """DALI's reader as build_pipeline configures it from `spec` (reader.py models it), for a source of
-    `num_samples` whose format shuffles the reader's list order when the reader shuffles (SHUFFLES_LIST)."""
+    `num_samples` whose format shuffles the reader's list order when the reader shuffles (SHUFFLES_LIST);
+    `order`: a Python-fed format's read order of a shuffled epoch (source_reader gives it)."""
     shard = spec.shard
     return ReaderModel(num_samples, shard.rank, shard.world_size, spec.shuffled, spec.batch_size, spec.shuffle_buffer,
-                       spec.prefetch_queue_depth, list_shuffled=spec.shuffled and list_order_shuffles)
+                       spec.prefetch_queue_depth, list_shuffled=spec.shuffled and list_order_shuffles,
+                       order=order if spec.shuffled else None)
+
+
+def source_reader(spec: PipelineSpec, source: Source) -> ReaderModel:
+    """reader_model for `source` as build_pipeline reads it, a Python-fed format's read order included (its
+    source draws it from the pipeline's seed, rank_seed)."""
+    fmt = source.format
+    order = fmt.order_model(source, rank_seed(spec.seed, spec.shard.rank), spec.shuffle_buffer) \
+        if fmt.PYTHON_FED and spec.shuffled else None
+    return reader_model(spec, source.num_samples, fmt.SHUFFLES_LIST, order)
 
 
 def cuda_device_id(shard: Shard) -> int:

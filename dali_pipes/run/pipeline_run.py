@@ -9,7 +9,7 @@ from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.run.dali_checkpoint import restored_pipeline
-from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
 
 
 class PipelineRun:
@@ -30,12 +30,11 @@ class PipelineRun:
         self.iterator = None
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
+        self._length: int | None = None  # batches per epoch of a Python-fed source (no reader to ask)
 
     def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
         """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
         graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-        policy = LastBatchPolicy.DROP if self.drop else LastBatchPolicy.FILL
         self.drain_due = False
         while True:
             self.close()
@@ -44,8 +43,7 @@ class PipelineRun:
             pipe = None
             try:
                 pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name=READER_NAME,
-                                                    last_batch_policy=policy, auto_reset=True)
+                self.iterator, self._length = dali_iterator(pipe, source, spec, self.drop)
             except RuntimeError as error:
                 if pipe is not None:
                     shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
@@ -94,7 +92,7 @@ class PipelineRun:
         return self.last_good or self.iterator.checkpoints()[0]
 
     def __len__(self) -> int:
-        return len(self.iterator)
+        return len(self.iterator) if self._length is None else self._length
 
     def close(self) -> None:
         """Free the pipeline (its threads and memory) now rather than at garbage collection."""
@@ -104,6 +102,19 @@ class PipelineRun:
             for pipe in pipes:
                 shutdown_pipeline(pipe)
             del pipes
+
+
+def dali_iterator(pipe, source: Source, spec: PipelineSpec, drop: bool) -> tuple[object, int | None]:
+    """(DALI's iterator over `pipe`, its batches per epoch where its length cannot tell them). A DALI reader's
+    metadata gives the iterator its epoch; a Python-fed source (PYTHON_FED: Parquet) ends each epoch itself
+    with StopIteration after whole batches, as many as ReaderModel.batches counts for the policy."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    names = ["images", "labels", "ids"]
+    if source.format.PYTHON_FED:
+        length = reader_model(spec, source.num_samples, False).batches(drop)
+        return DALIGenericIterator(pipe, names, last_batch_policy=LastBatchPolicy.FILL, auto_reset=True), length
+    policy = LastBatchPolicy.DROP if drop else LastBatchPolicy.FILL
+    return DALIGenericIterator(pipe, names, reader_name=READER_NAME, last_batch_policy=policy, auto_reset=True), None
 
 
 def shutdown_quietly(pipe) -> None:

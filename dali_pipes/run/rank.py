@@ -18,7 +18,7 @@ from dali_pipes.run.contract import Contract
 from dali_pipes.run.delivery import DeliveryRecord, pack
 from dali_pipes.run.hooks import BatchHook, BatchTiming
 from dali_pipes.run.outage import StoreOutage, network_fault
-from dali_pipes.run.pipeline import PipelineSpec, reader_model
+from dali_pipes.run.pipeline import PipelineSpec, source_reader
 from dali_pipes.run.pipeline_run import PipelineRun
 from dali_pipes.run.position import Position
 from dali_pipes.run.recovery import BadSamplePolicy
@@ -77,7 +77,7 @@ class RankPipeline:
                          settings=f"num_threads={spec.num_threads} prefetch_queue_depth={spec.prefetch_queue_depth}")
 
     def reader(self) -> ReaderModel:
-        return reader_model(self.spec, self.source.num_samples, self.source.format.SHUFFLES_LIST)
+        return source_reader(self.spec, self.source)
 
     def begin_epoch(self, batches: int) -> None:
         for hook in self.hooks:

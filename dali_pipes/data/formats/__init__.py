@@ -1,21 +1,23 @@
 """The format table: one module per storage format, each satisfying the `Format` protocol below.
 
 A new format costs one module and one entry in FORMATS, not edits across the package. Sharded formats
-(SHARDED) also provide the index and shard entries listed under `ShardedFormat`.
+(SHARDED) also provide the index and shard entries listed under `ShardedFormat`; formats that DALI has no
+reader for (PYTHON_FED: Parquet) feed DALI from Python, with the entries listed under `PythonFedFormat`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
-from dali_pipes.data.formats import image_files, tfrecord, webdataset
-from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.data.formats import image_files, parquet, tfrecord, webdataset
+from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, TFRecordKeys
 
 
 class Format(Protocol):
     """What every format module provides."""
     SHARDED: bool  # samples live in shard files that need an index
     SHUFFLES_LIST: bool  # its DALI reader shuffles its list once in train (reader.ReaderModel)
+    PYTHON_FED: bool  # no DALI reader: fed from Python through fn.external_source (PythonFedFormat)
 
     def sample_refs(self, source: SourceRecord) -> list[SampleRef]: ...  # a ref per sample, storage order
     def read_sample(self, ref: SampleRef) -> Sample: ...  # DatasetError if unreadable
@@ -44,14 +46,25 @@ class ShardedFormat(Format, Protocol):
     def rewrite_without(self, shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes,
                         source: SourceRecord) -> None: ...
 
+
+class PythonFedFormat(ShardedFormat, Protocol):
+    """What a PYTHON_FED format provides besides: its own DALI source, read as reader.ReaderModel plans it
+    (`plan`), and the read order of a shuffled epoch for that model (`order_model`)."""
+
+    def python_reader(self, source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool,
+                      with_ids: bool) -> tuple: ...  # (encoded images, labels, identity rows or None)
+    def order_model(self, source: SourceRecord, seed: int, fill: int) -> Callable: ...
+
+
 FORMATS: dict[str, Format] = {  # modules, read through the Format protocol
     "folder": image_files,
     "file_list": image_files,
     "tfrecord": tfrecord,
     "webdataset": webdataset,
+    "parquet": parquet,
 }
 KINDS = tuple(FORMATS)
-SHARD_KINDS = ("tfrecord", "webdataset")
+SHARD_KINDS = ("tfrecord", "webdataset", "parquet")
 UNNAMED_SHARD_KIND = "tfrecord"  # the kind whose shards no name tells: an unreadable (empty) one is taken for it
 SNIFF_BYTES = max(FORMATS[k].SNIFF_BYTES for k in SHARD_KINDS)  # the head a shard's kind is told from
 LEGACY_KINDS = {"file": "folder"}  # 0.2.0's SampleRef kind of an image file (in saved loader states)

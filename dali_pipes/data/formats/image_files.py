@@ -16,6 +16,7 @@ from dali_pipes.errors import DatasetError, LabelError
 
 SHARDED = False
 SHUFFLES_LIST = True  # DALI's file reader shuffles its list once in train (reader.ReaderModel)
+PYTHON_FED = False  # read by a DALI reader (dali_reader)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 
 

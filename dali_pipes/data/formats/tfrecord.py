@@ -152,6 +152,7 @@ def looks_like_tfrecord(path: str) -> bool:
 
 SHARD_NAME = "a TFRecord shard"  # in messages
 SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
+PYTHON_FED = False  # read by a DALI reader (dali_reader)
 SNIFF_BYTES = HEADER_BYTES
 
 

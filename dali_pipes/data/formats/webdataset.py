@@ -25,6 +25,7 @@ from dali_pipes.storage.files import atomic_write
 
 SHARD_NAME = "a .tar shard"  # in messages
 SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
+PYTHON_FED = False  # read by a DALI reader (dali_reader)
 SNIFF_BYTES = 0
 
 

@@ -1,0 +1,428 @@
+"""Parquet image datasets (formats/parquet.py), written by Hugging Face `datasets` and by pyarrow: read exactly
+(bytes and labels against what was written), on 1 and 2 ranks, resumed exactly and elastically, bad images
+skipped within the budget, labels checked, converted to TFRecord and WebDataset. Real DALI on CPU; the label
+of sample i is i (one class per sample), so a label names its sample and counts are checked exactly."""
+
+import collections
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
+from dali_pipes.errors import LabelError
+
+from conftest import jpeg_bytes
+
+pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
+
+datasets = pytest.importorskip("datasets", reason="the tests write Parquet with Hugging Face datasets")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+N = 23  # does not divide by 2 or 3
+BATCH = 3
+ROWS_PER_GROUP = 4
+KW = dict(batch_size=BATCH, image_size=16, device="cpu", num_threads=1, shuffle_buffer=8, seed=7)
+
+
+def image(i: int) -> bytes:
+    return jpeg_bytes(i, 24 + i % 5, 32)
+
+
+def write_datasets_parquet(folder, n: int = N, files: int = 2, bad: dict[int, bytes] | None = None,
+                           labels: list[int] | None = None) -> str:
+    """`files` Parquet files train-0000k-of-0000m.parquet written by datasets' to_parquet: an Image column
+    and a ClassLabel label (names c000 ...), row groups of ROWS_PER_GROUP rows; sample i holds image(i)
+    (or bad[i]) and label i. Given `labels` (which ClassLabel would refuse), a plain int64 label column."""
+    os.makedirs(folder, exist_ok=True)
+    label = datasets.Value("int64") if labels else datasets.ClassLabel(names=[f"c{i:03d}" for i in range(n)])
+    features = datasets.Features({"image": datasets.Image(), "label": label})
+    images = [{"bytes": (bad or {}).get(i, image(i)), "path": f"{i:03d}.jpg"} for i in range(n)]
+    ds = datasets.Dataset.from_dict({"image": images, "label": labels or list(range(n))}, features=features)
+    for k in range(files):
+        part = ds.select(range(k * n // files, (k + 1) * n // files))
+        part.to_parquet(os.path.join(folder, f"train-{k:05d}-of-{files:05d}.parquet"), batch_size=ROWS_PER_GROUP)
+    return str(folder)
+
+
+def write_plain_parquet(path, n: int = N) -> str:
+    """One file written by pyarrow: binary column "jpg", int32 column "cls", no metadata."""
+    table = pa.table({"jpg": pa.array([image(i) for i in range(n)], pa.binary()),
+                      "cls": pa.array(list(range(n)), pa.int32())})
+    pq.write_table(table, str(path), row_group_size=5)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    return write_datasets_parquet(tmp_path_factory.mktemp("hf") / "data")
+
+
+def ranks(location, world_size, train, **kw):
+    return [DaliLoader(location, rank=r, world_size=world_size, train=train, **{**KW, **kw})
+            for r in range(world_size)]
+
+
+def epoch(loaders) -> list[list[int]]:
+    """One epoch's labels per rank; every rank yields the same number of batches (else DDP hangs)."""
+    out = [[y for _, labels in loader for y in labels.tolist()] for loader in loaders]
+    assert len({len(loader) for loader in loaders}) == 1
+    return out
+
+
+def batches(loader, epochs: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.clone(), y.clone()) for _ in range(epochs) for x, y in loader]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading exactly
+# ---------------------------------------------------------------------------------------------
+
+def test_a_datasets_folder_is_recognised_with_its_class_names_and_reads_exactly(hf):
+    source = open_source(hf)
+    assert source.kind == "parquet" and len(source.files) == 2 and source.num_samples == N
+    assert source.classes == [f"c{i:03d}" for i in range(N)]  # datasets' ClassLabel names, from the metadata
+    assert [(s.data, s.label) for s in source.iter_samples()] == [(image(i), i) for i in range(N)]
+
+
+def test_the_dali_feed_gives_every_encoded_image_with_its_label(hf):
+    """Raw (encoded bytes, label) of one epoch through the pipeline DALI runs: each written sample once."""
+    from nvidia.dali import pipeline_def
+    source = open_source(hf)
+
+    @pipeline_def(batch_size=4, num_threads=1, device_id=None)
+    def pipe():
+        return source.dali_reader()
+
+    p = pipe()
+    p.build()
+    got = collections.Counter()
+    for _ in range(-(-N // 4)):
+        images, labels = p.run()
+        for i in range(len(images)):
+            got[(np.array(images[i]).tobytes(), int(np.array(labels[i])))] += 1
+    got[(image(N - 1), N - 1)] -= 4 * -(-N // 4) - N  # the last batch is padded with the slice's last sample
+    assert +got == collections.Counter((image(i), i) for i in range(N))
+    with pytest.raises(StopIteration):
+        p.run()
+    del p
+
+
+def test_plain_binary_and_integer_columns_are_named_by_flags(tmp_path):
+    path = write_plain_parquet(tmp_path / "plain.parquet")
+    with pytest.raises(DatasetError, match=r"no column 'image'; columns: jpg \(binary\), cls \(int32\).*--image-col"):
+        open_source(path)
+    keys = TFRecordKeys(image_column="jpg", label_column="cls")
+    assert [(s.data, s.label) for s in open_source(path, keys=keys).iter_samples()] == [(image(i), i) for i in range(N)]
+    loader = DaliLoader(path, keys=keys, train=False, **KW)
+    labels = [y for _, ys in loader for y in ys.tolist()]
+    assert labels == list(range(N))  # val: storage order, each sample once
+
+
+def test_a_column_of_another_type_is_refused_naming_it(tmp_path):
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table({"image": pa.array(["a.jpg"]), "label": pa.array([0])}), path)
+    with pytest.raises(DatasetError, match=r"column 'image' holds string, not encoded images"):
+        open_source(path)
+
+
+def test_the_cli_flags_reach_the_keys():
+    import argparse
+
+    from dali_pipes.config import SourceConfig
+    from dali_pipes.options import add_arguments, from_args
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, SourceConfig, "source")
+    keys = from_args(SourceConfig, parser.parse_args(["--image-column", "jpg", "--label-column", "cls"])).open_kwargs()
+    assert (keys["keys"].image_column, keys["keys"].label_column) == ("jpg", "cls")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranks, shuffling, the read order
+# ---------------------------------------------------------------------------------------------
+
+def test_two_ranks_val_read_every_sample_exactly_once(hf):
+    per_rank = epoch(ranks(hf, 2, False, val_padding="none"))
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(N))
+    assert per_rank[0] == list(range(0, N // 2)) and per_rank[1] == list(range(N // 2, N))  # ReaderModel's slices
+
+
+def test_two_ranks_train_yield_each_sample_at_most_once_per_epoch_and_shuffle_per_epoch(hf):
+    loaders = ranks(hf, 2, True)
+    first, second = epoch(loaders), epoch(loaders)
+    for labels in (first, second):
+        every = labels[0] + labels[1]
+        assert len(every) == len(set(every)) == 2 * (N // 2 // BATCH) * BATCH  # equal steps, full batches
+    assert first != second  # another order (and the ranks' slices rotated)
+
+
+def test_a_train_epoch_is_read_in_the_order_the_reader_model_gives(hf):
+    """The bad-sample search and the culprit window come from ReaderModel.read_order: the feed must read in it."""
+    from dali_pipes.run.pipeline import PipelineSpec, source_reader
+    model = source_reader(PipelineSpec(True, BATCH, seed=KW["seed"], shuffle_buffer=KW["shuffle_buffer"]),
+                          open_source(hf))
+    loader = DaliLoader(hf, train=True, **KW)
+    for epoch_index in range(2):
+        labels = [y for _, ys in loader for y in ys.tolist()]
+        assert labels == list(model.read_order(model.shard_of(epoch_index), epoch_index))[:len(labels)]
+        assert labels != sorted(labels)
+
+
+def test_the_read_order_mixes_row_groups_in_windows():
+    from dali_pipes.data.formats.parquet import read_order
+    blocks = np.arange(0, 100, 10)  # ten row groups of ten rows
+    order, windows = read_order(blocks, range(0, 100), seed=1, epoch=0, fill=30, shuffle=True)
+    assert sorted(order.tolist()) == list(range(100)) and windows.tolist() == [0, 30, 60, 90]
+    for start, stop in zip([0, 30, 60, 90], [30, 60, 90, 100]):  # a window holds whole row groups
+        assert len({i // 10 for i in order[start:stop].tolist()}) * 10 == stop - start
+    again, _ = read_order(blocks, range(0, 100), seed=1, epoch=0, fill=30, shuffle=True)
+    other, _ = read_order(blocks, range(0, 100), seed=1, epoch=1, fill=30, shuffle=True)
+    assert again.tolist() == order.tolist() and other.tolist() != order.tolist()
+    plain, _ = read_order(blocks, range(15, 45), seed=1, epoch=0, fill=30, shuffle=False)
+    assert plain.tolist() == list(range(15, 45))
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume, elastic resume
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_a_mid_epoch_resume_yields_the_uninterrupted_batches(hf, world_size, train):
+    whole = [batches(loader, 2) for loader in ranks(hf, world_size, train)]
+    stopped = ranks(hf, world_size, train)
+    iterators = [iter(loader) for loader in stopped]
+    for it in iterators:
+        next(it)
+    states = [loader.state_dict() for loader in stopped]
+    for rank, state in enumerate(states):
+        resumed = DaliLoader(hf, rank=rank, world_size=world_size, train=train, **KW)
+        resumed.load_state_dict(state)
+        assert same(batches(resumed, 2), whole[rank][1:])  # images too: the crops' draws are resumed
+
+
+def test_a_state_at_the_epoch_end_starts_the_next_epoch(hf):
+    whole = batches(DaliLoader(hf, train=True, **KW), 2)
+    loader = DaliLoader(hf, train=True, **KW)
+    batches(loader)
+    resumed = DaliLoader(hf, train=True, **KW)
+    resumed.load_state_dict(loader.state_dict())
+    assert same(batches(resumed), whole[len(whole) // 2:])
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_an_elastic_resume_from_two_ranks_to_one_yields_each_sample_once(hf, train):
+    kw = dict(val_padding="label")
+    old = ranks(hf, 2, train, **kw)
+    first = [next(iter(loader))[1].tolist() for loader in old]
+    states = [loader.state_dict() for loader in old]
+    (new,) = ranks(hf, 1, train, **kw)
+    new.load_state_dict(states)
+    rest = [y for _, ys in new for y in ys.tolist() if y >= 0]
+    labels = first[0] + first[1] + rest
+    assert len(labels) == len(set(labels))
+    if train:
+        assert N - len(labels) < BATCH  # the tail that fills no batch
+    else:
+        assert sorted(labels) == list(range(N))
+    following = [y for _, ys in new for y in ys.tolist() if y >= 0]  # then a loader of the new world size
+    assert len(following) == len(set(following)) == (N // BATCH * BATCH if train else N)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad samples, labels
+# ---------------------------------------------------------------------------------------------
+
+GARBAGE = bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8))
+
+
+def test_a_corrupt_image_is_named_and_skipped_within_the_budget(tmp_path):
+    data = write_datasets_parquet(tmp_path / "bad", bad={9: GARBAGE})
+    with pytest.raises(DatasetError, match=r"train-00000-of-00002.parquet#9"):
+        [None for _ in DaliLoader(data, train=False, **KW)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DaliLoader(data, train=False, skip_bad=True, max_bad=1, **KW)
+        labels = [y for _, ys in loader for y in ys.tolist()]
+    warned = [str(w.message) for w in caught if "excluding" in str(w.message)]
+    assert sorted(y for y in labels if y >= 0) == [i for i in range(N) if i != 9]
+    assert len(warned) == 1 and "train-00000-of-00002.parquet#9" in warned[0]
+    assert [y for _, ys in loader for y in ys.tolist() if y >= 0] == [i for i in range(N) if i != 9]  # stays out
+
+
+def test_a_corrupt_image_met_in_a_shuffled_epoch_is_found_where_the_read_order_says(tmp_path):
+    """Train: the bad-sample search looks where ReaderModel.read_order says the feed has read, finds it, and the
+    run goes on from the last good batch: every other sample at most once per epoch."""
+    data = write_datasets_parquet(tmp_path / "bad", bad={9: GARBAGE})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DaliLoader(data, train=True, skip_bad=True, max_bad=1, **KW)
+        epochs = [[y for _, ys in loader for y in ys.tolist()] for _ in range(2)]
+    assert len([w for w in caught if "excluding" in str(w.message) and "#9" in str(w.message)]) == 1
+    for labels in epochs:
+        real = [y for y in labels if y >= 0]
+        assert 9 not in real and len(real) == len(set(real)) and len(labels) == N // BATCH * BATCH
+
+
+def test_bad_images_over_the_budget_stop_the_loader(tmp_path):
+    data = write_datasets_parquet(tmp_path / "bad", bad={3: GARBAGE, 15: GARBAGE})
+    with pytest.warns(UserWarning), pytest.raises(DatasetError, match="over the budget of 1"):
+        [None for _ in DaliLoader(data, train=False, skip_bad=True, max_bad=1, **KW)]
+
+
+@pytest.mark.parametrize("label,match", [(N, f"label {N} is not below the {N} classes"), (-3, "label -3 is negative")])
+def test_labels_are_checked_at_open_naming_the_row(tmp_path, label, match):
+    labels = list(range(N))
+    labels[17] = label
+    data = str(tmp_path / "d")
+    write_datasets_parquet(data, labels=labels, files=1)
+    with pytest.raises(LabelError, match=rf"train-00000-of-00001.parquet#17.*{match}"):
+        open_source(data, num_classes=N)
+
+
+def test_labels_are_bounded_by_the_runs_class_count(hf):
+    with pytest.raises(LabelError, match=r"#10: label 10 is not below the 10 classes"):
+        DaliLoader(hf, train=False, num_classes=10, **KW)
+
+
+def test_a_label_offset_applies_to_stored_labels(tmp_path):
+    data = write_datasets_parquet(tmp_path / "d", labels=[i + 1 for i in range(N)], files=1, n=N)
+    keys = TFRecordKeys(label_offset=1)
+    labels = [y for _, ys in DaliLoader(data, keys=keys, train=False, num_classes=N, **KW) for y in ys.tolist()]
+    assert labels == list(range(N))
+
+
+# ---------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "webdataset"])
+def test_convert_turns_parquet_into_shards_with_the_same_samples(hf, tmp_path, fmt):
+    from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+    write = write_tfrecords if fmt == "tfrecord" else write_webdataset
+    out = str(tmp_path / fmt)
+    write(open_source(hf), out, shards=3, progress=False, workers=1)
+    converted = open_source(out)
+    assert converted.kind == fmt and converted.classes == [f"c{i:03d}" for i in range(N)]
+    assert sorted((s.label, s.data) for s in converted.iter_samples()) == [(i, image(i)) for i in range(N)]
+
+
+# ---------------------------------------------------------------------------------------------
+# In an object store (s3:// through a local moto server)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def s3_parquet(hf, request, tmp_path, monkeypatch):
+    """The datasets-written files under s3://BUCKET/hf/, the caches inside the test's tmp_path."""
+    pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
+    s3 = request.getfixturevalue("s3")
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    for name in sorted(os.listdir(hf)):
+        if name.endswith(".parquet"):
+            with open(os.path.join(hf, name), "rb") as f:
+                s3.put(f"hf/{name}", f.read())
+    return s3.url("hf/")
+
+
+def test_an_s3_parquet_dataset_reads_exactly_on_one_and_two_ranks(s3_parquet):
+    source = open_source(s3_parquet)
+    assert source.kind == "parquet" and source.remote is not None and source.classes == [f"c{i:03d}" for i in range(N)]
+    assert [(s.data, s.label) for s in source.iter_samples()] == [(image(i), i) for i in range(N)]
+    per_rank = epoch(ranks(s3_parquet, 2, False, val_padding="none"))
+    assert per_rank[0] + per_rank[1] == list(range(N))
+    train = epoch(ranks(s3_parquet, 2, True))
+    assert len(train[0] + train[1]) == len(set(train[0] + train[1])) == 2 * (N // 2 // BATCH) * BATCH
+
+
+def test_an_s3_parquet_dataset_resumes_exactly(s3_parquet):
+    whole = batches(DaliLoader(s3_parquet, train=True, **KW), 2)
+    stopped = DaliLoader(s3_parquet, train=True, **KW)
+    next(iter(stopped))
+    resumed = DaliLoader(s3_parquet, train=True, **KW)
+    resumed.load_state_dict(stopped.state_dict())
+    assert same(batches(resumed, 2), whole[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# The DataLoader form with a datasets.Dataset
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def saved_dataset(hf, tmp_path):
+    """The datasets-written files loaded as a Dataset and saved to disk: its rows live in Arrow files."""
+    ds = datasets.load_dataset("parquet", data_files=sorted(os.path.join(hf, n) for n in os.listdir(hf)
+                                                            if n.endswith(".parquet")),
+                               split="train", cache_dir=str(tmp_path / "hf_cache"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    return datasets.load_from_disk(str(tmp_path / "saved"))
+
+
+def val_transform(T):
+    return T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor()])
+
+
+def test_a_datasets_dataset_is_read_from_its_files_with_its_transform(saved_dataset, torchvision):
+    import torchvision.transforms as T
+    compose = val_transform(T)
+
+    def apply(batch):
+        batch["pixel_values"] = [compose(image.convert("RGB")) for image in batch["image"]]
+        return batch
+
+    dataset = saved_dataset.with_transform(apply)
+    loader = DaliLoader(dataset, batch_size=BATCH, num_workers=1, device="cpu")
+    assert loader.dataset is dataset and not loader.train and len(loader) == -(-N // BATCH)
+    got = [(x.shape, y.tolist()) for x, y in loader]
+    assert [y for _, ys in got for y in ys] == list(range(N))  # storage order, every sample once
+    assert all(shape[1:] == (3, 16, 16) for shape, _ in got)
+    assert loader.source.classes == [f"c{i:03d}" for i in range(N)]
+
+
+def test_what_a_datasets_dataset_cannot_be_read_as_is_refused_naming_why(saved_dataset, torchvision):
+    import torchvision.transforms as T
+    first, second = val_transform(T), val_transform(T)
+    with pytest.raises(TypeError, match=r"reads one split: pass dataset\['train'\]"):
+        DaliLoader(datasets.DatasetDict({"train": saved_dataset}), batch_size=BATCH)
+    with pytest.raises(ValueError, match="indices mapping .*flatten_indices"):
+        DaliLoader(saved_dataset.shuffle(seed=0).with_transform(lambda b: b), batch_size=BATCH)
+    with pytest.raises(ValueError, match="held in memory only .*save_to_disk"):
+        DaliLoader(datasets.Dataset.from_dict({"image": [], "label": []}), batch_size=BATCH)
+    with pytest.raises(ValueError, match="refers to 2 torchvision transforms"):
+        DaliLoader(saved_dataset.with_transform(lambda b: [first(i) for i in b["image"]] + [second(b)]),
+                   batch_size=BATCH)
+    with pytest.raises(ValueError, match="no transform"):
+        DaliLoader(saved_dataset, batch_size=BATCH)
+
+
+# ---------------------------------------------------------------------------------------------
+# The [parquet] extra
+# ---------------------------------------------------------------------------------------------
+
+def _python(code: str) -> str:
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_importing_the_library_imports_neither_pyarrow_nor_datasets():
+    assert _python("import sys, dali_pipes; from dali_pipes import DaliLoader, open_source; "
+                   "from dali_pipes.data.formats import parquet; "
+                   "print(sorted(m for m in ('pyarrow', 'datasets') if m in sys.modules))") == "[]"
+
+
+def test_without_pyarrow_a_parquet_location_names_the_extra(hf):
+    said = _python(f"import sys; sys.modules['pyarrow'] = None\n"  # as if pyarrow were not installed
+                   f"from dali_pipes import open_source\n"
+                   f"try:\n    open_source({hf!r})\nexcept ImportError as e:\n    print(e)")
+    assert "pip install 'dali_pipes[parquet]'" in said
