@@ -20,7 +20,8 @@ class SourceConfig:
                                "folders and file lists refuse it): 1 for TensorFlow's 1-based ImageNet records")
     label_ext: str = option("cls", "WebDataset member extension holding the label as ASCII digits")
     index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
-                                         "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)", type=str)
+                                         "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)",
+                                         type=str)
     allow_duplicates: bool = option(False, "a file list may name a sample more than once (each repeat is warned of "
                                     "and read as often as listed); else a repeat is refused naming both lines")
 

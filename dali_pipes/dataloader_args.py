@@ -140,7 +140,7 @@ def lightning_shard() -> tuple[int, int] | None:
             connector = getattr(trainer, "_accelerator_connector", None)
             if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", True):
                 warnings.warn(f"DaliLoader built in a Lightning hook: rank {trainer.global_rank} of "
-                              f"{trainer.world_size}, sharded as Lightning shards a DataLoader")
+                              f"{trainer.world_size}, sharded as Lightning shards a DataLoader", stacklevel=2)
                 return trainer.global_rank, trainer.world_size
             return None
         frame = frame.f_back

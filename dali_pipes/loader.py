@@ -147,7 +147,8 @@ class DaliLoader(DataLoaderAttributes):
                                        generator, multiprocessing_context)
         self.contract = Contract(call.train, batch_size, call.drop_last, val_padding, call.sampler_drop_last,
                                  call.dali_drop)
-        self.train, self.seed, self.val_padding, self.device = call.train, call.seed, val_padding, resolve_device(device)
+        self.train, self.seed, self.val_padding = call.train, call.seed, val_padding
+        self.device = resolve_device(device)
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)

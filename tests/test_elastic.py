@@ -210,12 +210,13 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
     from nvidia.dali import pipeline_def
 
     from dali_pipes.run.delivery import IdentityTable, sample_ids
-    for kind, source in sources.items():
-        @pipeline_def(batch_size=N, num_threads=1, device_id=None)
-        def pipe():
-            jpegs, _ = source.dali_reader()
-            return sample_ids(jpegs)
-        p = pipe()
+    @pipeline_def(batch_size=N, num_threads=1, device_id=None)
+    def pipe(source):
+        jpegs, _ = source.dali_reader()
+        return sample_ids(jpegs)
+
+    for source in sources.values():
+        p = pipe(source)
         p.build()
         (ids,) = p.run()
         keys = [np.array(ids[i]).tobytes().rstrip(b"\0").decode() for i in range(N)]

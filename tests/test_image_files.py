@@ -99,7 +99,8 @@ def test_an_image_that_is_a_dangling_link_is_named_or_excluded(tmp_path):
     loader.close()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a chmod 000 folder anyway (the dangling-link test covers root)")
+@pytest.mark.skipif(os.geteuid() == 0,
+                    reason="root reads a chmod 000 folder anyway (the dangling-link test covers root)")
 def test_an_unreadable_class_folder_is_named_not_taken_for_empty(tmp_path):
     root = tmp_path / "images"
     write_folder(str(root), counts=(2, 1, 3))

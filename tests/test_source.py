@@ -184,7 +184,8 @@ def test_zero_byte_image_named_before_dali(jpeg_folder):
 def test_file_list_problems(jpeg_folder):
     list_path = os.path.join(jpeg_folder, "list.txt")
     for content, error, match in [
-        ("cat/cat_000.jpg 0\ncat/nope.jpg 1\n", FileNotFoundError, r"1 listed files do not exist, first: .*list.txt:2: .*cat/nope.jpg"),
+        ("cat/cat_000.jpg 0\ncat/nope.jpg 1\n", FileNotFoundError,
+         r"1 listed files do not exist, first: .*list.txt:2: .*cat/nope.jpg"),
         ("../outside.jpg 0\n", DatasetError, r"list.txt:1: '../outside.jpg' is outside the list's folder"),
         ("cat/cat_000.jpg 0\ncat/cat_001.jpg\n", DatasetError, r"list.txt:2: expected 'relative/path label'"),
     ]:
@@ -205,5 +206,6 @@ def test_truncated_tar_member(wds_dir):
     os.remove(shard + ".idx")
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) // 2)
-    with pytest.raises(DatasetError, match=r"00000-of-00002.tar: (member .* is truncated|not a readable tar|truncated or damaged)"):
+    with pytest.raises(DatasetError,
+                       match=r"00000-of-00002.tar: (member .* is truncated|not a readable tar|truncated or damaged)"):
         open_source(wds_dir)

@@ -56,7 +56,8 @@ def changes(saved: dict, now: dict) -> str | None:
         return _first_change(saved["entries"], now["entries"], "file")
     if "groups" in saved and "groups" in now:
         def rows(fp: dict) -> list[list]:
-            return [[name or ".", f"{n} files, {size} bytes, digest {digest[:8]}"] for name, n, size, digest in fp["groups"]]
+            return [[name or ".", f"{n} files, {size} bytes, digest {digest[:8]}"]
+                    for name, n, size, digest in fp["groups"]]
         return _first_change(rows(saved), rows(now), "folder")
     return (f"{saved.get('files')} files of {saved.get('bytes')} bytes then, {now.get('files')} files of "
             f"{now.get('bytes')} bytes now (their names or sizes differ)")

@@ -110,12 +110,12 @@ def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = 
     missing = [s for s, idx in zip(shards, found) if idx is None]
     if missing and not build:
         raise DatasetError(missing[0], f"no index that matches this shard ({len(missing)} of {len(shards)} shards "
-                           f"lack one)", f"Build them with: python scripts/make_index.py {os.path.dirname(missing[0]) or '.'} "
-                           f"(or: dali-pipes index ...)")
+                           f"lack one)", f"Build them with: python scripts/make_index.py "
+                           f"{os.path.dirname(missing[0]) or '.'} (or: dali-pipes index ...)")
     if missing:
         desc = f"indexing {len(missing)} {kind} shard{'s' if len(missing) > 1 else ''}"
-        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext, damaged), missing, workers,
-                                            desc if progress else None)))
+        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext, damaged), missing,
+                                            workers, desc if progress else None)))
         found = [idx or built[s] for s, idx in zip(shards, found)]
     return found
 

@@ -40,7 +40,7 @@ def check_complete(names: Sequence[str], where: str) -> None:
         if found:
             key = (os.path.dirname(name), found["stem"], found["total"], found["ext"])
             sets.setdefault(key, []).append(int(found["index"]))
-    for (folder, stem, total, ext), indices in sorted(sets.items()):
+    for (_folder, stem, total, ext), indices in sorted(sets.items()):
         missing = sorted(set(range(int(total))) - set(indices))
         if missing:
             first = f"{stem}-{missing[0]:0{len(total)}d}-of-{total}{ext}"

@@ -137,7 +137,8 @@ def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, 
 
 
 def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
-                   build: bool, progress: bool, allow_duplicates: bool = False, num_classes: int | None = None) -> Source:
+                   build: bool, progress: bool, allow_duplicates: bool = False,
+                   num_classes: int | None = None) -> Source:
     """open_source for s3:// locations: listed through object_store, indexes built by streaming."""
     kind, infos = classify_remote(location)
     if kind == "folder":
@@ -310,9 +311,9 @@ def _check_files(source: Source, skip_bad: bool) -> None:
                            "Fix them (permissions, links), remove them, or pass skip_bad=True (--skip-bad)")
     elif empty:
         what = "images" if source.kind in ("folder", "file_list") else "shards"
-        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} are empty",
-                           f"Remove them, or train from a clean list: python scripts/verify_dataset.py {source.location} "
-                           f"--write-clean-list clean.txt (or: dali-pipes verify ...)")
+        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} "
+                           f"are empty", f"Remove them, or train from a clean list: python scripts/verify_dataset.py "
+                           f"{source.location} --write-clean-list clean.txt (or: dali-pipes verify ...)")
 
 
 def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], dict[str, str]]:
@@ -349,7 +350,7 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
     for error in problems:
         if not skip_bad or isinstance(error, manifest.SetError):
             raise error
-        warnings.warn(f"{error}")
+        warnings.warn(f"{error}", stacklevel=2)
     stale = manifest.classes_problem(found, path, manifest.classes_path(path), source.classes)
     if stale is not None:
         raise stale

@@ -224,7 +224,8 @@ def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> di
     return check_decoder_args(args)
 
 
-def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str, **args) -> DataNode:
+def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str,
+               **args) -> DataNode:
     """`decoder` (one of DALI's image decoders) of `jpegs` with `args` and decoder_args: uint8 RGB HWC.
 
     png16="pil" reads 16-bit PNGs as PIL's convert("RGB") does, which DALI's uint8 decode cannot: PIL clips

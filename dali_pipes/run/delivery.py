@@ -148,7 +148,7 @@ class DeliveryRecord:
         if missing and self.complete:
             warnings.warn(f"elastic resume: cannot identify delivered sample {missing[0]!r} (DALI's source_info "
                           f"format was checked on DALI {IDENTITY_CHECKED_DALI}); this epoch's state can only "
-                          f"resume on the same world size")
+                          f"resume on the same world size", stacklevel=1)  # about the run, not a caller
         self.complete = self.complete and not missing
 
     def repeated(self) -> np.ndarray:

@@ -52,7 +52,7 @@ class StoreOutage(BatchHook):
                 f"{url}: DALI's S3 reader failed {self.rebuilds} times in a row on network errors ({detail}), "
                 f"although the store answers; {object_store.ENDPOINT_HINT}; {object_store.RETRY_HINT}") from error
         warnings.warn(f"{source.location}: a network fault, not a bad sample ({detail}); waiting for the store "
-                      f"and going on from the last good batch")
+                      f"and going on from the last good batch", stacklevel=1)  # about the run, not a caller
         if self.rebuilds > 1:  # the store answered last time, yet the reader failed again: back off
             time.sleep(min(object_store.BACKOFF_CAP_S, object_store.BACKOFF_BASE_S * 2 ** (self.rebuilds - 2)))
         try:

@@ -40,7 +40,8 @@ class PipelineRun:
         while True:
             self.close()
             source, spec = self._inputs(checkpoint is None)
-            define = lambda at: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
+            # source and spec bound now: restored_pipeline calls `define` within this turn only
+            define = lambda at, source=source, spec=spec: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
             pipe = None
             try:
                 pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)

@@ -51,7 +51,7 @@ class RankPipeline:
         self.first_epoch, self.built = 0, None  # first_epoch: the loader epoch DALI's slice rotation counts from
         self._pending = False  # a rebuild with self.spec asked for, before the next batch
         self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover),
-                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None)  # errors to rebuild after
+                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None)  # for rebuilds
 
     @property
     def pipeline_epoch(self) -> int:  # the loader's epoch as the current pipeline counts it (ReaderModel.shard_of)

@@ -114,7 +114,7 @@ class BadSamplePolicy:
                                f"{source.location} --write-clean-list clean.txt), or exclude bad samples as "
                                f"they are met with skip_bad=True (train: --skip-bad)") from error
         for b in found:  # one warning per sample, each naming it
-            warnings.warn(f"excluding a bad sample and resuming at the last good batch: {b}")
+            warnings.warn(f"excluding a bad sample and resuming at the last good batch: {b}", stacklevel=1)
         self.bad_samples += found
         self.excluded.append([ref for ref, _ in bad])
         self.check_budget(source)
@@ -127,7 +127,7 @@ class BadSamplePolicy:
             return source
         refs = [ref for ref, _ in source.damaged if ref is not None]
         for _, error in source.damaged:
-            warnings.warn(f"excluding a bad sample: {error.where}: {error.problem}")
+            warnings.warn(f"excluding a bad sample: {error.where}: {error.problem}", stacklevel=1)  # about the data
             self.bad_samples.append(BadSample(error.where, error.problem))
         source = dataclasses.replace(source, damaged=[])
         if refs:

@@ -48,7 +48,8 @@ class ShardingCheck(BatchHook):
             self.enabled = False  # once per run
             source = rank.source
             check_delivery(rank.record, rank.spec.shard, train=rank.spec.train, every_sample=self.every_sample,
-                           location=source.location, excluded=len(rank.policy.bad_samples), name_of=lambda i: str(source.refs()[i]))
+                           location=source.location, excluded=len(rank.policy.bad_samples),
+                           name_of=lambda i: str(source.refs()[i]))
 
 
 def check_delivery(record, shard: Shard, *, train: bool, every_sample: bool, location: str, excluded: int,

@@ -137,7 +137,8 @@ class ClientOptions:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.read_timeout <= 0:
-            raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, got {self.attempts} and {self.read_timeout}")
+            raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, "
+                             f"got {self.attempts} and {self.read_timeout}")
 
     def min_wait(self) -> float:
         """The least time, in seconds, spent waiting between tries before a request fails."""
@@ -336,8 +337,9 @@ def _list_prefix(client, bucket: str, prefix: str, url: str, page_size: int) -> 
     page is one request, retried on its own."""
     token: dict = {}
     while True:
-        page = retrying(url, client, lambda: client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=page_size,
-                                                                     **token))
+        # token bound now (retrying calls the lambda before the loop turns)
+        page = retrying(url, client, lambda token=token: client.list_objects_v2(Bucket=bucket, Prefix=prefix,
+                                                                                 MaxKeys=page_size, **token))
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):  # "folder" marker objects made by consoles
                 yield _info(bucket, item["Key"], item["Size"], item["ETag"], item["LastModified"])

@@ -27,8 +27,9 @@ from dali_pipes.tools.workers import process_pool
 # (package, file inside the package) of colour photographs, then greyscale ones.
 PHOTOS = (
     ("skimage", "data/astronaut.png"), ("skimage", "data/chelsea.png"), ("skimage", "data/coffee.png"),
-    ("skimage", "data/rocket.jpg"), ("skimage", "data/motorcycle_left.png"), ("skimage", "data/hubble_deep_field.jpg"),
-    ("skimage", "data/retina.jpg"), ("skimage", "data/ihc.png"), ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
+    ("skimage", "data/rocket.jpg"), ("skimage", "data/motorcycle_left.png"),
+    ("skimage", "data/hubble_deep_field.jpg"), ("skimage", "data/retina.jpg"), ("skimage", "data/ihc.png"),
+    ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
     ("skimage", "data/motorcycle_right.png"), ("skimage", "data/camera.png"), ("skimage", "data/brick.png"),
     ("skimage", "data/grass.png"), ("skimage", "data/gravel.png"), ("skimage", "data/moon.png"),
 )

@@ -95,8 +95,8 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
     else:
         refs = _shard_refs(kind, shards, keys, label_ext, report)
         counts = [sum(1 for ref in refs if ref.path == shard) for shard in shards] if len(shards) < 1000 else None
-        num_classes = _check_manifest(report, shards, [os.path.getsize(s) for s in shards], counts,
-                                      complete=isinstance(location, (str, os.PathLike)) and not os.path.isfile(location))
+        searched = isinstance(location, (str, os.PathLike)) and not os.path.isfile(location)
+        num_classes = _check_manifest(report, shards, [os.path.getsize(s) for s in shards], counts, complete=searched)
         results = _parallel_checks(refs, max_pixels, workers, progress, num_classes)
         _check_label_ranges(report, shards[0], _label_ranges(refs, results), keys.label_offset)
         return _record(report, refs, results)
@@ -166,7 +166,8 @@ def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int
             shard_report = Report(info.url, kind)
             refs = _shard_refs(kind, [local], keys, label_ext, shard_report)
             results = _parallel_checks(refs, max_pixels, workers, False, num_classes)
-            ranges.update({info.url: r for r in _label_ranges(refs, results).values()})
+            for r in _label_ranges(refs, results).values():  # the one shard, downloaded: its range under its url
+                ranges[info.url] = r
             _record(shard_report, refs, results)
             report.checked += shard_report.checked
             report.problems += [Problem(p.where.replace(local, info.url), p.message.replace(local, info.url))

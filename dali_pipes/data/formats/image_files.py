@@ -33,7 +33,7 @@ def list_folder(root: str, skip_bad: bool = False) -> tuple[list[str], list[int]
     for label, name in enumerate(classes):
         if os.path.join(root, name) in dangling:
             continue  # named above
-        def refuse(error: OSError) -> None:
+        def refuse(error: OSError, name: str = name) -> None:  # name bound now: os.walk calls it in this turn
             _unreadable(error.filename or os.path.join(root, name), f"a class folder that cannot be listed "
                         f"({error.strerror or error})", skip_bad)
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), onerror=refuse):
@@ -53,7 +53,7 @@ def _unreadable(path: str, problem: str, skip_bad: bool) -> None:
                          "to go on without its images")
     if not skip_bad:
         raise error
-    warnings.warn(f"{error.where}: {error.problem}; its images are left out (skip_bad)")
+    warnings.warn(f"{error.where}: {error.problem}; its images are left out (skip_bad)", stacklevel=2)
 
 
 def check_listed(paths: list[str], labels: list[int], wheres: list[str], *, num_classes: int | None = None,
@@ -76,7 +76,7 @@ def check_listed(paths: list[str], labels: list[int], wheres: list[str], *, num_
                              f"per epoch", "Remove the repeat, or allow it with allow_duplicates=True "
                              "(--allow-duplicates)")
         if allow_duplicates:
-            warnings.warn(f"{error.where}: {error.problem} (allowed: allow_duplicates)")
+            warnings.warn(f"{error.where}: {error.problem} (allowed: allow_duplicates)", stacklevel=2)
         elif problems is not None:
             problems.append(error)
         else:
@@ -114,7 +114,8 @@ def read_file_list(list_path: str, missing_ok: bool = False, *, allow_duplicates
     if missing and not missing_ok:
         raise FileNotFoundError(f"{len(missing)} listed files do not exist, first: {missing[0]}. "
                                 f"Remove them from the list, or regenerate it with "
-                                f"python scripts/verify_dataset.py DATA --write-clean-list {list_path} (or: dali-pipes verify ...)")
+                                f"python scripts/verify_dataset.py DATA --write-clean-list {list_path} "
+                                f"(or: dali-pipes verify ...)")
     if not files:
         raise DatasetError(list_path, "empty file list")
     check_listed(files, labels, wheres, num_classes=num_classes, classes_from=os.path.join(base, "classes.json"),

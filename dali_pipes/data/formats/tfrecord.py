@@ -342,8 +342,8 @@ def build_index_stream(f: BinaryIO, where: str, index_path: str, label_ext: str 
 
 def compressed_error(path: str, compression: str) -> DatasetError:
     return DatasetError(path, f"{compression}-compressed TFRecord; DALI reads only uncompressed TFRecords",
-                        f"Write uncompressed copies with: python scripts/to_tfrecord.py {os.path.dirname(path) or '.'} OUT "
-                        f"--decompress (or: dali-pipes convert decompress ...)")
+                        f"Write uncompressed copies with: python scripts/to_tfrecord.py "
+                        f"{os.path.dirname(path) or '.'} OUT --decompress (or: dali-pipes convert decompress ...)")
 
 
 def write_tfrecord_index(entries: list[tuple[int, int]], index_path: str) -> None:
@@ -483,8 +483,8 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
 
 def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> int:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
-    the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size) from the index
-    reads just that record (an s3:// shard: one ranged GET)."""
+    the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size)
+    from the index reads just that record (an s3:// shard: one ranged GET)."""
     if first_frame is not None:
         from dali_pipes.storage.object_store import read_range
         frame = read_range(shard, *first_frame)

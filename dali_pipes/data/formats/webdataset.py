@@ -135,7 +135,8 @@ def build_tar_index(path: str, label_ext: str = "cls", damaged: list[DatasetErro
         exts = {m.key_ext[1] for m in sample}
         key = sample[0].key_ext[0]
         if not exts & set(IMAGE_EXTS):
-            problem = f"sample {key!r} has no image member (found: {sorted(exts)}; expected one of {', '.join(IMAGE_EXTS)})"
+            problem = (f"sample {key!r} has no image member (found: {sorted(exts)}; "
+                       f"expected one of {', '.join(IMAGE_EXTS)})")
         elif label_ext not in exts:
             problem = f"sample {key!r} has no .{label_ext} label member (found: {sorted(exts)})"
         else:
