@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from dali_pipes import DatasetError, TFRecordKeys, open_source
+from dali_pipes import DatasetError, Source, TFRecordKeys, open_source
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
@@ -209,3 +209,12 @@ def test_truncated_tar_member(wds_dir):
     with pytest.raises(DatasetError,
                        match=r"00000-of-00002.tar: (member .* is truncated|not a readable tar|truncated or damaged)"):
         open_source(wds_dir)
+
+
+def test_a_source_made_without_its_kinds_fields_is_refused_by_name():
+    """A Source made by hand without a field its kind needs (a shard kind's index files, an image
+    kind's labels) is refused naming the field, not failed on a None."""
+    with pytest.raises(ValueError, match=r"^data/: a 'tfrecord' source without index_files; make it with open_source"):
+        Source("tfrecord", "data/", ["data/a.tfrecord"]).refs()
+    with pytest.raises(ValueError, match=r"^data/: a 'folder' source without labels"):
+        Source("folder", "data/", ["data/a/1.jpg"]).refs()

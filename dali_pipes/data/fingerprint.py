@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 ENTRY_LIMIT = 10_000  # files listed one by one in a state; more are summed up per folder
 
@@ -30,9 +30,10 @@ def of_files(paths: Sequence[str], sizes: Sequence[int], versions: Sequence[str]
     if not paths:
         return {"files": 0, "bytes": 0, "digest": hashlib.sha1().hexdigest()}
     names = _relative(paths)
-    rows = [[n, s] for n, s in zip(names, sizes)] if versions is None else \
+    rows: list[list[Any]] = [[n, s] for n, s in zip(names, sizes)] if versions is None else \
         [[n, s, v] for n, s, v in zip(names, sizes, versions)]
-    digest, groups = hashlib.sha1(), {}
+    digest = hashlib.sha1()
+    groups: dict[str, list[Any]] = {}  # {folder: [files, bytes, digest]}
     for row in rows:
         line = "\t".join(map(str, row)).encode() + b"\n"
         digest.update(line)

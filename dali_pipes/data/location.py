@@ -130,7 +130,7 @@ def _one_kind(kinds: list[tuple[str, str | None]], where: str, container: str) -
     if odd:
         raise DatasetError(odd[0], f"{not_a_shard()} ({len(odd)} such files in {where})",
                            f"Point at a {container} that holds only shards, or at a glob such as 'train-*-of-*'")
-    found = sorted({kind for _, kind in kinds})
+    found = sorted({kind for _, kind in kinds if kind is not None})  # none is, by now
     if len(found) > 1:
         raise DatasetError(where, f"holds shards of several formats ({', '.join(found)})",
                            "Point at one kind (e.g. a glob)")

@@ -11,7 +11,7 @@ import os
 import warnings
 
 from dali_pipes.data.labels import check_label
-from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord
+from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord, required
 from dali_pipes.errors import DatasetError, LabelError
 
 SHARDED = False
@@ -140,7 +140,8 @@ def check_source(source: SourceRecord, keys) -> None:
 
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:
-    return [SampleRef(source.kind, path, label=label) for path, label in zip(source.files, source.labels)]
+    labels = required(source.labels, source, "labels")
+    return [SampleRef(source.kind, path, label=label) for path, label in zip(source.files, labels)]
 
 
 def source_info(ref: SampleRef) -> str:
@@ -150,6 +151,8 @@ def source_info(ref: SampleRef) -> str:
 
 def read_sample(ref: SampleRef) -> Sample:
     from dali_pipes.storage import object_store
+    if ref.label is None:  # nothing in an image file says its label
+        raise ValueError(f"{ref.path}: an image file's SampleRef needs its label (Source.refs() gives them)")
     if object_store.is_remote(ref.path):
         return Sample(ref.path, object_store.read_bytes(ref.path), ref.label)
     with open(ref.path, "rb") as f:
@@ -165,7 +168,7 @@ def dali_reader(source: SourceRecord, reader_args: dict):
 def excluded_files(source: SourceRecord, bad_refs: list[SampleRef], placeholder: str) -> tuple[list[str], list[int]]:
     """(files, labels) with every listing of a bad file swapped for the placeholder, label PADDING_LABEL."""
     bad_paths = {ref.path for ref in bad_refs}
-    files, labels = list(source.files), list(source.labels)
+    files, labels = list(source.files), list(required(source.labels, source, "labels"))
     for i, path in enumerate(files):
         if path in bad_paths:
             files[i], labels[i] = placeholder, PADDING_LABEL
