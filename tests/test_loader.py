@@ -185,6 +185,16 @@ def test_len_is_stable_and_set_epoch_is_accepted(numbered):
     assert loader.num_samples == N and loader.samples_per_epoch == 20
 
 
+def test_a_closed_loader_says_so(numbered):
+    """A loader used after close() names that, rather than failing on a None deep inside."""
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16)
+    loader.close()
+    with pytest.raises(ValueError, match=r"the loader's pipeline is closed \(close\(\) was called\)"):
+        len(loader)
+    with pytest.raises(ValueError, match="the loader's pipeline is closed"):
+        next(iter(loader))
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(batch_size=0), ValueError, "batch_size must be a positive integer, got 0"),
     (dict(rank=2, world_size=2), ValueError, r"rank 2 is not in \[0, world_size=2\)"),

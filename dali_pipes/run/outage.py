@@ -13,6 +13,7 @@ import re
 import time
 import warnings
 
+from dali_pipes.data.samples import required
 from dali_pipes.data.source import Source
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.storage import object_store
@@ -42,8 +43,9 @@ class StoreOutage(BatchHook):
 
     def wait(self, error: BaseException, source: Source) -> None:
         options = object_store.current_options()
-        named = [u for u in S3_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
-        url = named[0] if named else source.remote[0].url
+        remote = required(source.remote, source, "remote")  # network_fault: only an s3:// source's
+        named = [u for u in S3_URL.findall(str(error)) if any(u == o.url for o in remote)]
+        url = named[0] if named else remote[0].url
         lines = [line for line in str(error).splitlines() if NETWORK_MESSAGE.search(line)] or [repr(error)]
         detail = lines[0].strip(" :")[:300]
         self.rebuilds += 1

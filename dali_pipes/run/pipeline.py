@@ -74,9 +74,11 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
     augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"
+    device_id = (spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None
 
+    # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
     @pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads or default_threads(),
-                  device_id=(spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None,
+                  device_id=device_id,  # type: ignore[arg-type]
                   seed=rank_seed(spec.seed, shard.rank), prefetch_queue_depth=spec.prefetch_queue_depth,
                   enable_checkpointing=enable_checkpointing,
                   # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples

@@ -3,13 +3,16 @@ checkpoint, its batches, the last good checkpoint to recover to, shutdown."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+
+if TYPE_CHECKING:
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 
 class PipelineRun:
@@ -27,7 +30,7 @@ class PipelineRun:
                  recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
         self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
-        self.iterator = None
+        self.iterator: DALIGenericIterator | None = None  # None: not built, or closed
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
 
@@ -45,8 +48,9 @@ class PipelineRun:
             pipe = None
             try:
                 pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name=READER_NAME,
-                                                    last_batch_policy=policy, auto_reset=True)
+                self.iterator = iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"],
+                                                               reader_name=READER_NAME, last_batch_policy=policy,
+                                                               auto_reset=True)
             except RuntimeError as error:
                 if pipe is not None:
                     shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
@@ -54,15 +58,16 @@ class PipelineRun:
                 continue
             finally:
                 self._cleanup()
-            self.last_good = checkpoint or self.iterator.checkpoints()[0]
+            self.last_good = checkpoint or iterator.checkpoints()[0]
             return
 
     def next(self, before: Callable[[], None]) -> dict | None:
         """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
         while True:
             before()
+            iterator = self._built()
             try:
-                (batch,) = next(self.iterator)  # one pipeline per rank -> one dict per step
+                (batch,) = next(iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
                 return None
             except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
@@ -70,7 +75,7 @@ class PipelineRun:
                 self.build(checkpoint=self.last_good)  # and back to the last good batch
                 continue
             # Taken after every batch only when a recovery may need it; else read by checkpoint().
-            self.last_good = self.iterator.checkpoints()[0] if self.keep_checkpoints else None
+            self.last_good = iterator.checkpoints()[0] if self.keep_checkpoints else None
             return batch
 
     def drain_later(self) -> None:
@@ -88,14 +93,20 @@ class PipelineRun:
         while self.next(before) is not None:
             pass
         if self.keep_checkpoints:
-            self.last_good = self.iterator.checkpoints()[0]
+            self.last_good = self._built().checkpoints()[0]
 
     def checkpoint(self) -> bytes:
         """DALI's state after the last delivered batch (reader position, every random generator)."""
-        return self.last_good or self.iterator.checkpoints()[0]
+        return self.last_good or self._built().checkpoints()[0]
 
     def __len__(self) -> int:
-        return len(self.iterator)
+        return len(self._built())
+
+    def _built(self) -> DALIGenericIterator:
+        """The iterator; ValueError (not DALI's RuntimeError, which recovery hears) once closed."""
+        if self.iterator is None:
+            raise ValueError("the loader's pipeline is closed (close() was called): make a new loader")
+        return self.iterator
 
     def close(self) -> None:
         """Free the pipeline (its threads and memory) now rather than at garbage collection."""
