@@ -3,12 +3,14 @@ reason per field (options.py turns each into a flag), and the commands' one-line
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from dali_pipes.options import auto_or_count, count_or_fraction, option
+
+_Args = TypeVar("_Args")  # a command's arguments: an argparse.Namespace, or argv where it parses its own
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class LoaderConfig:
                                   "mistake; needs an initialised process group")
 
 
-def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
+def run_cli(main: Callable[[_Args], _Result], args: _Args) -> _Result:
     """Run a command's main; bad data ends it with the one-line message, not a traceback."""
     from dali_pipes.errors import DatasetError
     from dali_pipes.storage.files import DiskFullError

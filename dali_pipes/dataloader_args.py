@@ -32,6 +32,7 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass, replace
+from types import FrameType
 from typing import Any
 
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
@@ -59,6 +60,7 @@ class DataLoaderCall:
     rank: int | None
     world_size: int | None
     seed: int
+    batch_size: int            # checked: a positive int
 
 
 def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler: Any, batch_sampler: Any,
@@ -76,8 +78,10 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
             and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
         raise ValueError(f"rank={rank}, world_size={world_size} contradict the sampler's rank {drawn['rank']} "
                          f"of {drawn['world_size']}; pass one of them")
-    samples = classes = None
-    root, augment_args, random_transform = "", {}, False
+    samples: list | None = None
+    classes: list | None = None
+    augment_args: dict[str, Any] = {}
+    root, random_transform = "", False
     if not is_location:
         samples, classes, root, transform = read_dataset(dataset)
         augment_args, random_transform = augment_from_transform(transform)
@@ -97,6 +101,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
         world_ = drawn.get("world_size", world_size if world_size is not None else lightning[1] if lightning
                            else None if rank is not None else 1)  # a rank alone: the world size of the job
         if not train and sampler_drop_last:  # DistributedSampler drops the last N % world samples
+            assert samples is not None and world_ is not None  # a dataset object's; the sampler's world size
             samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
     seed = seed if seed is not None else drawn.get("seed", _generator_seed(generator))
@@ -109,7 +114,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
         reader_shuffle = bool(train) and bool(shuffle or drawn.get("shuffle"))
     return DataLoaderCall(None if not is_location else dataset, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
-                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed)
+                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size)
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
@@ -119,7 +124,7 @@ def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
     it is taken only where the dataset lists .png files: a JPEG dataset keeps the graph it always had."""
     pil = call.location is None
     exif = augment.exif_orientation if augment.exif_orientation is not None else not pil
-    lists_png = pil and any(str(path).lower().endswith(".png") for path, _ in call.samples)
+    lists_png = pil and any(str(path).lower().endswith(".png") for path, _ in call.samples or [])
     return replace(augment, exif_orientation=exif, png16=augment.png16 or ("pil" if lists_png else "scale"))
 
 
@@ -131,12 +136,12 @@ def lightning_shard() -> tuple[int, int] | None:
     the class name keeps Lightning's sharding. Nothing is imported: the trainer is found on the stack."""
     if not any(name in sys.modules for name in ("lightning.pytorch", "pytorch_lightning")):
         return None
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         attrs = getattr(owner, "__dict__", {})
         trainer = attrs.get("_trainer") or attrs.get("trainer")
-        if type(trainer).__name__ == "Trainer" and hasattr(trainer, "global_rank"):
+        if trainer is not None and type(trainer).__name__ == "Trainer" and hasattr(trainer, "global_rank"):
             connector = getattr(trainer, "_accelerator_connector", None)
             if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", True):
                 warnings.warn(f"DaliLoader built in a Lightning hook: rank {trainer.global_rank} of "

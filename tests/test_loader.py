@@ -201,6 +201,8 @@ def test_a_closed_loader_says_so(numbered):
     (dict(device="tpu"), ValueError, "device must be one of .*'tpu'"),
     (dict(batch_size=24), ValueError, "less than one batch of 24 per rank"),
     (dict(auto_augment="cutmix"), ValueError, "auto_augment must be one of"),
+    (dict(num_threads="4"), ValueError, "num_threads must be a count or 'auto', got '4'"),
+    (dict(prefetch_queue_depth="3"), ValueError, "prefetch_queue_depth must be a count or 'auto', got '3'"),
 ])
 def test_bad_arguments(numbered, kwargs, error, match):
     with pytest.raises(error, match=match):

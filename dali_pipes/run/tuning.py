@@ -56,6 +56,15 @@ LOCK_TIMEOUT_S = 10.0  # a writer holds the memory's lock for one read and one w
 log = logging.getLogger("dali_pipes")
 
 
+def fixed_knobs(threads: int | str | None, depth: int | str) -> tuple[int | None, int]:
+    """(num_threads, prefetch_queue_depth) a pipeline starts with, AUTO where the tuner searches: threads
+    None (machine.default_threads), depth 2 (the search starts there). Another string is a ValueError."""
+    for name, value in (("num_threads", threads), ("prefetch_queue_depth", depth)):
+        if isinstance(value, str) and value != AUTO:
+            raise ValueError(f"{name} must be a count or {AUTO!r}, got {value!r}")
+    return None if isinstance(threads, str) else threads, 2 if isinstance(depth, str) else depth
+
+
 @dataclass(frozen=True)
 class Settings:
     num_threads: int

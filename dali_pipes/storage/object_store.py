@@ -36,7 +36,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import private_tmp
@@ -152,7 +152,7 @@ def configure(attempts: int | None = None, timeout: float | None = None) -> Clie
     """This process's S3 retries (`attempts` tries per request) and timeout (seconds to connect, capped at
     5, or to wait for the next bytes); None keeps the current value. Returns the options now in force."""
     global _options
-    changes = {k: v for k, v in (("attempts", attempts), ("read_timeout", timeout)) if v is not None}
+    changes: dict[str, Any] = {k: v for k, v in (("attempts", attempts), ("read_timeout", timeout)) if v is not None}
     if changes:
         options = dataclasses.replace(_options, **changes)
         _options = dataclasses.replace(options, connect_timeout=min(5.0, options.read_timeout))
@@ -337,9 +337,9 @@ def _list_prefix(client, bucket: str, prefix: str, url: str, page_size: int) -> 
     page is one request, retried on its own."""
     token: dict = {}
     while True:
-        # token bound now (retrying calls the lambda before the loop turns)
-        page = retrying(url, client, lambda token=token: client.list_objects_v2(Bucket=bucket, Prefix=prefix,
-                                                                                 MaxKeys=page_size, **token))
+        # this page's call, its token bound now
+        page = retrying(url, client, functools.partial(client.list_objects_v2, Bucket=bucket, Prefix=prefix,
+                                                       MaxKeys=page_size, **token))
         for item in page.get("Contents", []):
             if not item["Key"].endswith("/"):  # "folder" marker objects made by consoles
                 yield _info(bucket, item["Key"], item["Size"], item["ETag"], item["LastModified"])
@@ -399,7 +399,7 @@ def _check_bucket(client, bucket: str, url: str) -> None:
         raise translate_error(_no_such_bucket(cause), url, client) from cause
 
 
-def _no_such_bucket(error: Exception) -> Exception:
+def _no_such_bucket(error: Any) -> Exception:  # a botocore ClientError (botocore ships no types)
     """HEAD replies carry no error body: give a bare 404 on a bucket the code a GET would have."""
     error.response.setdefault("Error", {})["Code"] = "NoSuchBucket"
     return error

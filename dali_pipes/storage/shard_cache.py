@@ -181,6 +181,7 @@ class ShardCache:
                 raise RuntimeError("the shard cache is closed")
             entry = state.entries[state.scheduled[position]]
             if entry.state == "failed":
+                assert entry.error is not None, "_finish sets both"
                 raise entry.error
             return entry.path
 

@@ -225,6 +225,7 @@ def _remote_out(write):
                 moved_by("TMPDIR (convert stages s3:// output there: a folder on a disk with room)", folder):
             stats = write(source, folder, **kwargs)
             ours = manifest.read(os.path.join(folder, manifest.MANIFEST_NAME))
+            assert ours is not None, "every writer writes a manifest"
             manifest.write(folder, manifest.merged(manifest.read(object_store.join(out, manifest.MANIFEST_NAME)),
                                                    ours, prefix))
             names = sorted(os.listdir(folder), key=lambda n: n == manifest.MANIFEST_NAME)  # the manifest last
@@ -323,6 +324,7 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
         for _, _, data, problem in tfrecord.walk_records(src, compression=compression):
             if problem:
                 raise DatasetError(problem.path, f"record {problem.index} (byte {problem.offset}): {problem.message}")
+            assert data is not None  # walk_records reads every intact record's data (compressed: always)
             frame = tfrecord.frame_record(data)
             f.write(frame)
             entries.append((offset, len(frame)))
