@@ -19,11 +19,12 @@ from dali_pipes._version import __version__
 _moved.install()  # the modules' earlier import paths keep working for a release (a DeprecationWarning)
 
 _EXPORTS = {
-    "AugmentConfig": "dali_pipes.graph.augment", "DaliLoader": "dali_pipes.loader", "DatasetError": "dali_pipes.errors",
-    "LoaderConfig": "dali_pipes.config", "PADDING_LABEL": "dali_pipes.data.samples", "Sample": "dali_pipes.data.samples",
+    "AugmentConfig": "dali_pipes.graph.augment", "DaliLoader": "dali_pipes.loader",
+    "DatasetError": "dali_pipes.errors", "LoaderConfig": "dali_pipes.config",
+    "PADDING_LABEL": "dali_pipes.data.samples", "Sample": "dali_pipes.data.samples",
     "SampleRef": "dali_pipes.data.samples", "Shard": "dali_pipes.run.dist", "Source": "dali_pipes.data.source",
-    "SourceConfig": "dali_pipes.config", "TFRecordKeys": "dali_pipes.data.samples", "open_source": "dali_pipes.data.source",
-    "progressive": "dali_pipes.graph.resolution",
+    "SourceConfig": "dali_pipes.config", "TFRecordKeys": "dali_pipes.data.samples",
+    "open_source": "dali_pipes.data.source", "progressive": "dali_pipes.graph.resolution",
 }
 __all__ = sorted(_EXPORTS)
 

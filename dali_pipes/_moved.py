@@ -66,6 +66,8 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def get_code(self, name: str):  # python -m OLD_NAME runs the new module
         target = importlib.util.find_spec(MOVED[name])
+        if target is None or not isinstance(target.loader, importlib.abc.InspectLoader):  # never: ours are files
+            raise ImportError(f"{name} moved to {MOVED[name]}, which has no code to run", name=name)
         return target.loader.get_code(MOVED[name])
 
 

@@ -52,23 +52,26 @@ class ImageTransform:
     """PIL image -> normalised float32 CHW tensor, train or val, as the DALI graphs do."""
 
     def __init__(self, cfg: AugmentConfig, train: bool) -> None:
-        self.cfg, self.train = cfg, train
+        if not isinstance(cfg.image_size, int):
+            raise ValueError(f"ImageTransform makes one size, got the schedule {cfg.image_size}: pass "
+                             f"cfg.for_epoch(epoch, train)")
+        self.cfg, self.train, self.size = cfg, train, cfg.image_size
         self.mean = np.array(cfg.mean, np.float32) * 255
         self.std = np.array(cfg.std, np.float32) * 255
 
     def __call__(self, img: Image.Image, rng: random.Random) -> torch.Tensor:
-        size = self.cfg.image_size
+        size = self.size
         if self.train:
             left, top, w, h = random_resized_crop_box(img.width, img.height, self.cfg.random_area,
                                                       self.cfg.random_aspect_ratio, rng)
-            img = img.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+            img = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
             if rng.random() < self.cfg.flip_probability:
-                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         else:
             short = round(size / self.cfg.crop_ratio)
             scale = short / min(img.size)
             img = img.resize((max(short, round(img.width * scale)), max(short, round(img.height * scale))),
-                             Image.BILINEAR)
+                             Image.Resampling.BILINEAR)
             left, top = round((img.width - size) / 2), round((img.height - size) / 2)
             img = img.crop((left, top, left + size, top + size))
         pixels = (np.asarray(img, np.float32) - self.mean) / self.std
@@ -149,6 +152,7 @@ class TorchLoader:
         self.image_size = augment.size_at(0) if train else augment.val_size  # self.augment's one size
         self.dataset = SourceDataset(self.source, ImageTransform(self.augment, train), seed)
         self.sampler = ShardSampler(len(self.dataset), self.shard, train, seed)
+        self.loader: DataLoader | None = None  # None once closed
         self.loader = DataLoader(self.dataset, batch_size=batch_size, sampler=self.sampler, drop_last=train,
                                  num_workers=num_workers, pin_memory=pin_memory and torch.cuda.is_available(),
                                  persistent_workers=persistent_workers and num_workers > 0,
@@ -181,6 +185,8 @@ class TorchLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.epoch = self.epoch
         self.sampler.start = self._position * self.batch_size
+        if self.loader is None:
+            raise ValueError("the loader is closed (close() was called): make a new one")
         for images, labels in self.loader:
             self._position += 1
             yield images, labels

@@ -3,12 +3,14 @@ reason per field (options.py turns each into a flag), and the commands' one-line
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from dali_pipes.options import auto_or_count, count_or_fraction, option
+
+_Args = TypeVar("_Args")  # a command's arguments: an argparse.Namespace, or argv where it parses its own
+_Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,8 @@ class SourceConfig:
                                "Image struct of bytes and path)")
     label_column: str = option("label", "Parquet column holding the integer labels (Hugging Face ClassLabel)")
     index_cache_dir: str | None = option(None, "where indexes are built when the shard folder is read-only "
-                                         "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)", type=str)
+                                         "(default: $DALI_PIPES_CACHE/indexes or ~/.cache/dali_pipes/indexes)",
+                                         type=str)
     allow_duplicates: bool = option(False, "a file list may name a sample more than once (each repeat is warned of "
                                     "and read as often as listed); else a repeat is refused naming both lines")
 
@@ -74,7 +77,7 @@ class LoaderConfig:
                                   "mistake; needs an initialised process group")
 
 
-def run_cli(main: Callable[[argparse.Namespace], Any], args: argparse.Namespace) -> Any:
+def run_cli(main: Callable[[_Args], _Result], args: _Args) -> _Result:
     """Run a command's main; bad data ends it with the one-line message, not a traceback."""
     from dali_pipes.errors import DatasetError
     from dali_pipes.storage.files import DiskFullError

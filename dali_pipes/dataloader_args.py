@@ -34,6 +34,7 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass, replace
+from types import FrameType
 from typing import Any
 
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
@@ -62,6 +63,7 @@ class DataLoaderCall:
     rank: int | None
     world_size: int | None
     seed: int
+    batch_size: int            # checked: a positive int
     keys: TFRecordKeys | None = None  # a datasets.Dataset's image and label columns
 
 
@@ -80,8 +82,12 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
             and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
         raise ValueError(f"rank={rank}, world_size={world_size} contradict the sampler's rank {drawn['rank']} "
                          f"of {drawn['world_size']}; pass one of them")
-    samples = classes = files = keys = None
-    root, augment_args, random_transform = "", {}, False
+    samples: list | None = None
+    classes: list | None = None
+    files: Any = None
+    keys: TFRecordKeys | None = None
+    augment_args: dict[str, Any] = {}
+    root, random_transform = "", False
     if not is_location:
         if is_hf_dataset(dataset):  # read from its Arrow files, as a Parquet location is
             files, keys, classes, root, transform = read_hf_dataset(dataset)
@@ -104,6 +110,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
         world_ = drawn.get("world_size", world_size if world_size is not None else framework[1] if framework
                            else None if rank is not None else 1)  # a rank alone: the world size of the job
         if not train and sampler_drop_last and samples is not None:  # DistributedSampler drops the last N % world
+            assert world_ is not None  # the sampler's world size
             samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
     seed = seed if seed is not None else drawn.get("seed", _generator_seed(generator))
@@ -117,7 +124,8 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     location = files if files is not None else None if not is_location else dataset
     return DataLoaderCall(location, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
-                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, keys)
+                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
+                          keys)
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
@@ -139,16 +147,16 @@ def lightning_shard() -> tuple[int, int] | None:
     the class name keeps Lightning's sharding. Nothing is imported: the trainer is found on the stack."""
     if not any(name in sys.modules for name in ("lightning.pytorch", "pytorch_lightning")):
         return None
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         owner = frame.f_locals.get("self")
         attrs = getattr(owner, "__dict__", {})
         trainer = attrs.get("_trainer") or attrs.get("trainer")
-        if type(trainer).__name__ == "Trainer" and hasattr(trainer, "global_rank"):
+        if trainer is not None and type(trainer).__name__ == "Trainer" and hasattr(trainer, "global_rank"):
             connector = getattr(trainer, "_accelerator_connector", None)
             if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", True):
                 warnings.warn(f"DaliLoader built in a Lightning hook: rank {trainer.global_rank} of "
-                              f"{trainer.world_size}, sharded as Lightning shards a DataLoader")
+                              f"{trainer.world_size}, sharded as Lightning shards a DataLoader", stacklevel=2)
                 return trainer.global_rank, trainer.world_size
             return None
         frame = frame.f_back

@@ -81,7 +81,7 @@ class DaliDataModule(pl.LightningDataModule):
     def _build(self, location: Location, train: bool) -> DaliLoader:
         # Outside a Trainer the loader takes its rank from torch.distributed or torchrun (Shard.from_env).
         trainer = self.trainer
-        shard = {} if trainer is None else dict(rank=trainer.global_rank, world_size=trainer.world_size,
+        shard: dict[str, Any] = {} if trainer is None else dict(rank=trainer.global_rank, world_size=trainer.world_size,
                                                 local_rank=trainer.local_rank)
         # val_padding="label" (override it in loader_kwargs): every sample once, padding labelled -1
         return DaliLoader(location, batch_size=self.batch_size, train=train, **shard,

@@ -54,7 +54,7 @@ from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
-from dali_pipes.run.tuning import AUTO
+from dali_pipes.run.tuning import AUTO, fixed_knobs
 from dali_pipes.storage import remote
 
 DEVICES = ("auto", "gpu", "cpu")
@@ -124,7 +124,7 @@ def _open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_d
 
 class BadSampleView:
     """What a loader shows of its bad-sample policy (run/recovery.py): public since 0.2.0."""
-    pipe: RankPipeline | None
+    pipe: RankPipeline
 
     @property
     def bad_policy(self) -> BadSamplePolicy:
@@ -143,7 +143,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     supports_elastic = True
-    pipe: RankPipeline | None = None
+    pipe: RankPipeline  # set by __init__; absent when it failed before (close() looks first)
 
     def __init__(self, dataset: Source | str | os.PathLike | list | Any, batch_size: int | None = 1,
                  shuffle: bool | None = None, sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
@@ -172,9 +172,10 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                             is_location=isinstance(dataset, (Source, *LOCATION_TYPES)))
         self.keep_dataloader_arguments(call, num_workers, pin_memory, timeout, prefetch_factor, persistent_workers,
                                        generator, multiprocessing_context)
-        self.contract = Contract(call.train, batch_size, call.drop_last, val_padding, call.sampler_drop_last,
+        self.contract = Contract(call.train, call.batch_size, call.drop_last, val_padding, call.sampler_drop_last,
                                  call.dali_drop)
-        self.train, self.seed, self.val_padding, self.device = call.train, call.seed, val_padding, resolve_device(device)
+        self.train, self.seed, self.val_padding = call.train, call.seed, val_padding
+        self.device = resolve_device(device)
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
@@ -190,9 +191,9 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels,
                                  device_id=cuda_device_id(self.shard) if self.device == "gpu" else None)
         threads = num_threads or num_workers or None  # DataLoader's workers become DALI's threads
-        spec = PipelineSpec(self.train, batch_size, self.device, decode_device, self.shard, self.seed, self.augment,
-                            None if threads == AUTO else threads, 2 if prefetch_queue_depth == AUTO else
-                            prefetch_queue_depth, shuffle_buffer, call.shuffle, max_pixels)
+        spec = PipelineSpec(self.train, call.batch_size, self.device, decode_device, self.shard, self.seed,
+                            self.augment, *fixed_knobs(threads, prefetch_queue_depth), shuffle_buffer, call.shuffle,
+                            max_pixels)
         self.position = Position()
         self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
@@ -209,7 +210,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         return self.pipe.source
 
     def close(self) -> None:  # the pipeline (threads, memory) and the shard cache now, not at garbage collection
-        if self.pipe is not None:
+        if "pipe" in vars(self):  # absent when __init__ failed before building it
             self.pipe.close()
 
     def __del__(self) -> None:
@@ -227,7 +228,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
     @property
     def image_size(self) -> int:
         """The side of the images of the epoch the next batch is in (train: the image_size schedule's)."""
-        return self.augment.for_epoch(self.next_batch[0], self.train).image_size
+        return self.augment.size_at(self.next_batch[0]) if self.train else self.augment.val_size  # as for_epoch
 
     def __len__(self) -> int:
         """Batches this rank yields this epoch, as DataLoader counts them for the same arguments."""

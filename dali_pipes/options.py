@@ -38,9 +38,9 @@ def count_or_fraction(text: str) -> int | float:
         return int(text)
     except ValueError:
         value = float(text)
-        if not 0 < value < 1:
-            raise argparse.ArgumentTypeError(f"{text}: expected a count (int) or a fraction in (0, 1)")
-        return value
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected a count (int) or a fraction in (0, 1)")
+    return value
 
 
 def auto_or_count(text: str) -> int | str:

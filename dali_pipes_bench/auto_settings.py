@@ -35,7 +35,8 @@ def train_run(data: str, threads: str, args: argparse.Namespace) -> dict:
         if done.returncode:
             raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr[-2000:]}")
         history = [json.loads(line) for line in open(os.path.join(work, "run", "metrics.jsonl"))]
-    return {"images_per_s": [h["images_per_s"] for h in history], "epoch_seconds": [h["epoch_seconds"] for h in history],
+    return {"images_per_s": [h["images_per_s"] for h in history],
+            "epoch_seconds": [h["epoch_seconds"] for h in history],
             "num_threads": [h["ranks"][0].get("num_threads") for h in history]}
 
 

@@ -107,7 +107,8 @@ def _images_per_s(make: Callable, seconds: float) -> tuple[float, float]:
         loader.close()
 
 
-def plot(out: str, rows: list[dict], name: str = "throughput.png", xlabel: str = "images/s (train, 224 px)") -> str | None:
+def plot(out: str, rows: list[dict], name: str = "throughput.png",
+         xlabel: str = "images/s (train, 224 px)") -> str | None:
     """`name` (a PNG) in `out`: a bar per case; None without matplotlib or rows."""
     try:
         import matplotlib

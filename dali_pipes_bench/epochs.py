@@ -47,8 +47,8 @@ def run(data: str, *, batch_size: int, image_size: int, threads: int, epochs: in
     finally:
         pair.close()
     medians = {name: statistics.median(r) for name, r in rates.items()}
-    return {"data": data, "device": device, "batch_size": batch_size, "image_size": image_size, "threads": threads, "step_s": step,
-            "batches_per_epoch": batches, "images_per_s": rates, "median_images_per_s": medians,
+    return {"data": data, "device": device, "batch_size": batch_size, "image_size": image_size, "threads": threads,
+            "step_s": step, "batches_per_epoch": batches, "images_per_s": rates, "median_images_per_s": medians,
             "ratio": medians["DaliLoader"] / medians["DALIGenericIterator"]}
 
 

@@ -47,6 +47,8 @@ from dali_pipes.run.machine import usable_cpus
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
 from dali_pipes.run.procfs import PeakSampler, cpu_seconds
 
+_DEFAULT_AUGMENT = AugmentConfig()  # frozen: one shared default is safe
+
 
 @dataclass
 class Measurement:
@@ -125,7 +127,8 @@ def dropped_per_epoch(loader: Iterable) -> int:
     ceil(shard / batch) batches decoded, floor(shard / batch) yielded. Other loaders drop nothing
     (DataLoader's drop_last never loads the partial batch)."""
     if isinstance(loader, (DaliLoader, _BareDali)) and loader.train:
-        shard = ReaderModel(loader.num_samples, loader.shard.rank, loader.shard.world_size).slice_size(loader.shard.rank)
+        model = ReaderModel(loader.num_samples, loader.shard.rank, loader.shard.world_size)
+        shard = model.slice_size(loader.shard.rank)
         return -(-shard // loader.batch_size) * loader.batch_size - len(loader) * loader.batch_size
     return 0
 
@@ -226,7 +229,7 @@ class EpochOrder:
 
 
 def preloaded_pipeline(data: list[np.ndarray], labels: list[np.int64], *, batch_size: int, train: bool, device: str,
-                       augment: AugmentConfig = AugmentConfig(), num_threads: int | None = None, seed: int = 0,
+                       augment: AugmentConfig = _DEFAULT_AUGMENT, num_threads: int | None = None, seed: int = 0,
                        device_id: int = 0, decode_device: str | None = None):
     """An unbuilt pipeline: the library's graph fed from encoded bytes in memory (external_source)
     instead of a reader. Each epoch yields the whole batches only; labels on the GPU with device="gpu"."""
@@ -459,7 +462,8 @@ def _loader_cases(source: Source, plan: Plan, gpu: bool, cores: int, formats: di
         if available("tensorflow") and tfrecords:
             shards = open_source(tfrecords[-1]).files
             cases.append(Case("tf.data", "loaders", mode, {"shards": len(shards)},
-                              lambda train=train: TfDataLoader(shards, batch_size=b, train=train, image_size=size)))
+                              lambda train=train, shards=shards: TfDataLoader(shards, batch_size=b, train=train,
+                                                                              image_size=size)))
     return cases
 
 

@@ -30,7 +30,8 @@ from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 
-QUICK = dict(sizes=[32, 48], rounds=1, epochs=2, width=8, arch="resnet10", batch_size=8, repeats=1)  # --quick: a smoke test
+# --quick: a smoke test
+QUICK = dict(sizes=[32, 48], rounds=1, epochs=2, width=8, arch="resnet10", batch_size=8, repeats=1)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -131,8 +132,10 @@ def training_rows(args) -> list[dict]:
 def markdown(run: dict) -> str:
     info = run["machine"]
     lines = [f"# Progressive resizing: {bench.machine_tag(info)}, {info['date']}\n", f"`{run['command']}`\n",
-             f"Setup: {json.dumps(run['setup'])}\n", "## The loader at each size (one run, sizes alternating by epoch)\n",
-             "| size px | epochs | images/s (median) | min | max | first batch s (rebuild) |", "|---|---|---|---|---|---|"]
+             f"Setup: {json.dumps(run['setup'])}\n",
+             "## The loader at each size (one run, sizes alternating by epoch)\n",
+             "| size px | epochs | images/s (median) | min | max | first batch s (rebuild) |",
+             "|---|---|---|---|---|---|"]
     for r in run["loader"]["per_size"]:
         lines.append(f"| {r['image_size']} | {r['epochs']} | {r['median_images_per_s']:.1f} | {r['min']:.1f} | "
                      f"{r['max']:.1f} | {r['median_first_batch_s']:.2f} |")

@@ -25,7 +25,7 @@ def soak(loader: Iterable, epochs: int) -> Iterator[dict]:
     """Run `epochs` epochs; yield one record per epoch: samples, seconds, host and GPU memory."""
     for epoch in range(epochs):
         start, samples = time.perf_counter(), 0
-        for images, labels in loader:
+        for _images, labels in loader:
             samples += len(labels)
         yield {"epoch": epoch, "samples": samples, "seconds": round(time.perf_counter() - start, 3),
                "host_mb": round(host_memory_mb(), 1), "gpu_used_mb": gpu_used_mb()}

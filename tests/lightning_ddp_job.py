@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> None:
     try:
         trainer.fit(model, datamodule=data, ckpt_path=args.ckpt)
     except SIGTERMException:  # a SystemExit without a code: the process would exit 0, as if done
-        raise SystemExit(128 + signal.SIGTERM)
+        raise SystemExit(128 + signal.SIGTERM) from None
     finally:  # also when fit ends in SIGTERMException: what was trained until then
         record = {"train": model.train_seen, "val": model.val_seen, **model.facts}
         with open(os.path.join(args.out, f"rank{trainer.global_rank}.json"), "w") as f:

@@ -3,8 +3,10 @@
 import pytest
 from torch.utils.data import DistributedSampler
 
-from dali_pipes.baseline import ShardSampler
+from dali_pipes.baseline import ShardSampler, TorchLoader
 from dali_pipes.run.dist import Shard
+
+from conftest import write_folder
 
 
 @pytest.mark.parametrize("n, world", [(23, 1), (23, 2), (23, 4), (8, 3)])
@@ -19,3 +21,13 @@ def test_train_split_reads_each_sample_at_most_once_per_epoch():
     ranks = [ShardSampler(23, Shard(r, 3), train=True, seed=5) for r in range(3)]
     indices = [i for s in ranks for _, i in s]
     assert len(indices) == len(set(indices)) == (23 // 3) * 3 and all(len(s) == 23 // 3 for s in ranks)
+
+
+def test_a_closed_loader_says_so(tmp_path):
+    """Iterating a closed TorchLoader names that, rather than failing on a None."""
+    write_folder(str(tmp_path), counts=(2, 2))
+    loader = TorchLoader(str(tmp_path), batch_size=2, train=False, image_size=16, num_workers=0)
+    assert [labels.tolist() for _, labels in loader] == [[0, 0], [1, 1]]
+    loader.close()
+    with pytest.raises(ValueError, match=r"the loader is closed \(close\(\) was called\)"):
+        next(iter(loader))

@@ -71,8 +71,8 @@ def test_converting_again_into_a_folder_is_refused_and_overwrite_replaces_the_ol
     write_tfrecords(source, out, shards=6, progress=False)
     before = {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)}
     with pytest.raises(DatasetError, match=rf"^{out}: not empty: holds an earlier conversion \(classes.json, "
-                                           r"manifest.json, train-00000-of-00006.tfrecord, train-00001-of-00006.tfrecord"
-                                           r", \.\.\. \(14 in all\)\); .* "
+                                           r"manifest.json, train-00000-of-00006.tfrecord, "
+                                           r"train-00001-of-00006.tfrecord, \.\.\. \(14 in all\)\); .* "
                                            r"Pass --overwrite \(overwrite=True\)"):
         write_tfrecords(source, out, shards=4, progress=False)
     with pytest.raises(SystemExit, match=rf"^error: {out}: not empty: holds an earlier conversion"):
@@ -98,8 +98,8 @@ def test_overwrite_keeps_other_prefixes_and_never_removes_files_no_conversion_wr
     write_tfrecords(source, out, shards=2, prefix="train", progress=False)
     write_tfrecords(source, out, shards=1, prefix="val", progress=False)
     write_tfrecords(source, out, shards=3, prefix="train", overwrite=True, progress=False)
-    assert [n for n in _listing(out) if n.endswith(".tfrecord")] == [f"train-{i:05d}-of-00003.tfrecord"
-                                                                     for i in range(3)] + ["val-00000-of-00001.tfrecord"]
+    expected = [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)] + ["val-00000-of-00001.tfrecord"]
+    assert [n for n in _listing(out) if n.endswith(".tfrecord")] == expected
     assert open_source(os.path.join(out, "train-*")).num_samples == 12 and open_source(out).num_samples == 24
     (tmp_path / "both" / "notes.md").write_text("mine")
     for overwrite in (False, True):

@@ -52,7 +52,8 @@ def test_val_swap_matches_dataloader(folder, tv):
     datasets, T = tv
     dataset = datasets.ImageFolder(folder, val_transform(T))
     ours = DaliLoader(dataset, batch_size=4, shuffle=False, num_workers=1, pin_memory=True)
-    theirs = DataLoader(dataset, batch_size=4, shuffle=False, num_workers=0)  # no fork: DALI threads live in this process
+    # no fork: DALI threads live in this process
+    theirs = DataLoader(dataset, batch_size=4, shuffle=False, num_workers=0)
     assert (ours.augment.image_size, ours.augment.crop_ratio) == (16, 0.8) and not ours.train
     assert ours.augment.mean == MEAN and ours.augment.std == STD
     assert len(ours) == len(theirs) == 4 and ours.dataset is dataset and len(ours.sampler) == N

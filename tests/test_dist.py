@@ -29,7 +29,8 @@ def test_pools_spawn_once_dali_is_loaded():
             "if __name__ == '__main__':\n"
             "    with process_pool(1) as p: print(p._mp_context.get_start_method())\n"
             "    import nvidia.dali\n"
-            "    with process_pool(1) as p: print(p._mp_context.get_start_method(), list(p.map(os.getenv, ['HOME']))[0] is not None)\n")
+            "    with process_pool(1) as p:\n"
+            "        print(p._mp_context.get_start_method(), list(p.map(os.getenv, ['HOME']))[0] is not None)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert done.returncode == 0, done.stderr[-2000:]

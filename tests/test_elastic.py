@@ -204,18 +204,29 @@ def test_states_that_do_not_fit_are_refused(sources):
         loader.load_state_dict(states[:1])
 
 
+def test_old_states_with_and_without_a_world_size_are_named():
+    """States of which one names no world size (None) are refused listing the sizes they name, never a
+    TypeError from sorting None among ints."""
+    from dali_pipes.run.elastic import check_states
+    identity = dict(version=1, num_samples=8, batch_size=2, seed=0, train=True)
+    state = {**identity, "delivered": "", "delivered_complete": True, "epoch": 0}
+    with pytest.raises(ValueError, match=r"got 2 states with world sizes \[None, 2\]"):
+        check_states([{**state, "world_size": 2}, state], identity)
+
+
 def test_dali_names_each_sample_as_the_identity_table_expects(sources):
     """The sample_ids output (DALI's source_info) of every sample, for each format, is what
     elastic.identity expects and marks its storage-order index (checked on DALI 2.4.0)."""
     from nvidia.dali import pipeline_def
 
     from dali_pipes.run.delivery import IdentityTable, sample_ids
-    for kind, source in sources.items():
-        @pipeline_def(batch_size=N, num_threads=1, device_id=None)
-        def pipe():
-            jpegs, _ = source.dali_reader()
-            return sample_ids(jpegs)
-        p = pipe()
+    @pipeline_def(batch_size=N, num_threads=1, device_id=None)
+    def pipe(source):
+        jpegs, _ = source.dali_reader()
+        return sample_ids(jpegs)
+
+    for source in sources.values():
+        p = pipe(source)
         p.build()
         (ids,) = p.run()
         keys = [np.array(ids[i]).tobytes().rstrip(b"\0").decode() for i in range(N)]

@@ -31,7 +31,7 @@ def test_atomic_write_removes_its_temp_on_error_and_names_the_flag_on_a_full_dis
     with pytest.raises(ZeroDivisionError):
         with atomic_write(str(tmp_path / "b.txt"), "w") as f:
             f.write("half")
-            1 / 0
+            raise ZeroDivisionError("an error inside the block")
     disk_full(tmp_path)
     with pytest.raises(DiskFullError, match=f"{tmp_path}/a.txt: no space left on the device.*with --somewhere"):
         with atomic_write(str(tmp_path / "a.txt"), "w", flag="--somewhere") as f:

@@ -14,7 +14,8 @@ def test_the_first_change_is_named():
     assert changes(base, of_files(PATHS, [10, 21, 30])) == "file a/2.jpg changed (20 bytes then, 21 bytes now)"
     assert changes(base, of_files(PATHS[:2] + ["/d/b/4.jpg"], [10, 20, 30])) == \
         "file b/3.jpg was removed (3 files then, 3 now)"
-    assert changes(base, of_files(PATHS + ["/d/b/4.jpg"], [10, 20, 30, 1])) == "file b/4.jpg was added (3 files then, 4 now)"
+    assert changes(base, of_files(PATHS + ["/d/b/4.jpg"], [10, 20, 30, 1])) == \
+        "file b/4.jpg was added (3 files then, 4 now)"
     assert changes(base, of_files([PATHS[1], PATHS[0], PATHS[2]], [20, 10, 30])) == \
         "the order of the files changed (at position 0: a/1.jpg then, a/2.jpg now)"
 

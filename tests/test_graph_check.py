@@ -176,6 +176,11 @@ def test_changed_private_api_is_named_with_the_dali_version():
         check_gpu_graph(object())
     with pytest.raises(PrivateApiChanged, match="dali_proto.PipelineDef"):
         _dali.parse_serialized_graph(b"\x0f\xff")
+    # an operator (field 5) as a varint where its message belongs: named too, never a TypeError
+    with pytest.raises(PrivateApiChanged, match="dali_proto.PipelineDef.*a varint where a length-delimited field"):
+        _dali.parse_serialized_graph(b"\x28\x05")
+    with pytest.raises(ValueError, match="not a DALI checkpoint.*a varint where a length-delimited field"):
+        _dali.checkpoint_entries(b"\x08\x05")
 
 
 # -- DALI_PIPES_REQUIRE_GPU ----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from dali_pipes.data.formats.image_files import list_folder, read_file_list
+from dali_pipes.data.formats.image_files import list_folder, read_file_list, read_sample
+from dali_pipes.data.samples import SampleRef
 from dali_pipes.errors import DatasetError
 
 from conftest import CLASSES, write_folder
@@ -99,7 +100,8 @@ def test_an_image_that_is_a_dangling_link_is_named_or_excluded(tmp_path):
     loader.close()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a chmod 000 folder anyway (the dangling-link test covers root)")
+@pytest.mark.skipif(os.geteuid() == 0,
+                    reason="root reads a chmod 000 folder anyway (the dangling-link test covers root)")
 def test_an_unreadable_class_folder_is_named_not_taken_for_empty(tmp_path):
     root = tmp_path / "images"
     write_folder(str(root), counts=(2, 1, 3))
@@ -112,3 +114,12 @@ def test_an_unreadable_class_folder_is_named_not_taken_for_empty(tmp_path):
         assert classes == list(CLASSES) and 1 not in labels
     finally:
         os.chmod(root / CLASSES[1], 0o755)
+
+
+def test_an_image_ref_without_its_label_is_refused(tmp_path):
+    """An image file says nothing of its label: a SampleRef made without one is refused by name,
+    rather than read as a Sample labelled None."""
+    (tmp_path / "a.jpg").write_bytes(b"jpeg")
+    assert read_sample(SampleRef("folder", str(tmp_path / "a.jpg"), label=2)).label == 2
+    with pytest.raises(ValueError, match=r"a\.jpg: an image file's SampleRef needs its label"):
+        read_sample(SampleRef("folder", str(tmp_path / "a.jpg")))

@@ -11,7 +11,6 @@ from PIL import Image
 from dali_pipes import DaliLoader, open_source
 from dali_pipes.graph.augment import IMAGENET_MEAN, IMAGENET_STD
 
-
 N = 23  # does not divide by 2, 3 or 4
 
 
@@ -175,12 +174,24 @@ def test_len_is_stable_and_set_epoch_is_accepted(numbered_source):
     assert loader.num_samples == N and loader.samples_per_epoch == 20
 
 
+def test_a_closed_loader_says_so(numbered):
+    """A loader used after close() names that, rather than failing on a None deep inside."""
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16)
+    loader.close()
+    with pytest.raises(ValueError, match=r"the loader's pipeline is closed \(close\(\) was called\)"):
+        len(loader)
+    with pytest.raises(ValueError, match="the loader's pipeline is closed"):
+        next(iter(loader))
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     (dict(batch_size=0), ValueError, "batch_size must be a positive integer, got 0"),
     (dict(rank=2, world_size=2), ValueError, r"rank 2 is not in \[0, world_size=2\)"),
     (dict(device="tpu"), ValueError, "device must be one of .*'tpu'"),
     (dict(batch_size=24), ValueError, "less than one batch of 24 per rank"),
     (dict(auto_augment="cutmix"), ValueError, "auto_augment must be one of"),
+    (dict(num_threads="4"), ValueError, "num_threads must be a count or 'auto', got '4'"),
+    (dict(prefetch_queue_depth="3"), ValueError, "prefetch_queue_depth must be a count or 'auto', got '3'"),
 ])
 def test_bad_arguments(numbered_source, kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -139,7 +139,7 @@ def test_thirty_loaders_dropped_without_close_leave_rss_threads_and_descriptors_
             len(os.listdir("/proc/self/fd"))
 
     seen = []
-    for i in range(30):
+    for _round in range(30):
         loader = DaliLoader(folder, train=True, batch_size=16, device="cpu", image_size=224, num_threads=2)
         for _ in loader:
             pass

@@ -10,13 +10,13 @@ import pytest
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage import object_store
 from dali_pipes.storage.object_store import ObjectInfo, S3Url
+from dali_pipes_bench.latency_proxy import Fault
+
+from s3_server import closed_endpoint
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
-from dali_pipes_bench.latency_proxy import Fault
-
-from s3_server import closed_endpoint
 
 
 def keys(infos: list[ObjectInfo]) -> list[str]:
@@ -116,7 +116,8 @@ def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(s3, monkeypa
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     object_store.configure(attempts=2, timeout=2)
     with pytest.raises(object_store.UnreachableError,
-                       match=f"cannot reach the S3 endpoint {closed} after 2 attempts.*AWS_ENDPOINT_URL.*--s3-attempts"):
+                       match=f"cannot reach the S3 endpoint {closed} after 2 attempts"
+                             f".*AWS_ENDPOINT_URL.*--s3-attempts"):
         object_store.list_objects("s3://any-bucket/train/")
 
 

@@ -73,7 +73,7 @@ def test_skip_bad_in_train_keeps_its_place_across_ranks(tmp_path):
     location = numbered_folder(tmp_path / "d", {5: BAD["garbage"], 19: BAD["truncated"]})
     ranks = [DaliLoader(location, batch_size=4, train=True, device="cpu", image_size=16, num_threads=1,
                         rank=r, world_size=2, skip_bad=True, shuffle_buffer=6, seed=3) for r in range(2)]
-    for epoch in range(2):
+    for _epoch in range(2):
         labels = [l for loader in ranks for l in epoch_labels(loader)]
         real = [l for l in labels if l >= 0]
         assert len(labels) == 24 and len(real) == len(set(real)) and not {5, 19} & set(real)
@@ -124,7 +124,7 @@ def test_resume_after_exclusion_excludes_again(tmp_path):
     kw = dict(batch_size=4, train=True, device="cpu", image_size=16, num_threads=1, skip_bad=True, seed=1)
     loader = DaliLoader(location, **kw)
     with pytest.warns(UserWarning):
-        labels = epoch_labels(loader)
+        epoch_labels(loader)
     state = loader.state_dict()
     rest = [epoch_labels(loader) for _ in range(2)]
     resumed = DaliLoader(location, **kw)

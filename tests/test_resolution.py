@@ -14,7 +14,6 @@ from dali_pipes import AugmentConfig, DaliLoader, progressive
 from dali_pipes.graph.resolution import parse_image_size, schedule_text, size_at
 from dali_pipes.options import add_arguments, from_args
 
-
 N = 23
 KW = dict(batch_size=4, train=True, device="cpu", num_threads=1, seed=5, shuffle_buffer=8)
 SCHEDULE = {0: 16, 1: 24, 2: 32}

@@ -230,7 +230,8 @@ def test_index_reused_then_rebuilt_after_the_object_changes(s3, cache_dirs, monk
     first = open_source(s3.url("train/"))
     built = []
     real = indexes.build_remote_index
-    monkeypatch.setattr(indexes, "build_remote_index", lambda info, *a, **k: built.append(info.url) or real(info, *a, **k))
+    monkeypatch.setattr(indexes, "build_remote_index",
+                        lambda info, *a, **k: built.append(info.url) or real(info, *a, **k))
     again = open_source(s3.url("train/"))
     assert built == [] and again.index_files == first.index_files
     # shard 1 rewritten with 2 records: only it gets a new index, and it reads the new records
@@ -393,7 +394,8 @@ def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs
     extra = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(3), "image/class/label": 1}))
     s3.put("m/train-00001-of-00002.tfrecord", object_store.read_bytes(shard) + extra)
     s3.client.delete_object(Bucket=s3.bucket, Key="m/train-00001-of-00002.tfrecord.idx")
-    with pytest.raises(DatasetError, match=r"train-00001-of-00002.tfrecord: \d+ bytes, but s3://.*/m/manifest.json lists"):
+    with pytest.raises(DatasetError,
+                       match=r"train-00001-of-00002.tfrecord: \d+ bytes, but s3://.*/m/manifest.json lists"):
         open_source(s3.url("m/"))
     assert main(["verify", s3.url("m/"), "--workers", "1"]) == 1
     assert "manifest.json lists" in capsys.readouterr().out
@@ -409,8 +411,8 @@ def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_
     write_folder(str(tmp_path / "images"))
     convert = ["convert", "tfrecord", str(tmp_path / "images"), s3.url("out/"), "--workers", "1"]
     assert main(convert + ["--shards", "3"]) == 0
-    with pytest.raises(SystemExit, match=r"^error: s3://.*/out/: not empty: holds an earlier conversion \(classes.json, "
-                                         r"manifest.json, train-00000-of-00003.tfrecord"):
+    with pytest.raises(SystemExit, match=r"^error: s3://.*/out/: not empty: holds an earlier conversion "
+                                         r"\(classes.json, manifest.json, train-00000-of-00003.tfrecord"):
         main(convert + ["--shards", "2"])
     assert main(convert + ["--shards", "2", "--overwrite"]) == 0
     keys = sorted(object_store.S3Url.parse(o.url).key for o in object_store.list_objects(s3.url("out/")))
@@ -442,8 +444,9 @@ def test_train_from_s3(s3, cache_dirs, tmp_path):
     tfrecord_shards(s3, n=32, shards=2)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-m", "train", "--data", s3.url("train/"), "--device", "cpu", "--arch", "resnet10",
-           "--width", "8", "--image-size", "16", "--batch-size", "8", "--epochs", "1", "--workdir", str(tmp_path / "run"),
-           "--threads", "1", "--val-data", s3.url("train/"), "--cache-prefetch", "2", "--num-classes", "32"]
+           "--width", "8", "--image-size", "16", "--batch-size", "8", "--epochs", "1",
+           "--workdir", str(tmp_path / "run"), "--threads", "1", "--val-data", s3.url("train/"),
+           "--cache-prefetch", "2", "--num-classes", "32"]
     run = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 0, run.stderr[-3000:]

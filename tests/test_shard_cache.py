@@ -280,6 +280,7 @@ def test_a_full_cache_disk_is_one_error_naming_the_file_and_the_flags(s3, tmp_pa
     info = object_store.head(s3.put("train/a.tfrecord", b"x" * 1000))
     disk_full(tmp_path / "cache")
     with ShardCache([info], folder=str(tmp_path / "cache")) as cache:
-        with pytest.raises(DiskFullError, match=r"a\.tfrecord: no space left on the device.*--cache-dir .*--cache-bytes"):
+        with pytest.raises(DiskFullError,
+                           match=r"a\.tfrecord: no space left on the device.*--cache-dir .*--cache-bytes"):
             cache.path(0)
         assert os.listdir(cache.folder) == []  # the partial download is gone

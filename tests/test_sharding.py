@@ -12,7 +12,6 @@ import pytest
 
 from dali_pipes.run import sharding
 
-
 JOB = os.path.join(os.path.dirname(__file__), "sharding_job.py")
 N = 24
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

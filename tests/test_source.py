@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from dali_pipes import DatasetError, TFRecordKeys, open_source
+from dali_pipes import DatasetError, Source, TFRecordKeys, open_source
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
@@ -184,7 +184,8 @@ def test_zero_byte_image_named_before_dali(jpeg_folder):
 def test_file_list_problems(jpeg_folder):
     list_path = os.path.join(jpeg_folder, "list.txt")
     for content, error, match in [
-        ("cat/cat_000.jpg 0\ncat/nope.jpg 1\n", FileNotFoundError, r"1 listed files do not exist, first: .*list.txt:2: .*cat/nope.jpg"),
+        ("cat/cat_000.jpg 0\ncat/nope.jpg 1\n", FileNotFoundError,
+         r"1 listed files do not exist, first: .*list.txt:2: .*cat/nope.jpg"),
         ("../outside.jpg 0\n", DatasetError, r"list.txt:1: '../outside.jpg' is outside the list's folder"),
         ("cat/cat_000.jpg 0\ncat/cat_001.jpg\n", DatasetError, r"list.txt:2: expected 'relative/path label'"),
     ]:
@@ -205,5 +206,15 @@ def test_truncated_tar_member(wds_dir):
     os.remove(shard + ".idx")
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) // 2)
-    with pytest.raises(DatasetError, match=r"00000-of-00002.tar: (member .* is truncated|not a readable tar|truncated or damaged)"):
+    with pytest.raises(DatasetError,
+                       match=r"00000-of-00002.tar: (member .* is truncated|not a readable tar|truncated or damaged)"):
         open_source(wds_dir)
+
+
+def test_a_source_made_without_its_kinds_fields_is_refused_by_name():
+    """A Source made by hand without a field its kind needs (a shard kind's index files, an image
+    kind's labels) is refused naming the field, not failed on a None."""
+    with pytest.raises(ValueError, match=r"^data/: a 'tfrecord' source without index_files; make it with open_source"):
+        Source("tfrecord", "data/", ["data/a.tfrecord"]).refs()
+    with pytest.raises(ValueError, match=r"^data/: a 'folder' source without labels"):
+        Source("folder", "data/", ["data/a/1.jpg"]).refs()

@@ -7,10 +7,13 @@ import json
 import os
 import struct
 
+import pytest
 from PIL import Image
 
 from dali_pipes.data.formats import tfrecord
+from dali_pipes.data.samples import SampleRef, TFRecordKeys
 from dali_pipes.data.source import open_source
+from dali_pipes.errors import DatasetError
 from dali_pipes.tools.convert import write_tfrecords
 
 from conftest import expected_multiset
@@ -149,3 +152,16 @@ def test_gzip_and_zlib_are_recognised(tmp_path):
         assert tfrecord.looks_like_tfrecord(str(tmp_path / name))
     walked = [d for _, _, d, p in tfrecord.walk_records(str(tmp_path / "z"), compression="ZLIB")]
     assert walked == [framed[12:-4]]
+
+
+def test_a_varint_where_a_message_belongs_is_not_an_example(tmp_path):
+    """A record whose Example holds a varint where its feature map belongs is a malformed Example:
+    ValueError from the parser, and read_sample names the record (DatasetError), never a TypeError."""
+    data = b"\x08\x05"  # field 1 (Example.features) with wire type 0: a varint, not a message
+    with pytest.raises(ValueError, match="a varint where a length-delimited field belongs"):
+        tfrecord.decode_example(data)
+    shard = tmp_path / "a.tfrecord"
+    shard.write_bytes(tfrecord.frame_record(data))
+    ref = SampleRef("tfrecord", str(shard), 0, "0", 0, shard.stat().st_size, extra=(TFRecordKeys(),))
+    with pytest.raises(DatasetError, match=r"a\.tfrecord#0: not a tf\.train\.Example \(a varint where"):
+        tfrecord.read_sample(ref)

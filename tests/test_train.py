@@ -485,7 +485,8 @@ def check_observed(workdir, stdout, history):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     board = EventAccumulator(str(workdir / "tb"))
     board.Reload()
-    assert len(board.Scalars("val_top1")) == len(history) and len(board.Scalars("data_wait_fraction/rank1")) == len(history)
+    assert len(board.Scalars("val_top1")) == len(history)
+    assert len(board.Scalars("data_wait_fraction/rank1")) == len(history)
 
 
 def test_a_full_disk_during_a_checkpoint_names_workdir_and_keeps_the_old_one(tmp_path, disk_full):
@@ -661,7 +662,8 @@ def test_a_label_offset_that_makes_class_0_negative_ends_the_run_in_one_line(tin
     cmd = [sys.executable, "-m", "train", "--data", str(tmp_path / "tfr"), "--device", "cpu", "--arch", "resnet10",
            "--width", "16", "--image-size", "32", "--batch-size", "8", "--epochs", "1", "--threads", "1",
            "--workdir", str(tmp_path / "run"), "--label-offset", "1"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 1 and "Traceback" not in run.stderr
     line = run.stderr.strip().splitlines()[-1].split("step/s]")[-1]  # after a progress bar, when one started
     assert line.startswith("error: ") and "label offset 1" in line and "negative. Check --label-offset" in line
@@ -732,7 +734,8 @@ def test_a_label_at_or_above_num_classes_ends_the_run_naming_the_record(tmp_path
     cmd = [sys.executable, "-m", "train", "--data", str(folder), "--device", "cpu", "--arch", "resnet10",
            "--width", "16", "--image-size", "32", "--batch-size", "8", "--epochs", "1", "--threads", "1",
            "--workdir", str(tmp_path / "run"), "--num-classes", "4"]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert run.returncode == 1 and "Traceback" not in run.stderr and "IndexError" not in run.stderr, run.stderr[-3000:]
     line = run.stderr.strip().splitlines()[-1].split("step/s]")[-1]  # after a progress bar, when one started
     where = f"error: {folder}: " if manifest else f"error: {shard}#5: "

@@ -3,6 +3,7 @@ settings in the first epoch by rebuilding the pipeline at its checkpoint, and th
 labels) are exactly those of a loader with the chosen values fixed: plain, after a resume taken while
 the search runs, and after an elastic resume taken then. The choice is remembered per machine."""
 
+import argparse
 import json
 import logging
 import os
@@ -13,7 +14,6 @@ import pytest
 from dali_pipes import DaliLoader
 from dali_pipes.options import auto_or_count
 from dali_pipes.run import tuning
-
 
 N = 240  # 120 batches of 2: a tuning budget of 12 batches, room for 4 trials of 2 measured batches
 KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
@@ -140,7 +140,7 @@ def test_a_short_first_epoch_is_not_tuned_and_says_why(numbered_source, caplog):
 
 def test_the_flag_takes_auto_or_a_count():
     assert auto_or_count("auto") == "auto" and auto_or_count("AUTO") == "auto" and auto_or_count("4") == 4
-    with pytest.raises(Exception):
+    with pytest.raises(argparse.ArgumentTypeError, match="'auto' or a count of at least 1"):
         auto_or_count("0")
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from dali_pipes.data.formats import webdataset
 from dali_pipes.data.labels import EXCLUDED_LABEL
+from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.errors import DatasetError
 
 from conftest import jpeg_bytes
@@ -59,3 +60,19 @@ def test_a_rewrite_that_fails_removes_its_temp_copy(tmp_path, disk_full):
         members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
     assert members == {"s_0.jpg": jpeg_bytes(0), "s_0.cls": b"0", "s_1.jpg": b"placeholder",
                        "s_1.cls": str(EXCLUDED_LABEL).encode(), "s_2.jpg": jpeg_bytes(2), "s_2.cls": b"2"}
+
+
+def test_an_index_read_for_another_label_extension_names_the_sample(tmp_path):
+    """Samples indexed with .cls labels, read with label_ext="txt": sample_refs names the first
+    sample and its members, never hands out a None ref."""
+    path = str(tmp_path / "s.tar")
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        webdataset.add_member(tar, "a_0.jpg", jpeg_bytes(3))
+        webdataset.add_member(tar, "a_0.cls", b"3")
+    webdataset.build_index(path, path + ".idx")
+    source = SimpleNamespace(kind="webdataset", location=path, files=[path], index_files=[path + ".idx"],
+                             label_ext="txt", keys=TFRecordKeys())
+    assert [r.key for r in webdataset.sample_refs(SimpleNamespace(**{**vars(source), "label_ext": "cls"}))] == ["a_0"]
+    with pytest.raises(DatasetError, match=r"s\.tar#a_0: no image or no \.txt member \(members: jpg, cls\)\. "
+                                           r"Pass the label extension"):
+        webdataset.sample_refs(source)

@@ -49,7 +49,7 @@ def per_batch(folder: str, batch: int) -> dict:
     loader = DaliLoader(folder, batch_size=batch, train=False, device="cpu", image_size=16, num_threads=1)
     top1_sum = loss_sum = count = 0.0
     batches = 0
-    for images, target in loader:
+    for _images, target in loader:
         output = oracle(target)
         loss = F.cross_entropy(output, target)  # crashes on a label -1
         top1 = (output.argmax(1) == target).float().sum() * 100.0 / target.size(0)
@@ -66,7 +66,7 @@ def at_end(folder: str, batch: int) -> dict:
                         val_padding="none")
     sums = torch.zeros(3, dtype=torch.float64)
     batches = 0
-    for images, target in loader:
+    for _images, target in loader:
         output = oracle(target)
         sums += torch.tensor([(output.argmax(1) == target).sum().item(),
                               F.cross_entropy(output, target, reduction="sum").item(), target.size(0)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 ENTRY_LIMIT = 10_000  # files listed one by one in a state; more are summed up per folder
 
@@ -30,9 +30,10 @@ def of_files(paths: Sequence[str], sizes: Sequence[int], versions: Sequence[str]
     if not paths:
         return {"files": 0, "bytes": 0, "digest": hashlib.sha1().hexdigest()}
     names = _relative(paths)
-    rows = [[n, s] for n, s in zip(names, sizes)] if versions is None else \
+    rows: list[list[Any]] = [[n, s] for n, s in zip(names, sizes)] if versions is None else \
         [[n, s, v] for n, s, v in zip(names, sizes, versions)]
-    digest, groups = hashlib.sha1(), {}
+    digest = hashlib.sha1()
+    groups: dict[str, list[Any]] = {}  # {folder: [files, bytes, digest]}
     for row in rows:
         line = "\t".join(map(str, row)).encode() + b"\n"
         digest.update(line)
@@ -56,7 +57,8 @@ def changes(saved: dict, now: dict) -> str | None:
         return _first_change(saved["entries"], now["entries"], "file")
     if "groups" in saved and "groups" in now:
         def rows(fp: dict) -> list[list]:
-            return [[name or ".", f"{n} files, {size} bytes, digest {digest[:8]}"] for name, n, size, digest in fp["groups"]]
+            return [[name or ".", f"{n} files, {size} bytes, digest {digest[:8]}"]
+                    for name, n, size, digest in fp["groups"]]
         return _first_change(rows(saved), rows(now), "folder")
     return (f"{saved.get('files')} files of {saved.get('bytes')} bytes then, {now.get('files')} files of "
             f"{now.get('bytes')} bytes now (their names or sizes differ)")

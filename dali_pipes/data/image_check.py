@@ -21,7 +21,7 @@ def header_size(data: bytes) -> tuple[int, int] | None:
         if accept and not accept(prefix):
             continue
         try:
-            with factory(io.BytesIO(data), None) as img:
+            with factory(io.BytesIO(data), "") as img:  # "": no file name, as Image.open passes for a stream
                 return img.size
         except Exception:
             continue

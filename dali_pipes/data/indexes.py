@@ -22,7 +22,7 @@ from typing import Sequence, cast
 
 from tqdm import tqdm
 
-from dali_pipes.data.formats import ShardedFormat, format_of
+from dali_pipes.data.formats import ShardedFormat, format_of, sharded_format_of
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import cache_root, moved_by, private_tmp, remove_stale_temps
 
@@ -48,7 +48,7 @@ def find_index(shard: str, kind: str, cache_dir: str | None = None) -> str | Non
     and an index beside the shard is then only read, never touched (the dataset is left alone)."""
     beside, cached = index_candidates(shard, cache_dir)
     for candidate in (cached, beside) if cache_dir else (beside, cached):
-        if os.path.exists(candidate) and format_of(kind).index_matches(shard, candidate):
+        if os.path.exists(candidate) and sharded_format_of(kind).index_matches(shard, candidate):
             if not cache_dir or candidate == cached:
                 _mark_checked(shard, candidate)
             return candidate
@@ -86,12 +86,12 @@ def build_index(shard: str, kind: str, cache_dir: str | None = None, label_ext: 
     tmp = private_tmp(target)
     try:
         with moved_by(INDEX_FLAG, target):
-            format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
+            sharded_format_of(kind).build_index(shard, tmp, label_ext, found if damaged is not None else None)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    if found:
+    if found and damaged is not None:  # found only fills when damaged is given
         damaged.extend(found)
         target = cached.removesuffix(INDEX_SUFFIX) + ".partial" + INDEX_SUFFIX
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -110,12 +110,12 @@ def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = 
     missing = [s for s, idx in zip(shards, found) if idx is None]
     if missing and not build:
         raise DatasetError(missing[0], f"no index that matches this shard ({len(missing)} of {len(shards)} shards "
-                           f"lack one)", f"Build them with: python scripts/make_index.py {os.path.dirname(missing[0]) or '.'} "
-                           f"(or: dali-pipes index ...)")
+                           f"lack one)", f"Build them with: python scripts/make_index.py "
+                           f"{os.path.dirname(missing[0]) or '.'} (or: dali-pipes index ...)")
     if missing:
         desc = f"indexing {len(missing)} {kind} shard{'s' if len(missing) > 1 else ''}"
-        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext, damaged), missing, workers,
-                                            desc if progress else None)))
+        built = dict(zip(missing, _parallel(lambda s: build_index(s, kind, cache_dir, label_ext, damaged), missing,
+                                            workers, desc if progress else None)))
         found = [idx or built[s] for s, idx in zip(shards, found)]
     return found
 
@@ -155,7 +155,7 @@ def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext:
         return target
     try:
         with remote.open_object(info) as f, moved_by(INDEX_FLAG, target):
-            format_of(kind).build_index_stream(f, info.url, tmp, label_ext)
+            sharded_format_of(kind).build_index_stream(f, info.url, tmp, label_ext)
             f.read()  # to the end: the download's size and ETag checks run there
         os.replace(tmp, target)
     finally:

@@ -70,11 +70,11 @@ def dali_checked_labels(stored, offset: int = 0, num_classes: int | None = None)
     take, so the batch fails (as a record without its label key does) and the bad-sample search names
     it; EXCLUDED_LABEL becomes PADDING_LABEL. A good sample's label is stored - offset, unchanged."""
     from nvidia.dali import fn, types
-    excluded = fn.cast(stored == EXCLUDED_LABEL, dtype=types.INT64)
+    excluded = fn.cast(stored == EXCLUDED_LABEL, dtype=types.DALIDataType.INT64)
     label = stored - offset if offset else stored
-    bad = fn.cast(label < 0, dtype=types.INT64)
+    bad = fn.cast(label < 0, dtype=types.DALIDataType.INT64)
     if num_classes is not None:
-        bad = bad + fn.cast(label >= num_classes, dtype=types.INT64)
-    bad = fn.cast(bad * (1 - excluded), dtype=types.INT32)
+        bad = bad + fn.cast(label >= num_classes, dtype=types.DALIDataType.INT64)
+    bad = fn.cast(bad * (1 - excluded), dtype=types.DALIDataType.INT32)
     out = label * (1 - excluded) + PADDING_LABEL * excluded
     return fn.reshape(out, shape=fn.stack(1 + bad))  # [1] when good; [2] or [3] fails the batch

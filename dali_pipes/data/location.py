@@ -41,7 +41,7 @@ def check_complete(names: Sequence[str], where: str) -> None:
         if found:
             key = (os.path.dirname(name), found["stem"], found["total"], found["ext"])
             sets.setdefault(key, []).append(int(found["index"]))
-    for (folder, stem, total, ext), indices in sorted(sets.items()):
+    for (_folder, stem, total, ext), indices in sorted(sets.items()):
         missing = sorted(set(range(int(total))) - set(indices))
         if missing:
             first = f"{stem}-{missing[0]:0{len(total)}d}-of-{total}{ext}"
@@ -132,7 +132,7 @@ def _one_kind(kinds: list[tuple[str, str | None]], where: str, container: str) -
     if odd:
         raise DatasetError(odd[0], f"{not_a_shard()} ({len(odd)} such files in {where})",
                            f"Point at a {container} that holds only shards, or at a glob such as 'train-*-of-*'")
-    found = sorted({kind for _, kind in kinds})
+    found = sorted({kind for _, kind in kinds if kind is not None})  # none is, by now
     if len(found) > 1:
         raise DatasetError(where, f"holds shards of several formats ({', '.join(found)})",
                            "Point at one kind (e.g. a glob)")

@@ -113,8 +113,8 @@ def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[
             out.append(DatasetError(shards[i], f"{counts[i]} samples, but {manifest_path} lists {entry['samples']}",
                                     "Copy it again, or convert again"))
     if not out and complete and pattern == "*" and counts is not None and sum(counts) != manifest.get("samples"):
-        out.append(DatasetError(_folder(shards[0]).rstrip("/"), f"{sum(counts)} samples in its {len(shards)} shards, but "
-                                f"{manifest_path} lists {manifest.get('samples')} in all", "Convert again"))
+        out.append(DatasetError(_folder(shards[0]).rstrip("/"), f"{sum(counts)} samples in its {len(shards)} "
+                                f"shards, but {manifest_path} lists {manifest.get('samples')} in all", "Convert again"))
     return out
 
 
@@ -141,7 +141,8 @@ def _set_problems(manifest: dict, manifest_path: str, shards: list[str], found: 
     return out
 
 
-def classes_problem(manifest: dict, manifest_path: str, classes_path: str, classes: list[str] | None) -> DatasetError | None:
+def classes_problem(manifest: dict, manifest_path: str, classes_path: str,
+                    classes: list[str] | None) -> DatasetError | None:
     """classes.json's classes against the manifest's, when both name them: a difference is a stale file."""
     listed = manifest.get("classes")
     if classes is None or listed is None or list(classes) == list(listed):

@@ -46,6 +46,14 @@ def fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
             raise ValueError(f"unsupported protobuf wire type {wire}")
 
 
+def as_bytes(payload: bytes | int) -> bytes:
+    """A field's payload where the message's schema has a length-delimited field (bytes, a string, an
+    embedded message); a varint there is a malformed message: ValueError, as fields() raises for others."""
+    if isinstance(payload, int):
+        raise ValueError("a varint where a length-delimited field belongs")
+    return payload
+
+
 def encode_varint(value: int) -> bytes:
     out = bytearray()
     while True:

@@ -64,9 +64,13 @@ class ReaderModel:
 
     def slice(self, shard_id: int) -> Sequence[int]:
         """Storage-order indices of the samples of slice `shard_id`, in the reader's list order."""
+        span = self._span(shard_id)
+        return dali_list_order(self.num_samples)[span.start:span.stop] if self.list_shuffled else span
+
+    def _span(self, shard_id: int) -> range:
+        """The positions in the reader's list of slice `shard_id`."""
         n, s = self.num_samples, self.world_size
-        span = range(n * shard_id // s, n * (shard_id + 1) // s)
-        return dali_list_order(n)[span.start:span.stop] if self.list_shuffled else span
+        return range(n * shard_id // s, n * (shard_id + 1) // s)
 
     def read_order(self, shard_id: int, epoch: int) -> Sequence[int]:
         """Slice `shard_id` in the order the reader reads it in the pipeline's epoch `epoch`: the list order
@@ -114,7 +118,7 @@ class ReaderModel:
         holding `counts` samples each: a reader never opens a file outside its slice."""
         if self.list_shuffled:  # a file reader's list: one sample per file
             return [(i, 1) for i in self.slice(shard_id)]
-        span, out, start = self.slice(shard_id), [], 0
+        span, out, start = self._span(shard_id), [], 0
         for index, count in enumerate(counts):
             taken = min(span.stop, start + count) - max(span.start, start)
             if taken > 0:
@@ -208,7 +212,7 @@ def dali_reader(source: SourceRecord, *, name: str = READER_NAME, shard_id: int 
         ids = fn.pad(fn.get_property(images, key="source_info"), axes=(0,), fill_value=0) if with_ids else None
     if max_pixels is not None:
         images = guard_pixels(images, max_pixels)
-    labels = fn.reshape(fn.cast(labels, dtype=types.INT64), shape=[])
+    labels = fn.reshape(fn.cast(labels, dtype=types.DALIDataType.INT64), shape=[])
     return (images, labels, ids) if with_ids else (images, labels)
 
 
@@ -234,6 +238,6 @@ def guard_pixels(images: "DataNode", max_pixels: int) -> "DataNode":
     through without a copy, so the hot path pays a few tiny per-sample ops. The loader's bad-sample
     search then names the image (and, with skip_bad, excludes it)."""
     from nvidia.dali import fn, types
-    shape = fn.peek_image_shape(images, dtype=types.INT64)
-    too_big = fn.cast(shape[0] * shape[1] > max_pixels, dtype=types.INT64)
-    return fn.reshape(images, shape=images.shape(dtype=types.INT64) * (1 - too_big))
+    shape = fn.peek_image_shape(images, dtype=types.DALIDataType.INT64)
+    too_big = fn.cast(shape[0] * shape[1] > max_pixels, dtype=types.DALIDataType.INT64)
+    return fn.reshape(images, shape=images.shape(dtype=types.DALIDataType.INT64) * (1 - too_big))

@@ -7,7 +7,9 @@ the recovery code can all import it without closing an import cycle.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, TypeVar
+
+T = TypeVar("T")
 
 # The label of a sample that is not a real sample: val padding (to equalise batch counts across
 # ranks) and the placeholders of excluded bad samples. CrossEntropyLoss(ignore_index=-1) and
@@ -77,6 +79,14 @@ class SourceRecord(Protocol):
     keys: TFRecordKeys
     label_ext: str
     remote: list[Any] | None  # remote.ObjectInfo per file, for remote (s3://, gs://, ...) sources
+
+
+def required(value: T | None, source: SourceRecord, name: str) -> T:
+    """`value`, the field `name` of `source`, which every source of its kind has (open_source sets it): a
+    Source made without it is refused by name, rather than failing later on a None."""
+    if value is None:
+        raise ValueError(f"{source.location}: a {source.kind!r} source without {name}; make it with open_source")
+    return value
 
 
 class ReadPlan(Protocol):

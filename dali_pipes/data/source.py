@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from dali_pipes.data import fingerprint, indexes, manifest
-from dali_pipes.data.formats import format_of, image_files, read_sample
+from dali_pipes.data.formats import Format, ShardedFormat, format_of, image_files, read_sample, sharded_format_of
 from dali_pipes.data.labels import check_label, label_bound, offset_fix
 from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote
 from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys
@@ -63,9 +63,14 @@ class Source:
         return len(self.files) if self.counts is None else sum(self.counts)
 
     @property
-    def format(self):
+    def format(self) -> Format:
         """The format module of this source's kind (formats/)."""
         return format_of(self.kind)
+
+    @property
+    def sharded_format(self) -> ShardedFormat:
+        """The format module of this source's shards (format.SHARDED); ValueError for image files."""
+        return sharded_format_of(self.kind)
 
     def dali_reader(self, **reader_args):
         """Reader nodes inside a DALI pipeline definition (see reader.dali_reader)."""
@@ -125,7 +130,7 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
 
 def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, label_ext: str,
                   index_cache_dir: str | None, build: bool, progress: bool, skip_bad: bool) -> Source:
-    fmt = format_of(kind)
+    fmt = sharded_format_of(kind)
     for shard in shards:
         fmt.check_shard(shard)
     damaged: list[DatasetError] | None = [] if skip_bad else None
@@ -137,7 +142,8 @@ def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, 
 
 
 def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
-                   build: bool, progress: bool, allow_duplicates: bool = False, num_classes: int | None = None) -> Source:
+                   build: bool, progress: bool, allow_duplicates: bool = False,
+                   num_classes: int | None = None) -> Source:
     """open_source for remote locations: listed through storage.remote, indexes built by streaming."""
     kind, infos = classify_remote(location)
     if kind == "folder":
@@ -156,7 +162,7 @@ def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: T
                          index_cache_dir: str | None, build: bool, progress: bool) -> Source:
     index_files = indexes.ensure_remote_indexes(infos, kind, cache_dir=index_cache_dir, build=build,
                                                 progress=progress, label_ext=label_ext)
-    fmt = format_of(kind)
+    fmt = sharded_format_of(kind)
     return Source(kind, where, [info.url for info in infos], index_files=index_files,
                   counts=[fmt.count_samples(idx) for idx in index_files],
                   classes=_classes_json_beside_object(infos[0].url), keys=keys, label_ext=label_ext, remote=infos)
@@ -267,6 +273,8 @@ def _check_listed_labels(source: Source) -> None:
     if source.num_classes is None or not source.labels:
         return
     bound, bound_from = label_bound(source)
+    if bound is None:  # never: num_classes is given
+        return
     bad = next((i for i, label in enumerate(source.labels) if label >= bound), None)
     if bad is not None:
         more = sum(label >= bound for label in source.labels) - 1
@@ -305,6 +313,7 @@ def _check_files(source: Source, skip_bad: bool) -> None:
     """One stat per file (sizes are listed for s3:// objects): the source's fingerprint, and its files
     checked. DALI's file reader dies on a 0-byte file (its default mmap fails) and on an unreadable one,
     naming nothing useful: refuse them, or (skip_bad, image files) list them for exclusion."""
+    unreadable: dict[str, str]  # {path: what is wrong}
     if source.remote is not None:
         sizes, unreadable = [info.size for info in source.remote], {}
         source.fingerprint = fingerprint.of_files(source.files, sizes, [info.etag for info in source.remote])
@@ -321,9 +330,9 @@ def _check_files(source: Source, skip_bad: bool) -> None:
                            "Fix them (permissions, links), remove them, or pass skip_bad=True (--skip-bad)")
     elif empty:
         what = "images" if source.kind in ("folder", "file_list") else "shards"
-        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} are empty",
-                           f"Remove them, or train from a clean list: python scripts/verify_dataset.py {source.location} "
-                           f"--write-clean-list clean.txt (or: dali-pipes verify ...)")
+        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} "
+                           f"are empty", f"Remove them, or train from a clean list: python scripts/verify_dataset.py "
+                           f"{source.location} --write-clean-list clean.txt (or: dali-pipes verify ...)")
 
 
 def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], dict[str, str]]:
@@ -360,7 +369,7 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
     for error in problems:
         if not skip_bad or isinstance(error, manifest.SetError):
             raise error
-        warnings.warn(f"{error}")
+        warnings.warn(f"{error}", stacklevel=2)
     stale = manifest.classes_problem(found, path, manifest.classes_path(path), source.classes)
     if stale is not None:
         raise stale

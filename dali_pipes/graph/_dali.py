@@ -7,6 +7,8 @@ with a message that says which DALI version this was written for.
 
 from __future__ import annotations
 
+from dali_pipes.data.protobuf import as_bytes
+
 CHECKED_DALI_VERSION = "2.4.0"
 
 
@@ -72,8 +74,10 @@ def registered_ops() -> dict[str, frozenset[str]]:
     operators (conditionals, transfers) included."""
     from nvidia.dali import backend
     try:
-        return {"cpu": frozenset(backend.RegisteredCPUOps(True)), "gpu": frozenset(backend.RegisteredGPUOps(True)),
-                "mixed": frozenset(backend.RegisteredMixedOps(True))}
+        # not in DALI 2.4's backend stub (backend.pyi); their absence is the AttributeError below
+        return {"cpu": frozenset(backend.RegisteredCPUOps(True)),  # type: ignore[attr-defined]
+                "gpu": frozenset(backend.RegisteredGPUOps(True)),  # type: ignore[attr-defined]
+                "mixed": frozenset(backend.RegisteredMixedOps(True))}  # type: ignore[attr-defined]
     except (AttributeError, TypeError) as e:
         raise _changed("backend.Registered{CPU,GPU,Mixed}Ops", e) from e
 
@@ -94,8 +98,8 @@ def parse_serialized_graph(serialized: bytes) -> tuple[list[dict], list[dict]]:
     {"name", "device", "argument"} ("argument": the argument name of a named-argument input)."""
     try:
         fields = _proto_fields(serialized)
-        ops = [_op(body) for number, body in fields if number == _PIPELINE_OP]
-        outputs = [_io(body) for number, body in fields if number == _PIPELINE_OUTPUT]
+        ops = [_op(as_bytes(body)) for number, body in fields if number == _PIPELINE_OP]
+        outputs = [_io(as_bytes(body)) for number, body in fields if number == _PIPELINE_OUTPUT]
     except (IndexError, ValueError, UnicodeDecodeError) as e:
         raise _changed("the serialized pipeline format (dali_proto.PipelineDef)", e) from e
     if not ops or any(not op["schema"] or not op["device"] for op in ops):
@@ -106,23 +110,23 @@ def parse_serialized_graph(serialized: bytes) -> tuple[list[dict], list[dict]]:
 
 def _op(body: bytes) -> dict:
     fields = _proto_fields(body)
-    text = lambda number: next((v.decode() for n, v in fields if n == number), "")
+    text = lambda number: next((as_bytes(v).decode() for n, v in fields if n == number), "")
     device = ""
     for number, arg in fields:
         if number == _OP_ARG:
-            arg_fields = dict(_proto_fields(arg))
+            arg_fields = dict(_proto_fields(as_bytes(arg)))
             if arg_fields.get(_ARG_NAME) == b"device":
-                device = arg_fields.get(_ARG_STRING, b"").decode()
+                device = as_bytes(arg_fields.get(_ARG_STRING, b"")).decode()
     return {"schema": text(_OP_SCHEMA), "name": text(_OP_NAME), "device": device,
-            "inputs": [_io(v) for n, v in fields if n == _OP_INPUT],
-            "outputs": [_io(v) for n, v in fields if n == _OP_OUTPUT]}
+            "inputs": [_io(as_bytes(v)) for n, v in fields if n == _OP_INPUT],
+            "outputs": [_io(as_bytes(v)) for n, v in fields if n == _OP_OUTPUT]}
 
 
 def _io(body: bytes) -> dict:
     fields = dict(_proto_fields(body))
-    argument = fields.get(_IO_ARG_NAME, b"").decode() if fields.get(_IO_IS_ARGUMENT) else ""
-    return {"name": fields.get(_IO_NAME, b"").decode(), "device": fields.get(_IO_DEVICE, b"").decode(),
-            "argument": argument}
+    text = lambda number: as_bytes(fields.get(number, b"")).decode()
+    argument = text(_IO_ARG_NAME) if fields.get(_IO_IS_ARGUMENT) else ""
+    return {"name": text(_IO_NAME), "device": text(_IO_DEVICE), "argument": argument}
 
 
 def _proto_fields(data: bytes) -> list[tuple[int, int | bytes]]:
@@ -144,8 +148,9 @@ def checkpoint_entries(checkpoint: bytes) -> list[tuple[str, bytes]]:
         entries = []
         for number, body in _proto_fields(checkpoint):
             if number == _CHECKPOINT_OP:
-                fields = dict(_proto_fields(body))
-                entries.append((fields[_OP_CHECKPOINT_NAME].decode(), bytes(fields.get(_OP_CHECKPOINT_STATE, b""))))
+                fields = dict(_proto_fields(as_bytes(body)))
+                entries.append((as_bytes(fields[_OP_CHECKPOINT_NAME]).decode(),
+                                bytes(fields.get(_OP_CHECKPOINT_STATE, b""))))
     except (IndexError, KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"not a DALI checkpoint (checked on DALI {CHECKED_DALI_VERSION}): {e}") from e
     if not entries:
@@ -162,7 +167,7 @@ def checkpoint_with_entries(checkpoint: bytes, entries: list[tuple[str, bytes]])
         if number != _CHECKPOINT_OP:
             if wire != 2:
                 raise ValueError(f"unexpected field {number} of wire type {wire} in a DALI checkpoint")
-            out += length_delimited(number, value)
+            out += length_delimited(number, as_bytes(value))
     return out
 
 

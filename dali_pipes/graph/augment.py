@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from dali_pipes.graph import resolution
 from dali_pipes.graph.resolution import ImageSize
@@ -214,8 +214,9 @@ def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> di
     # Fancy upsampling makes the mixed decoder upsample chroma as libjpeg-turbo does, so GPU and CPU
     # decodes agree at colour edges. DALI 2.4 accepts it on both backends; it changes only the mixed one.
     # adjust_orientation: False reads a JPEG as stored, as PIL does (DataLoader's ImageFolder applies no EXIF tag)
-    args = dict(device="mixed" if decode_device == "gpu" else "cpu", output_type=types.RGB,
-                jpeg_fancy_upsampling=True, adjust_orientation=cfg.exif_orientation is not False)
+    args: dict[str, Any] = dict(device="mixed" if decode_device == "gpu" else "cpu",
+                                output_type=types.DALIImageType.RGB, jpeg_fancy_upsampling=True,
+                                adjust_orientation=cfg.exif_orientation is not False)
     if decode_device == "gpu":
         device_padding, host_padding = decoder_paddings(num_threads)
         args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
@@ -224,7 +225,8 @@ def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> di
     return check_decoder_args(args)
 
 
-def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str, **args) -> DataNode:
+def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str,
+               **args) -> DataNode:
     """`decoder` (one of DALI's image decoders) of `jpegs` with `args` and decoder_args: uint8 RGB HWC.
 
     png16="pil" reads 16-bit PNGs as PIL's convert("RGB") does, which DALI's uint8 decode cannot: PIL clips
@@ -240,7 +242,7 @@ def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentCo
     head = fn.slice(jpegs, [0], [26], axes=[0], out_of_bounds_policy="pad", fill_values=0)
     if (head[0] == 0x89) & (head[1] == 0x50) & (head[24] == 16):  # a branch's operator needs a name of its own
         wide = {**args, "name": args["name"] + "16"} if "name" in args else args
-        images = _as_pil_reduces(decoder(jpegs, dtype=types.UINT16, **wide), grey=head[25] == 0)
+        images = _as_pil_reduces(decoder(jpegs, dtype=types.DALIDataType.UINT16, **wide), grey=head[25] == 0)
     else:
         images = decoder(jpegs, **args)
     return images
@@ -250,8 +252,8 @@ def _as_pil_reduces(images: DataNode, grey: DataNode) -> DataNode:
     """16-bit images to uint8 as PIL reduces them: grey (mode I;16) clipped at 255, else the high byte."""
     from nvidia.dali import fn, types
     from nvidia.dali import math as dmath
-    divisor = 256 - 255 * fn.cast(grey, dtype=types.INT32)
-    return fn.cast(dmath.min(images // divisor, 255), dtype=types.UINT8)
+    divisor = 256 - 255 * fn.cast(grey, dtype=types.DALIDataType.INT32)
+    return fn.cast(dmath.min(images // divisor, 255), dtype=types.DALIDataType.UINT8)
 
 
 def _pipeline_threads() -> int:
@@ -265,7 +267,7 @@ def _normalize(images: DataNode, cfg: AugmentConfig, **crop_args) -> DataNode:
     """Crop (optional), flip (optional), normalise, lay out: the last step of both graphs."""
     from nvidia.dali import fn, types
     return fn.crop_mirror_normalize(
-        images, dtype=types.FLOAT16 if cfg.float16 else types.FLOAT,
+        images, dtype=types.DALIDataType.FLOAT16 if cfg.float16 else types.DALIDataType.FLOAT,
         output_layout="HWC" if cfg.channels_last else "CHW",
         mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std], **crop_args)
 
@@ -285,8 +287,9 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
                         random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100)
     if device == "gpu":
         images = images.gpu()  # hybrid: the decoded crop moves once; a no-op after the mixed decoder
-    images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size, interp_type=types.INTERP_LINEAR,
-                       antialias=True)
+    # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
+    images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size,  # type: ignore[assignment]
+                       interp_type=types.DALIInterpType.INTERP_LINEAR, antialias=True)
     if cfg.color_jitter:
         jitter = lambda name: fn.random.uniform(range=[1 - cfg.color_jitter, 1 + cfg.color_jitter], name=name)
         images = fn.color_twist(images, brightness=jitter("Brightness"), contrast=jitter("Contrast"),
@@ -326,6 +329,7 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
     if device == "gpu":
         images = images.gpu()
     size = cfg.val_size
-    images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio), interp_type=types.INTERP_LINEAR,
-                       antialias=True)
+    # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
+    images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio),  # type: ignore[assignment]
+                       interp_type=types.DALIInterpType.INTERP_LINEAR, antialias=True)
     return _normalize(images, cfg, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)

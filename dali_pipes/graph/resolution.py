@@ -128,4 +128,4 @@ def progressive(min_size: int = 160, max_size: int = 192, start_epoch: int = 2, 
         return min(max_size, max(min_size, math.floor(line / step + 0.5) * step))
 
     schedule = normalized({epoch: size(epoch) for epoch in range(end_epoch + 1)})
-    return schedule if isinstance(schedule, dict) else {0: schedule}
+    return {0: schedule} if isinstance(schedule, int) else dict(schedule)

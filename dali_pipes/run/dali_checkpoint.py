@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.graph._dali import checkpoint_entries, checkpoint_with_entries, operator_schemas, shutdown_pipeline
+
+if TYPE_CHECKING:
+    from nvidia.dali import Pipeline
 
 log = logging.getLogger("dali_pipes")
 _GENERATED_NAME = re.compile(r"^__(.+)_\d+$")  # DALI's name of an operator nobody named: __<schema>_<n>
@@ -33,7 +36,7 @@ class CheckpointError(ValueError):
     """A loader state's DALI checkpoint that cannot be restored into this loader's graph."""
 
 
-def restored_pipeline(define: Callable[[bytes | None], object], checkpoint: bytes, written_by: str):
+def restored_pipeline(define: Callable[[bytes | None], Pipeline], checkpoint: bytes, written_by: str) -> Pipeline:
     """A built pipeline at `checkpoint` (`define(checkpoint)` defines one, `define(None)` a fresh one).
 
     Raises CheckpointError when the checkpoint cannot be restored even carried over; an error of the
@@ -57,7 +60,7 @@ def restored_pipeline(define: Callable[[bytes | None], object], checkpoint: byte
     return pipe
 
 
-def carried_over(define: Callable[[bytes | None], object], checkpoint: bytes, written_by: str,
+def carried_over(define: Callable[[bytes | None], Pipeline], checkpoint: bytes, written_by: str,
                  refusal: Exception) -> bytes:
     """`checkpoint` rewritten onto the operator names of the graph `define(None)` builds."""
     try:
@@ -95,7 +98,7 @@ def match_states(old: list[tuple[str, bytes]], new: list[tuple[str, bytes]],
     old_by_name = {name: state for name, state in old if state}
     unnamed_old = [(name, state) for name, state in old if state and name not in new_names]
     unnamed_new = [name for name, state in new if state and name not in old_by_name]
-    pairs = {}
+    pairs: dict[str, bytes] = {}  # {new operator: the old state it takes}
     for schema in {_schema_of(name, schemas) for name in unnamed_new}:
         olds = [state for name, state in unnamed_old if _schema_of(name, {}) == schema]
         news = [name for name in unnamed_new if _schema_of(name, schemas) == schema]

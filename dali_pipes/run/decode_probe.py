@@ -28,8 +28,10 @@ def decode_pipeline(datas: list[bytes], device: str = "cpu", device_id: int | No
     from nvidia.dali import fn, pipeline_def, types
     batch = [np.frombuffer(d, np.uint8) if d else np.zeros(0, np.uint8) for d in datas]
 
+    # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
     @pipeline_def(batch_size=len(batch), num_threads=min(4, usable_cpus()),
-                  device_id=device_id if device == "gpu" else None, exec_pipelined=False, exec_async=False)
+                  device_id=device_id if device == "gpu" else None,  # type: ignore[arg-type]
+                  exec_pipelined=False, exec_async=False)
     def decode():
         return fn.decoders.image(fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8),
                                  device="mixed" if device == "gpu" else "cpu", output_type=types.RGB)

@@ -14,7 +14,8 @@ import warnings
 
 import numpy as np
 
-from dali_pipes.data.formats import format_of, format_of_ref
+from dali_pipes.data.formats import format_of_ref, sharded_format_of
+from dali_pipes.data.samples import required
 from dali_pipes.data.source import Source
 
 IDENTITY_CHECKED_DALI = "2.4.0"  # the source_info formats below were read off this DALI version
@@ -38,8 +39,8 @@ def split_identity(kind: str, key: str) -> tuple[str, int]:
     """(shard path, byte offset) of a sharded format's source_info; ("", -1) if it has another form
     (not as on DALI 2.4.0: counted as unidentified, never a crash mid-training)."""
     try:
-        return format_of(kind).split_source_info(key)
-    except ValueError:
+        return sharded_format_of(kind).split_source_info(key)
+    except ValueError:  # sharded_format_of's too: an image kind has no (shard, offset) form
         return "", -1
 
 
@@ -53,7 +54,7 @@ class IdentityTable:
         self._source = source
         if source.format.SHARDED:
             self._shard_of = {path: i for i, path in enumerate(source.files)}
-            self._starts = np.cumsum([0] + list(source.counts))
+            self._starts = np.cumsum([0] + required(source.counts, source, "counts"))
             self._offsets: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         else:
             hashes = np.fromiter(map(hash, source.files), np.int64, len(source.files))
@@ -117,9 +118,10 @@ class IdentityTable:
     def _shard_offsets(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """(sorted sample offsets, their positions in the shard) of one shard, from its index."""
         if shard not in self._offsets:
-            one = dataclasses.replace(self._source, files=[self._source.files[shard]],
-                                      index_files=[self._source.index_files[shard]],
-                                      counts=[self._source.counts[shard]])
+            source = self._source
+            one = dataclasses.replace(source, files=[source.files[shard]],
+                                      index_files=[required(source.index_files, source, "index_files")[shard]],
+                                      counts=[required(source.counts, source, "counts")[shard]])
             offsets = np.array([ref.offset for ref in one.refs()], np.int64)
             order = np.argsort(offsets, kind="stable")
             self._offsets[shard] = offsets[order], order
@@ -144,11 +146,12 @@ class DeliveryRecord:
     def add(self, ids, count: int) -> None:
         """Mark the first `count` rows of a batch's sample_ids output as delivered."""
         rows = ids.cpu().numpy() if hasattr(ids, "cpu") else np.asarray(ids)
+        assert self._table is not None, "bind(source) comes first"  # RankPipeline binds at every build
         missing = self._table.mark([row.tobytes().rstrip(b"\0").decode() for row in rows[:count]], self.delivered)
         if missing and self.complete:
             warnings.warn(f"elastic resume: cannot identify delivered sample {missing[0]!r} (DALI's source_info "
                           f"format was checked on DALI {IDENTITY_CHECKED_DALI}); this epoch's state can only "
-                          f"resume on the same world size")
+                          f"resume on the same world size", stacklevel=1)  # about the run, not a caller
         self.complete = self.complete and not missing
 
     def repeated(self) -> np.ndarray:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dali_pipes.data.samples import required
 from dali_pipes.data.source import Source
 from dali_pipes.run.delivery import unpack
 from dali_pipes.run.dist import Shard
@@ -69,9 +70,10 @@ def check_states(states: list[dict], identity: dict) -> int:
             raise ValueError(f"loader state of old rank {rank}: some delivered samples of epoch {state['epoch']} "
                              f"could not be identified; resume it on its own world size ({state.get('world_size')})")
     old_world = {s.get("world_size") for s in states}
-    if len(old_world) != 1 or old_world.pop() != len(states):
+    if old_world != {len(states)}:
+        shown = sorted(old_world, key=lambda w: -1 if w is None else w)  # None: a state that names none
         raise ValueError(f"pass the state of every old rank, in rank order: got {len(states)} states with world "
-                         f"sizes {sorted({s.get('world_size') for s in states})}")
+                         f"sizes {shown}")
     epochs = {s["epoch"] for s in states}
     if len(epochs) != 1:
         raise ValueError(f"the old ranks' states are in different epochs {sorted(epochs)}: take them at the same "
@@ -101,8 +103,8 @@ def plan_remainder(base: np.ndarray, *, epoch: int, rank: int, world_size: int, 
             return None
         order = np.random.default_rng(remainder_seed).permutation(count)  # random slices, read in storage order
         take = batches * batch_size
-        mine = np.sort(rest[order[rank * take:(rank + 1) * take]])
-        return Remainder(epoch, base, mine.tolist(), take, remainder_seed)
+        return Remainder(epoch, base, np.sort(rest[order[rank * take:(rank + 1) * take]]).tolist(), take,
+                         remainder_seed)
     if count == 0:
         return None
     longest = -(-count // world_size)
@@ -128,10 +130,12 @@ def subset_source(source: Source, indices: list[int], folder: str | None = None)
     in that order. Files: a shorter file list. Shards: per shard an index listing only the chosen
     records (DALI reads records by offset and size, so gaps are fine), written under `folder`."""
     if not source.format.SHARDED:
+        labels = required(source.labels, source, "labels")
         return dataclasses.replace(source, files=[source.files[i] for i in indices],
-                                   labels=[source.labels[i] for i in indices])
-    read, write = source.format.read_index, source.format.write_index
-    starts = np.cumsum([0] + list(source.counts))
+                                   labels=[labels[i] for i in indices])
+    read, write = source.sharded_format.read_index, source.sharded_format.write_index
+    index_files = required(source.index_files, source, "index_files")
+    starts = np.cumsum([0] + required(source.counts, source, "counts"))
     runs: list[tuple[int, list[int]]] = []  # (shard number, positions in it), consecutive per shard
     for i in indices:
         shard = int(np.searchsorted(starts, i, side="right") - 1)
@@ -140,18 +144,18 @@ def subset_source(source: Source, indices: list[int], folder: str | None = None)
         runs[-1][1].append(int(i - starts[shard]))
     folder = folder or subset_folder()
     os.makedirs(folder, exist_ok=True)
-    files, index_files, counts = [], [], []
+    files, subset_indexes, counts = [], [], []
     for shard, positions in runs:
-        entries = read(source.index_files[shard])
-        key = f"{os.path.abspath(source.index_files[shard])}|{positions}|{os.getpid()}"  # the process id: ranks on
+        entries = read(index_files[shard])
+        key = f"{os.path.abspath(index_files[shard])}|{positions}|{os.getpid()}"  # the process id: ranks on
         tag = hashlib.sha1(key.encode()).hexdigest()[:16]  # one machine never share (or delete) each other's files
-        target = os.path.join(folder, f"{tag}-{os.path.basename(source.index_files[shard])}")
+        target = os.path.join(folder, f"{tag}-{os.path.basename(index_files[shard])}")
         if not os.path.exists(target):
             write([entries[p] for p in positions], target)
         files.append(source.files[shard])
-        index_files.append(target)
+        subset_indexes.append(target)
         counts.append(len(positions))
-    return dataclasses.replace(source, files=files, index_files=index_files, counts=counts)
+    return dataclasses.replace(source, files=files, index_files=subset_indexes, counts=counts)
 
 
 def remove_subset_indexes(subset: Source, source: Source) -> None:

@@ -52,17 +52,21 @@ class RankView(Protocol):
 class BatchHook(Protocol):
     """A feature that acts around batches. Each method does nothing unless a hook says otherwise; a hook
     with a `name` keeps `state()` under that key of the loader state's "pipeline" part (resume.py), and
-    `describe()` under that key of DaliLoader.stats()."""
+    `describe()` under that key of DaliLoader.stats(). (The bodies say `return None`: a body of a docstring
+    alone would make the method abstract to a type checker, and every hook would have to write each one.)"""
     name: str = ""
 
     def begin_epoch(self, rank: RankView, batches: int) -> None:
         """An epoch of `batches` batches starts (at rank.position.batch: a resumed epoch midway)."""
+        return None
 
     def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
         """A batch was delivered."""
+        return None
 
     def end_epoch(self, rank: RankView) -> None:
         """The epoch's batches are out (DALI's end of it read)."""
+        return None
 
     def state(self) -> dict | None:
         """What a resume needs of this hook, or None."""
@@ -74,3 +78,4 @@ class BatchHook(Protocol):
 
     def restore(self, rank: RankView, state: dict | None) -> None:
         """Take back what state() gave (None: the state had nothing of this hook)."""
+        return None

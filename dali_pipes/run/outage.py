@@ -14,6 +14,7 @@ import re
 import time
 import warnings
 
+from dali_pipes.data.samples import required
 from dali_pipes.data.source import Source
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.storage import remote
@@ -46,8 +47,9 @@ class StoreOutage(BatchHook):
 
     def wait(self, error: BaseException, source: Source) -> None:
         options = self.options or remote.current_options()
-        named = [u for u in REMOTE_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
-        url = named[0] if named else source.remote[0].url
+        sources = required(source.remote, source, "remote")  # network_fault: only a remote source's
+        named = [u for u in REMOTE_URL.findall(str(error)) if any(u == o.url for o in sources)]
+        url = named[0] if named else sources[0].url
         lines = [line for line in str(error).splitlines() if NETWORK_MESSAGE.search(line)] or [repr(error)]
         detail = lines[0].strip(" :")[:300]
         self.rebuilds += 1
@@ -57,7 +59,7 @@ class StoreOutage(BatchHook):
                 f"although the store answers; {remote.backend_for(url, options).endpoint_hint}; "
                 f"{remote.RETRY_HINT}") from error
         warnings.warn(f"{source.location}: a network fault, not a bad sample ({detail}); waiting for the store "
-                      f"and going on from the last good batch")
+                      f"and going on from the last good batch", stacklevel=1)  # about the run, not a caller
         if self.rebuilds > 1:  # the store answered last time, yet the reader failed again: back off
             time.sleep(min(remote.BACKOFF_CAP_S, remote.BACKOFF_BASE_S * 2 ** (self.rebuilds - 2)))
         try:

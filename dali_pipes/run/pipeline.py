@@ -6,10 +6,11 @@ new specs in between."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, cast
 
 import numpy as np
 
+from dali_pipes.data.formats import PythonFedFormat
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
@@ -74,9 +75,11 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
     augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"
+    device_id = (spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None
 
+    # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
     @pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads or default_threads(),
-                  device_id=(spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None,
+                  device_id=device_id,  # type: ignore[arg-type]
                   seed=rank_seed(spec.seed, shard.rank), prefetch_queue_depth=spec.prefetch_queue_depth,
                   enable_checkpointing=enable_checkpointing,
                   # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
@@ -112,8 +115,8 @@ def source_reader(spec: PipelineSpec, source: Source) -> ReaderModel:
     """reader_model for `source` as build_pipeline reads it, a Python-fed format's read order included (its
     source draws it from the pipeline's seed, rank_seed)."""
     fmt = source.format
-    order = fmt.order_model(source, rank_seed(spec.seed, spec.shard.rank), spec.shuffle_buffer) \
-        if fmt.PYTHON_FED and spec.shuffled else None
+    order = cast(PythonFedFormat, fmt).order_model(source, rank_seed(spec.seed, spec.shard.rank),
+                                                   spec.shuffle_buffer) if fmt.PYTHON_FED and spec.shuffled else None
     return reader_model(spec, source.num_samples, fmt.SHUFFLES_LIST, order)
 
 

@@ -3,13 +3,16 @@ checkpoint, its batches, the last good checkpoint to recover to, shutdown."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
+
+if TYPE_CHECKING:
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
 
 class PipelineRun:
@@ -27,7 +30,7 @@ class PipelineRun:
                  recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
         self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
-        self.iterator = None
+        self.iterator: DALIGenericIterator | None = None  # None: not built, or closed
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
         self._length: int | None = None  # batches per epoch of a Python-fed source (no reader to ask)
@@ -39,11 +42,13 @@ class PipelineRun:
         while True:
             self.close()
             source, spec = self._inputs(checkpoint is None)
-            define = lambda at: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
+            # source and spec bound now: restored_pipeline calls `define` within this turn only
+            define = lambda at, source=source, spec=spec: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
             pipe = None
             try:
                 pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                self.iterator, self._length = dali_iterator(pipe, source, spec, self.drop)
+                iterator, self._length = dali_iterator(pipe, source, spec, self.drop)
+                self.iterator = iterator
             except RuntimeError as error:
                 if pipe is not None:
                     shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
@@ -51,15 +56,16 @@ class PipelineRun:
                 continue
             finally:
                 self._cleanup()
-            self.last_good = checkpoint or self.iterator.checkpoints()[0]
+            self.last_good = checkpoint or iterator.checkpoints()[0]
             return
 
     def next(self, before: Callable[[], None]) -> dict | None:
         """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
         while True:
             before()
+            iterator = self._built()
             try:
-                (batch,) = next(self.iterator)  # one pipeline per rank -> one dict per step
+                (batch,) = next(iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
                 return None
             except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
@@ -67,7 +73,7 @@ class PipelineRun:
                 self.build(checkpoint=self.last_good)  # and back to the last good batch
                 continue
             # Taken after every batch only when a recovery may need it; else read by checkpoint().
-            self.last_good = self.iterator.checkpoints()[0] if self.keep_checkpoints else None
+            self.last_good = iterator.checkpoints()[0] if self.keep_checkpoints else None
             return batch
 
     def drain_later(self) -> None:
@@ -85,14 +91,20 @@ class PipelineRun:
         while self.next(before) is not None:
             pass
         if self.keep_checkpoints:
-            self.last_good = self.iterator.checkpoints()[0]
+            self.last_good = self._built().checkpoints()[0]
 
     def checkpoint(self) -> bytes:
         """DALI's state after the last delivered batch (reader position, every random generator)."""
-        return self.last_good or self.iterator.checkpoints()[0]
+        return self.last_good or self._built().checkpoints()[0]
 
     def __len__(self) -> int:
-        return len(self.iterator) if self._length is None else self._length
+        return len(self._built()) if self._length is None else self._length
+
+    def _built(self) -> DALIGenericIterator:
+        """The iterator; ValueError (not DALI's RuntimeError, which recovery hears) once closed."""
+        if self.iterator is None:
+            raise ValueError("the loader's pipeline is closed (close() was called): make a new loader")
+        return self.iterator
 
     def close(self) -> None:
         """Free the pipeline (its threads and memory) now rather than at garbage collection."""
@@ -104,7 +116,8 @@ class PipelineRun:
             del pipes
 
 
-def dali_iterator(pipe, source: Source, spec: PipelineSpec, drop: bool) -> tuple[object, int | None]:
+def dali_iterator(pipe, source: Source, spec: PipelineSpec,
+                 drop: bool) -> tuple[DALIGenericIterator, int | None]:
     """(DALI's iterator over `pipe`, its batches per epoch where its length cannot tell them). A DALI reader's
     metadata gives the iterator its epoch; a Python-fed source (PYTHON_FED: Parquet) ends each epoch itself
     with StopIteration after whole batches, as many as ReaderModel.batches counts for the policy."""

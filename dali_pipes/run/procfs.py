@@ -68,7 +68,8 @@ class PeakSampler:
     """Samples host memory of the process tree (and GPU memory in use) in a background thread."""
 
     def __init__(self, interval_s: float = 0.05) -> None:
-        self.interval_s, self.host_peak_mb, self.gpu_peak_mb = interval_s, 0.0, None
+        self.interval_s, self.host_peak_mb = interval_s, 0.0
+        self.gpu_peak_mb: float | None = None  # None: no GPU memory read
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 

@@ -49,10 +49,10 @@ class RankPipeline:
         self.record = DeliveryRecord(source.num_samples)
         self.remainder: elastic.Remainder | None = None
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
-        self.first_epoch, self.built = 0, None  # first_epoch: the loader epoch DALI's slice rotation counts from
-        self._pending = False  # a rebuild with self.spec asked for, before the next batch
+        self.built: PipelineSpec | None = None  # the spec of the pipeline running now
+        self.first_epoch, self._pending = 0, False  # the loader epoch DALI's slices rotate from; a rebuild due
         self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover),
-                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None)  # errors to rebuild after
+                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None)  # for rebuilds
 
     @property
     def pipeline_epoch(self) -> int:  # the loader's epoch as the current pipeline counts it (ReaderModel.shard_of)

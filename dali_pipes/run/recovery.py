@@ -37,7 +37,7 @@ from dali_pipes.data.image_check import check_image, oversized
 from dali_pipes.data.indexes import INDEX_SUFFIX
 from dali_pipes.data.labels import check_label, label_bound
 from dali_pipes.data.reader import ReaderModel
-from dali_pipes.data.samples import PADDING_LABEL, SampleRef
+from dali_pipes.data.samples import PADDING_LABEL, SampleRef, required
 from dali_pipes.data.source import Source
 from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.run.decode_probe import dali_decodes
@@ -114,7 +114,7 @@ class BadSamplePolicy:
                                f"{source.location} --write-clean-list clean.txt), or exclude bad samples as "
                                f"they are met with skip_bad=True (train: --skip-bad)") from error
         for b in found:  # one warning per sample, each naming it
-            warnings.warn(f"excluding a bad sample and resuming at the last good batch: {b}")
+            warnings.warn(f"excluding a bad sample and resuming at the last good batch: {b}", stacklevel=1)
         self.bad_samples += found
         self.excluded.append([ref for ref, _ in bad])
         self.check_budget(source)
@@ -127,7 +127,7 @@ class BadSamplePolicy:
             return source
         refs = [ref for ref, _ in source.damaged if ref is not None]
         for _, error in source.damaged:
-            warnings.warn(f"excluding a bad sample: {error.where}: {error.problem}")
+            warnings.warn(f"excluding a bad sample: {error.where}: {error.problem}", stacklevel=1)  # about the data
             self.bad_samples.append(BadSample(error.where, error.problem))
         source = dataclasses.replace(source, damaged=[])
         if refs:
@@ -181,7 +181,8 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
     num_classes, classes_from = label_bound(source) if source.format.SHARDED else (None, "")  # files: checked at open
     for end in range(len(refs), 0, -window):
         chunk = refs[max(0, end - window):end]
-        datas, reasons = [], []
+        datas: list[bytes] = []
+        reasons: list[str | None] = []  # what a header or a read says is wrong; None: ask DALI's decoder
         for ref in chunk:
             try:
                 sample = read_sample(ref)  # a label out of range raises LabelError: never a bad sample to skip
@@ -221,7 +222,7 @@ def exclude(source: Source, bad_refs: list[SampleRef], cache_dir: str | None = N
     if not source.format.SHARDED:
         files, labels = image_files.excluded_files(source, bad_refs, placeholder)
         return dataclasses.replace(source, files=files, labels=labels)
-    files, index_files = list(source.files), list(source.index_files)
+    files, index_files = list(source.files), list(required(source.index_files, source, "index_files"))
     by_shard: dict[str, set[str]] = {}
     for ref in bad_refs:
         by_shard.setdefault(ref.path, set()).add(ref.key)  # record number (tfrecord) or sample key (tar)
@@ -231,6 +232,6 @@ def exclude(source: Source, bad_refs: list[SampleRef], cache_dir: str | None = N
         tag = hashlib.sha1(f"{os.path.abspath(shard)}|{sorted(bad)}|2".encode()).hexdigest()[:16]
         target = os.path.join(folder, f"{tag}-{os.path.basename(shard)}")
         if not os.path.exists(target + INDEX_SUFFIX):
-            source.format.rewrite_without(shard, index_files[i], target, bad, jpeg, source)
+            source.sharded_format.rewrite_without(shard, index_files[i], target, bad, jpeg, source)
         files[i], index_files[i] = target, target + INDEX_SUFFIX
     return dataclasses.replace(source, files=files, index_files=index_files)

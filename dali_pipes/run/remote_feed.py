@@ -117,7 +117,9 @@ class RemoteFeed:
         self._source, self._starts, self._sizes = source, {}, {}
         self._counts = source.counts or [1] * len(source.files)
         self.reader = reader_model(self.spec, sum(self._counts), source.format.SHUFFLES_LIST)
-        self._gate = ReadAheadGate(self.cache, [], self.reader.read_ahead)
+        cache = self.cache
+        assert cache is not None, "dali_source makes the cache first"
+        self._gate = ReadAheadGate(cache, [], self.reader.read_ahead)
         self._extend(epoch)
         consumed = min(position * self.spec.batch_size, self._sizes[epoch])
         self._cover(consumed)
@@ -125,7 +127,7 @@ class RemoteFeed:
         self._gate.fetch(consumed + self.reader.read_ahead)
         self._pending_release = consumed if position else None
         # An excluded bad image was swapped for a local placeholder (recovery.py): it stays local.
-        files = [self.cache.path_for(info) if path == info.url else path
+        files = [cache.path_for(info) if path == info.url else path
                  for path, info in zip(source.files, source.remote)]
         return dataclasses.replace(source, files=files)
 
@@ -167,6 +169,7 @@ class RemoteFeed:
         taken = self.reader.files_of(self._counts, self.reader.shard_of(epoch - self._first_epoch))
         self._starts[epoch] = sum(self._sizes.values())
         self._sizes[epoch] = sum(n for _, n in taken)
+        assert self.cache is not None and self._gate is not None, "_start makes them first"
         self.cache.extend([self._source.remote[i] for i, _ in taken])
         self._gate.extend([n for _, n in taken])
 

@@ -162,21 +162,21 @@ def restore(rank: RankPipeline, position: Position, facts: LoaderFacts, state: d
         check_image_sizes(states, facts.image_size)
         if len(states) != world or any(s.get("world_size") != world for s in states):
             return restore_elastic(rank, position, facts, states)
-        state = states[me]
+        mine = states[me]
     else:
-        state = flat(state)
-        check_image_sizes([state], facts.image_size)
-    check_data(state, rank.source)
-    check_fits(state, facts.identity, facts.contract)
-    base, n = state.get("elastic_base"), facts.identity["num_samples"]
-    remainder = elastic.plan_remainder(unpack(base, n), epoch=state["epoch"], rank=me, world_size=world,
+        mine = flat(state)
+        check_image_sizes([mine], facts.image_size)
+    check_data(mine, rank.source)
+    check_fits(mine, facts.identity, facts.contract)
+    base, n = mine.get("elastic_base"), facts.identity["num_samples"]
+    remainder = elastic.plan_remainder(unpack(base, n), epoch=mine["epoch"], rank=me, world_size=world,
                                        batch_size=facts.identity["batch_size"], train=facts.identity["train"],
                                        seed=facts.identity["seed"], whole_batches=facts.whole_batches) if base else None
     # The position first: the iterator runs a batch while it is built, and a bad sample there is
     # searched for from this position (and this epoch's slice), not from the start.
-    position.restore(state["epoch"], state["position"])
-    rank.restore(state, remainder)  # taken in an elastic resume's remainder epoch: the same slice again
-    rank.build(checkpoint=state["dali"], written_by=written_by(state))
+    position.restore(mine["epoch"], mine["position"])
+    rank.restore(mine, remainder)  # taken in an elastic resume's remainder epoch: the same slice again
+    rank.build(checkpoint=mine["dali"], written_by=written_by(mine))
 
 
 def written_by(state: dict) -> str:

@@ -48,7 +48,8 @@ class ShardingCheck(BatchHook):
             self.enabled = False  # once per run
             source = rank.source
             check_delivery(rank.record, rank.spec.shard, train=rank.spec.train, every_sample=self.every_sample,
-                           location=source.location, excluded=len(rank.policy.bad_samples), name_of=lambda i: str(source.refs()[i]))
+                           location=source.location, excluded=len(rank.policy.bad_samples),
+                           name_of=lambda i: str(source.refs()[i]))
 
 
 def check_delivery(record, shard: Shard, *, train: bool, every_sample: bool, location: str, excluded: int,
@@ -134,7 +135,7 @@ def judge(ranks: list[tuple[dict, np.ndarray]], *, train: bool, location: str,
         return ""  # a rank could not identify some samples it delivered: nothing certain to compare
     sizes, procs = {h["world_size"] for h in headers}, list(range(len(ranks)))
     if len(sizes) == 1 and sizes.pop() < len(ranks) and len({h["rank"] for h in headers}) == headers[0]["world_size"]:
-        firsts = {}
+        firsts: dict[int, int] = {}  # {shard: the first process that reads it}
         for process, header in enumerate(headers):
             firsts.setdefault(header["rank"], process)
         procs = sorted(firsts.values())

@@ -56,6 +56,15 @@ LOCK_TIMEOUT_S = 10.0  # a writer holds the memory's lock for one read and one w
 log = logging.getLogger("dali_pipes")
 
 
+def fixed_knobs(threads: int | str | None, depth: int | str) -> tuple[int | None, int]:
+    """(num_threads, prefetch_queue_depth) a pipeline starts with, AUTO where the tuner searches: threads
+    None (machine.default_threads), depth 2 (the search starts there). Another string is a ValueError."""
+    for name, value in (("num_threads", threads), ("prefetch_queue_depth", depth)):
+        if isinstance(value, str) and value != AUTO:
+            raise ValueError(f"{name} must be a count or {AUTO!r}, got {value!r}")
+    return None if isinstance(threads, str) else threads, 2 if isinstance(depth, str) else depth
+
+
 @dataclass(frozen=True)
 class Settings:
     num_threads: int
@@ -146,7 +155,8 @@ def remember(key: str, entry: dict) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with locked(path + ".lock", LOCK_TIMEOUT_S):
             entries = read_entries(path)
-            old = entries.get(key) if entry_problem(entries.get(key)) is None else {}
+            found = entries.get(key)
+            old = found if isinstance(found, dict) and entry_problem(found) is None else {}
             merged = {**old, **entry, "date": datetime.datetime.now().isoformat(timespec="seconds")}
             problem = entry_problem(merged)
             if problem:  # the tuner and profile choose within the checked ranges: a bug, never a start
@@ -351,6 +361,7 @@ class Tuner:
     def tuned_values(self) -> dict:
         """The chosen values of the knobs this tuner searched (a value the user fixed is not remembered)."""
         searched = {"num_threads": self.tune_threads, "prefetch_queue_depth": self.tune_depth}
+        assert self.chosen is not None, "asked once the tuner is done"
         return {k: v for k, v in dataclasses.asdict(self.chosen).items() if searched[k]}
 
     def state(self) -> dict | None:

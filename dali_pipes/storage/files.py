@@ -94,7 +94,7 @@ class DiskFullError(OSError):
         self.path, self.flag = path, flag
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""  # set above
 
     def __reduce__(self):  # picklable across worker processes
         return type(self), (self.path, self.flag)

@@ -192,8 +192,8 @@ class S3Backend:
         """Every object under `prefix`, recursively, in key order; each page is one request, retried on its own."""
         token: dict = {}
         while True:
-            page = remote.retrying(url, self, lambda: self.client.list_objects_v2(
-                Bucket=bucket, Prefix=prefix, MaxKeys=page_size, **token))
+            page = remote.retrying(url, self, functools.partial(  # this page's call, its token bound now
+                self.client.list_objects_v2, Bucket=bucket, Prefix=prefix, MaxKeys=page_size, **token))
             for item in page.get("Contents", []):
                 if not item["Key"].endswith("/"):  # "folder" marker objects made by consoles
                     yield _info(bucket, item["Key"], item["Size"], item["ETag"], item["LastModified"])

@@ -185,6 +185,7 @@ class ShardCache:
                 raise RuntimeError("the shard cache is closed")
             entry = state.entries[state.scheduled[position]]
             if entry.state == "failed":
+                assert entry.error is not None, "_finish sets both"
                 raise entry.error
             return entry.path
 
@@ -260,7 +261,8 @@ class ReadAheadGate:
     def extend(self, counts: Sequence[int]) -> None:
         """Counts of positions appended to the cache's stream since (the next epoch's slice)."""
         if len(self._ends) + len(counts) > len(self.cache):
-            raise ValueError(f"{len(self._ends) + len(counts)} sample counts for a cache stream of {len(self.cache)} shards")
+            raise ValueError(f"{len(self._ends) + len(counts)} sample counts for a cache stream of "
+                             f"{len(self.cache)} shards")
         self._ends += list(itertools.accumulate(counts, initial=self._ends[-1] if self._ends else 0))[1:]
 
     def advance(self, consumed: int) -> None:

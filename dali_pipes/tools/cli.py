@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from dali_pipes.config import SourceConfig, run_cli
+from dali_pipes.data.samples import required
 from dali_pipes.options import add_arguments, from_args, option
 
 DESCRIPTION = """Image datasets for NVIDIA DALI: make the built-in sample dataset, convert, index and verify
@@ -93,7 +94,7 @@ def index(args: argparse.Namespace) -> int:
     if not source.index_files:
         print(f"{args.path}: {source.kind} needs no index")
         return 0
-    for shard, index_file, count in zip(source.files, source.index_files, source.counts):
+    for shard, index_file, count in zip(source.files, source.index_files, required(source.counts, source, "counts")):
         print(f"{shard}: {count} samples, index {index_file}")
     return 0
 

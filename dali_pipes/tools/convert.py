@@ -64,7 +64,8 @@ def _image_info(data: bytes, where: str) -> tuple[int, int, str]:
             return img.height, img.width, img.format or "JPEG"
     except Exception as e:  # PIL raises several types for undecodable bytes
         raise DatasetError(where, f"not a readable image ({e})", "Find every bad sample with: "
-                           "python scripts/verify_dataset.py SRC --write-clean-list clean.txt (or: dali-pipes verify ...)") from None
+                           "python scripts/verify_dataset.py SRC --write-clean-list clean.txt "
+                           "(or: dali-pipes verify ...)") from None
 
 
 _classes: list[str] | None = None  # set in each worker by _init_worker
@@ -226,6 +227,7 @@ def _remote_out(write):
                 moved_by("TMPDIR (convert stages remote output there: a folder on a disk with room)", folder):
             stats = write(source, folder, **kwargs)
             ours = manifest.read(os.path.join(folder, manifest.MANIFEST_NAME))
+            assert ours is not None, "every writer writes a manifest"
             manifest.write(folder, manifest.merged(manifest.read(remote.join(out, manifest.MANIFEST_NAME)),
                                                    ours, prefix))
             names = sorted(os.listdir(folder), key=lambda n: n == manifest.MANIFEST_NAME)  # the manifest last
@@ -324,6 +326,7 @@ def _decompress_one(task: tuple[str, str]) -> tuple[int, int]:
         for _, _, data, problem in tfrecord.walk_records(src, compression=compression):
             if problem:
                 raise DatasetError(problem.path, f"record {problem.index} (byte {problem.offset}): {problem.message}")
+            assert data is not None  # walk_records reads every intact record's data (compressed: always)
             frame = tfrecord.frame_record(data)
             f.write(frame)
             entries.append((offset, len(frame)))

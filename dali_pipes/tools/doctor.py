@@ -33,7 +33,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -81,10 +81,11 @@ def environment() -> dict:
     import torch
 
     from dali_pipes.graph._dali import dali_version
-    env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-           "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "dali": dali_version(),
-           "driver": nvidia_smi("driver_version") or "none found (no nvidia-smi, or it lists no GPU)",
-           "gpus_seen_by_nvidia_smi": nvidia_smi("name")}
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "dali": dali_version(),
+        "driver": nvidia_smi("driver_version") or "none found (no nvidia-smi, or it lists no GPU)",
+        "gpus_seen_by_nvidia_smi": nvidia_smi("name")}
     if not env["cuda_available"]:
         return {**env, "gpu": no_gpu_reason(env), "hw_jpeg_decoder": "unknown (no GPU)"}
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -123,7 +124,8 @@ class Nvml:
     """Decoder utilisation through NVML (pynvml, from the nvidia-ml-py package), when installed."""
 
     def __init__(self, pynvml, handle) -> None:
-        self.pynvml, self.handle, self.jpeg_supported = pynvml, handle, None
+        self.pynvml, self.handle = pynvml, handle
+        self.jpeg_supported: bool | None = None  # None: not asked yet
 
     @classmethod
     def open(cls) -> "Nvml | None":
@@ -183,10 +185,10 @@ def tiny_sources(root: str) -> dict:
         ramp = np.add.outer(np.arange(40 + 2 * i), np.arange(56)).astype(np.uint8)
         pixels = np.stack([ramp * 3 + 20 * i, np.full_like(ramp, 11 * i), ramp + 13 * i], axis=-1).astype(np.uint8)
         Image.fromarray(pixels).save(os.path.join(folder, f"{i:03d}.jpg"), quality=90)
-    folder = open_source(os.path.join(root, "folder"))
-    write_tfrecords(folder, os.path.join(root, "tfrecord"), shards=2, workers=1, progress=False)
-    write_webdataset(folder, os.path.join(root, "webdataset"), shards=2, workers=1, progress=False)
-    return {"folder": folder, "tfrecord": open_source(os.path.join(root, "tfrecord"), progress=False),
+    images = open_source(os.path.join(root, "folder"))
+    write_tfrecords(images, os.path.join(root, "tfrecord"), shards=2, workers=1, progress=False)
+    write_webdataset(images, os.path.join(root, "webdataset"), shards=2, workers=1, progress=False)
+    return {"folder": images, "tfrecord": open_source(os.path.join(root, "tfrecord"), progress=False),
             "webdataset": open_source(os.path.join(root, "webdataset"), progress=False)}
 
 
@@ -285,7 +287,7 @@ def check_gpu_vs_cpu(env: dict, train_dir: str, val_dir: str) -> tuple[str, dict
     exactly. Train: the same samples (the reader runs on the CPU with the same seed), and per-channel
     means within 0.15 (crops and flips are drawn on each device)."""
     require_gpu(env)
-    data = {"val": {}, "train": {}}
+    data: dict[str, dict] = {"val": {}, "train": {}}
     val = {name: _epoch(val_dir, False, device, decode) for name, device, decode in
            (("cpu", "cpu", None), ("gpu", "gpu", None), ("hybrid", "gpu", "cpu"))}
     for name in ("gpu", "hybrid"):
@@ -312,7 +314,7 @@ def _epoch(folder: str, train: bool, device: str, decode_device: str | None, kee
     import torch
 
     from dali_pipes import DaliLoader
-    args = dict(decode_device=decode_device) if decode_device else {}
+    args: dict[str, Any] = dict(decode_device=decode_device) if decode_device else {}
     loader = DaliLoader(folder, batch_size=50, train=train, device=device, image_size=224, seed=0, **args)
     labels, images, sums, count = [], [], torch.zeros(3, dtype=torch.float64), 0
     for batch_images, batch_labels in loader:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from dali_pipes.graph import _dali
 from dali_pipes.graph.augment import AUTO_AUGMENTS, AugmentConfig
@@ -228,8 +228,8 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     out.append(variant("color_jitter=0.4", first, True, augment=AugmentConfig(color_jitter=0.4)))
     # DaliLoader(dataset) reads a torchvision transform into these fields (transforms.py): ToTensor without
     # Normalize gives mean 0 / std 1, and the steps' own crop, flip and jitter arguments
-    from_transform = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_ratio=0.8, random_area=(0.5, 1.0),
-                          flip_probability=0.3)
+    from_transform: dict[str, Any] = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_ratio=0.8,
+                                          random_area=(0.5, 1.0), flip_probability=0.3)
     out.append(variant("from a torchvision transform", first, True,
                        augment=AugmentConfig(**from_transform, color_jitter=0.2)))
     out.append(variant("from a torchvision transform", first, False, augment=AugmentConfig(**from_transform)))
@@ -253,8 +253,8 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     out.append(variant("profile's decode stage, hybrid", first, True, "cpu", decode_device="cpu", stage="decode"))
     for threads in (2, 8, 64):
         out.append(replace(variant(f"num_threads={threads} (tuning)", first, True),
-                           define=lambda t=threads: build_pipeline(first, PipelineSpec(
-                               True, batch_size, "gpu", num_threads=t, device_id=0, shuffle_buffer=4))))
+                           define=functools.partial(build_pipeline, first, PipelineSpec(
+                               True, batch_size, "gpu", num_threads=threads, device_id=0, shuffle_buffer=4))))
     # Progressive resizing: the loader builds one graph per size of its schedule, as for_epoch gives it.
     scheduled = AugmentConfig(image_size=SIZE_SCHEDULE, val_image_size=256)
     out += [variant(f"image_size {scheduled.size_at(epoch)} of the schedule {SIZE_SCHEDULE}", first, True,

@@ -27,8 +27,9 @@ from dali_pipes.tools.workers import process_pool
 # (package, file inside the package) of colour photographs, then greyscale ones.
 PHOTOS = (
     ("skimage", "data/astronaut.png"), ("skimage", "data/chelsea.png"), ("skimage", "data/coffee.png"),
-    ("skimage", "data/rocket.jpg"), ("skimage", "data/motorcycle_left.png"), ("skimage", "data/hubble_deep_field.jpg"),
-    ("skimage", "data/retina.jpg"), ("skimage", "data/ihc.png"), ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
+    ("skimage", "data/rocket.jpg"), ("skimage", "data/motorcycle_left.png"),
+    ("skimage", "data/hubble_deep_field.jpg"), ("skimage", "data/retina.jpg"), ("skimage", "data/ihc.png"),
+    ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
     ("skimage", "data/motorcycle_right.png"), ("skimage", "data/camera.png"), ("skimage", "data/brick.png"),
     ("skimage", "data/grass.png"), ("skimage", "data/gravel.png"), ("skimage", "data/moon.png"),
 )
@@ -103,11 +104,11 @@ def make_image(cfg: SampleDatasetConfig, split: str, label: int, index: int) -> 
     # Output size: longer side up to max_side, shorter side at least min_side (crops are <= 4:3).
     scale = rng.integers(int(cfg.min_side * 4 / 3), cfg.max_side + 1) / max(ch, cw)
     scale = max(scale, cfg.min_side / min(ch, cw))
-    img = img.resize((round(cw * scale), round(ch * scale)), Image.BICUBIC)
+    img = img.resize((round(cw * scale), round(ch * scale)), Image.Resampling.BICUBIC)
     # Upscaled crops are softer than photographs; sharpening restores detail (and file size).
     img = img.filter(ImageFilter.UnsharpMask(radius=2, percent=int(rng.integers(60, 160)), threshold=2))
     if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     img = _colour_jitter(img, rng, cast=label // len(PHOTOS))
     pixels = np.asarray(img, np.float32)
     pixels = pixels + rng.normal(0, rng.uniform(*cfg.noise_sigma), pixels.shape).astype(np.float32)

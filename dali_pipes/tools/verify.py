@@ -21,11 +21,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from dali_pipes.data import manifest
-from dali_pipes.data.formats import format_of, read_sample
+from dali_pipes.data.formats import format_of, read_sample, sharded_format_of
 from dali_pipes.data.image_check import DEFAULT_MAX_PIXELS, check_image
 from dali_pipes.data.labels import PADDING_LABEL, check_label
 from dali_pipes.data.location import classify, classify_remote, is_remote
-from dali_pipes.data.samples import SampleRef, TFRecordKeys
+from dali_pipes.data.samples import SampleRef, TFRecordKeys, required
 from dali_pipes.data.source import classes_beside, file_list_source, folder_source
 from dali_pipes.errors import DatasetError
 from dali_pipes.tools.workers import process_pool
@@ -84,9 +84,10 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
     report = Report(str(location), kind)
     if kind == "folder":
         source = folder_source(str(location))
-        seen = set(source.labels)
+        seen = set(required(source.labels, source, "labels"))
         report.problems += [Problem(os.path.join(str(location), name), "class folder with no images")
-                            for label, name in enumerate(source.classes) if label not in seen]
+                            for label, name in enumerate(required(source.classes, source, "classes"))
+                            if label not in seen]
         refs = source.refs()
     elif kind == "file_list":
         listed: list[DatasetError] = []
@@ -95,8 +96,8 @@ def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls"
     else:
         refs = _shard_refs(kind, shards, keys, label_ext, report)
         counts = [sum(1 for ref in refs if ref.path == shard) for shard in shards] if len(shards) < 1000 else None
-        num_classes = _check_manifest(report, shards, [os.path.getsize(s) for s in shards], counts,
-                                      complete=isinstance(location, (str, os.PathLike)) and not os.path.isfile(location))
+        searched = isinstance(location, (str, os.PathLike)) and not os.path.isfile(location)
+        num_classes = _check_manifest(report, shards, [os.path.getsize(s) for s in shards], counts, complete=searched)
         results = _parallel_checks(refs, max_pixels, workers, progress, num_classes)
         _check_label_ranges(report, shards[0], _label_ranges(refs, results), keys.label_offset)
         return _record(report, refs, results)
@@ -166,7 +167,8 @@ def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int
             shard_report = Report(info.url, kind)
             refs = _shard_refs(kind, [local], keys, label_ext, shard_report)
             results = _parallel_checks(refs, max_pixels, workers, False, num_classes)
-            ranges.update({info.url: r for r in _label_ranges(refs, results).values()})
+            for r in _label_ranges(refs, results).values():  # the one shard, downloaded: its range under its url
+                ranges[info.url] = r
             _record(shard_report, refs, results)
             report.checked += shard_report.checked
             report.problems += [Problem(p.where.replace(local, info.url), p.message.replace(local, info.url))
@@ -189,7 +191,7 @@ def _record(report: Report, refs: list[SampleRef], results: list) -> Report:
 def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str, report: Report) -> list[SampleRef]:
     """Walk each shard's framing (in threads: it is seeks and small reads); broken frames and
     shards become problems, readable records become refs for the per-sample checks."""
-    fmt = format_of(kind)
+    fmt = sharded_format_of(kind)
 
     def walk(shard: str) -> tuple[list[SampleRef], list[DatasetError]]:
         if os.path.getsize(shard) == 0:

@@ -11,7 +11,7 @@ import os
 import warnings
 
 from dali_pipes.data.labels import check_label
-from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord
+from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, SourceRecord, required
 from dali_pipes.errors import DatasetError, LabelError
 
 SHARDED = False
@@ -34,7 +34,7 @@ def list_folder(root: str, skip_bad: bool = False) -> tuple[list[str], list[int]
     for label, name in enumerate(classes):
         if os.path.join(root, name) in dangling:
             continue  # named above
-        def refuse(error: OSError) -> None:
+        def refuse(error: OSError, name: str = name) -> None:  # name bound now: os.walk calls it in this turn
             _unreadable(error.filename or os.path.join(root, name), f"a class folder that cannot be listed "
                         f"({error.strerror or error})", skip_bad)
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, name), onerror=refuse):
@@ -54,7 +54,7 @@ def _unreadable(path: str, problem: str, skip_bad: bool) -> None:
                          "to go on without its images")
     if not skip_bad:
         raise error
-    warnings.warn(f"{error.where}: {error.problem}; its images are left out (skip_bad)")
+    warnings.warn(f"{error.where}: {error.problem}; its images are left out (skip_bad)", stacklevel=2)
 
 
 def check_listed(paths: list[str], labels: list[int], wheres: list[str], *, num_classes: int | None = None,
@@ -77,7 +77,7 @@ def check_listed(paths: list[str], labels: list[int], wheres: list[str], *, num_
                              f"per epoch", "Remove the repeat, or allow it with allow_duplicates=True "
                              "(--allow-duplicates)")
         if allow_duplicates:
-            warnings.warn(f"{error.where}: {error.problem} (allowed: allow_duplicates)")
+            warnings.warn(f"{error.where}: {error.problem} (allowed: allow_duplicates)", stacklevel=2)
         elif problems is not None:
             problems.append(error)
         else:
@@ -115,7 +115,8 @@ def read_file_list(list_path: str, missing_ok: bool = False, *, allow_duplicates
     if missing and not missing_ok:
         raise FileNotFoundError(f"{len(missing)} listed files do not exist, first: {missing[0]}. "
                                 f"Remove them from the list, or regenerate it with "
-                                f"python scripts/verify_dataset.py DATA --write-clean-list {list_path} (or: dali-pipes verify ...)")
+                                f"python scripts/verify_dataset.py DATA --write-clean-list {list_path} "
+                                f"(or: dali-pipes verify ...)")
     if not files:
         raise DatasetError(list_path, "empty file list")
     check_listed(files, labels, wheres, num_classes=num_classes, classes_from=os.path.join(base, "classes.json"),
@@ -140,7 +141,8 @@ def check_source(source: SourceRecord, keys) -> None:
 
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:
-    return [SampleRef(source.kind, path, label=label) for path, label in zip(source.files, source.labels)]
+    labels = required(source.labels, source, "labels")
+    return [SampleRef(source.kind, path, label=label) for path, label in zip(source.files, labels)]
 
 
 def source_info(ref: SampleRef) -> str:
@@ -150,6 +152,8 @@ def source_info(ref: SampleRef) -> str:
 
 def read_sample(ref: SampleRef) -> Sample:
     from dali_pipes.storage import remote
+    if ref.label is None:  # nothing in an image file says its label
+        raise ValueError(f"{ref.path}: an image file's SampleRef needs its label (Source.refs() gives them)")
     if remote.is_remote(ref.path):
         return Sample(ref.path, remote.read_bytes(ref.path), ref.label)
     with open(ref.path, "rb") as f:
@@ -165,7 +169,7 @@ def dali_reader(source: SourceRecord, reader_args: dict):
 def excluded_files(source: SourceRecord, bad_refs: list[SampleRef], placeholder: str) -> tuple[list[str], list[int]]:
     """(files, labels) with every listing of a bad file swapped for the placeholder, label PADDING_LABEL."""
     bad_paths = {ref.path for ref in bad_refs}
-    files, labels = list(source.files), list(source.labels)
+    files, labels = list(source.files), list(required(source.labels, source, "labels"))
     for i, path in enumerate(files):
         if path in bad_paths:
             files[i], labels[i] = placeholder, PADDING_LABEL

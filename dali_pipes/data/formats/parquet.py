@@ -384,7 +384,7 @@ def count_samples(index_path: str) -> int:
         return int(f.readline().split()[1])
 
 
-def index_matches(shard: str, index_path: str) -> bool:
+def index_matches(shard: str, index_path: str, spot_checks: int = 0) -> bool:
     """True if the index lists every row of the file as its footer has them (a cheap, full check)."""
     try:
         return read_index(index_path) == file_entries(shard)

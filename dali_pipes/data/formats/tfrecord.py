@@ -17,13 +17,13 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Protocol
 
 import google_crc32c
 
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
-from dali_pipes.data.protobuf import fields, read_varint
-from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.data.protobuf import as_bytes, fields, read_varint
+from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import atomic_write
 
@@ -70,7 +70,7 @@ def _field(number: int, payload: bytes) -> bytes:
 
 
 def _feature(value: bytes | str | int | float | list) -> bytes:
-    values = value if isinstance(value, list) else [value]
+    values: list = value if isinstance(value, list) else [value]  # one kind of value, as `first`'s
     first = values[0] if values else b""
     if isinstance(first, (bytes, str)):  # BytesList = 1, repeated bytes value = 1
         items = [v.encode() if isinstance(v, str) else v for v in values]
@@ -96,19 +96,20 @@ def _signed64(value: int) -> int:
 def _decode_feature(buf: bytes) -> list:
     values: list = []
     for kind, _, payload in fields(buf):
-        for number, wire, item in fields(payload):
+        for number, _, item in fields(as_bytes(payload)):
             if number != 1:
                 continue
             if kind == 1:
                 values.append(item)
             elif kind == 2:  # floats: packed (wire 2) or one by one (wire 5)
-                values.extend(struct.unpack(f"<{len(item) // 4}f", item))
-            elif kind == 3 and wire == 0:
+                floats = as_bytes(item)
+                values.extend(struct.unpack(f"<{len(floats) // 4}f", floats))
+            elif kind == 3 and isinstance(item, int):  # wire 0: one varint
                 values.append(_signed64(item))
             elif kind == 3:  # packed varints
-                pos = 0
-                while pos < len(item):
-                    value, pos = read_varint(item, pos)
+                packed, pos = as_bytes(item), 0
+                while pos < len(packed):
+                    value, pos = read_varint(packed, pos)
                     values.append(_signed64(value))
     return values
 
@@ -119,13 +120,13 @@ def decode_example(data: bytes) -> dict[str, list]:
     for number, _, feats in fields(data):
         if number != 1:
             continue
-        for _, _, entry in fields(feats):
+        for _, _, entry in fields(as_bytes(feats)):
             key, value = "", b""
-            for n, _, item in fields(entry):
+            for n, _, item in fields(as_bytes(entry)):
                 if n == 1:
-                    key = item.decode()
+                    key = as_bytes(item).decode()
                 elif n == 2:
-                    value = item
+                    value = as_bytes(item)
             features[key] = _decode_feature(value)
     return features
 
@@ -182,7 +183,14 @@ def compression_of_header(head: bytes) -> str | None:
     return None
 
 
-def open_decompressed(path: str, compression: str | None) -> BinaryIO:
+class RecordStream(Protocol):
+    """What walk_records reads records from: a file, a GzipFile or a _ZlibReader."""
+    def read(self, size: int, /) -> bytes: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+def open_decompressed(path: str, compression: str | None) -> RecordStream:
     if compression == "GZIP":
         return gzip.open(path, "rb")
     if compression == "ZLIB":
@@ -290,7 +298,7 @@ def build_tfrecord_index(path: str, damaged: list[DatasetError] | None = None) -
     compression = sniff_compression(path)
     if compression:
         raise compressed_error(path, compression)
-    entries = []
+    entries: list[tuple[int, int]] = []
     for offset, framed, _, problem in walk_records(path, read_data=False):
         if problem:
             error = DatasetError(path, f"record {problem.index} (byte {problem.offset}): {problem.message}",
@@ -314,7 +322,8 @@ def scan_tfrecord_stream(f: BinaryIO, where: str) -> list[tuple[int, int]]:
     compression = compression_of_header(head)
     if compression:
         raise compressed_error(where, compression)
-    entries, offset = [], 0
+    entries: list[tuple[int, int]] = []
+    offset = 0
     while head:
         problem = _check_header(where, len(entries), offset, head, None)
         if problem:
@@ -343,8 +352,8 @@ def build_index_stream(f: BinaryIO, where: str, index_path: str, label_ext: str 
 
 def compressed_error(path: str, compression: str) -> DatasetError:
     return DatasetError(path, f"{compression}-compressed TFRecord; DALI reads only uncompressed TFRecords",
-                        f"Write uncompressed copies with: python scripts/to_tfrecord.py {os.path.dirname(path) or '.'} OUT "
-                        f"--decompress (or: dali-pipes convert decompress ...)")
+                        f"Write uncompressed copies with: python scripts/to_tfrecord.py "
+                        f"{os.path.dirname(path) or '.'} OUT --decompress (or: dali-pipes convert decompress ...)")
 
 
 def write_tfrecord_index(entries: list[tuple[int, int]], index_path: str) -> None:
@@ -431,7 +440,7 @@ def check_shard(shard: str) -> None:
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:
     return [SampleRef("tfrecord", shard, i, str(i), offset, size, extra=(source.keys,))
-            for shard, idx in zip(source.files, source.index_files)
+            for shard, idx in zip(source.files, required(source.index_files, source, "index_files"))
             for i, (offset, size) in enumerate(read_tfrecord_index(idx))]
 
 
@@ -461,9 +470,11 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     from nvidia.dali import fn
     from nvidia.dali import tfrecord as tfrec
     keys = source.keys
-    features = {keys.image: tfrec.FixedLenFeature((), tfrec.string, ""),
+    features = {keys.image: tfrec.FixedLenFeature([], tfrec.string, ""),
                 keys.label: tfrec.FixedLenFeature([1], tfrec.int64, MISSING_LABEL)}
-    out = fn.readers.tfrecord(path=source.files, index_path=source.index_files, features=features, **reader_args)
+    # DALI returns the features as a dict by key; its stub (DALI 2.4) types the reader's output as nodes
+    out: Any = fn.readers.tfrecord(path=source.files, index_path=required(source.index_files, source, "index_files"),
+                                   features=features, **reader_args)
     # A record without the label key gets MISSING_LABEL, negative: like a label out of range it fails
     # its batch (labels.dali_checked_labels) rather than train on it, so the bad-sample search names the
     # record. A record without the image key fails in the decoder (its default is empty), found the same way.
@@ -474,8 +485,9 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     """The first record of the first and last shards has the image and label keys (check_keys): one
     ranged read each, local or s3://, from the index."""
     num_classes, classes_from = label_bound(source)
+    index_files = required(source.index_files, source, "index_files")
     for i in sorted({0, len(source.files) - 1}):
-        entries = read_tfrecord_index(source.index_files[i])
+        entries = read_tfrecord_index(index_files[i])
         if entries:  # an empty shard is named by the empty-file check
             label = check_keys(source.files[i], keys, first_frame=entries[0])
             check_label(label - keys.label_offset, f"{source.files[i]}#0", offset=keys.label_offset,
@@ -484,17 +496,19 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
 
 def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> int:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
-    the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size) from the index
-    reads just that record (an s3:// shard: one ranged GET)."""
+    the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size)
+    from the index reads just that record (an s3:// shard: one ranged GET)."""
+    records: Iterator[tuple[int, int, bytes | None, RecordProblem | None]]
     if first_frame is not None:
         from dali_pipes.storage.remote import read_range
         frame = read_range(shard, *first_frame)
-        records = [(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)]
+        records = iter([(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)])
     else:
         records = walk_records(shard)
     for _, _, data, problem in records:
         if problem:
             raise DatasetError(shard, f"record {problem.index} (byte {problem.offset}): {problem.message}")
+        assert data is not None  # walk_records(read_data=True) reads every intact record's data
         try:
             example = decode_example(data)
         except ValueError as e:

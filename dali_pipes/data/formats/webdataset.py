@@ -15,11 +15,12 @@ import io
 import os
 import tarfile
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
-from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import atomic_write
 
@@ -43,8 +44,9 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     and last shards, after the label offset, is checked here (one ranged read each, local or s3://), as
     TFRecord's first record is: a --label-offset 1 on 0-based data is refused at open when one shows it."""
     num_classes, classes_from = label_bound(source)
+    index_files = required(source.index_files, source, "index_files")
     for i in sorted({0, len(source.files) - 1}):
-        samples = read_tar_index(source.index_files[i])
+        samples = read_tar_index(index_files[i])
         ref = _ref(source.files[i], 0, samples[0], source.label_ext, keys.label_offset) if samples else None
         if ref is not None:
             (text,) = _read_members(ref, ref.extra[1:2])  # the .cls member alone
@@ -136,7 +138,8 @@ def build_tar_index(path: str, label_ext: str = "cls", damaged: list[DatasetErro
         exts = {m.key_ext[1] for m in sample}
         key = sample[0].key_ext[0]
         if not exts & set(IMAGE_EXTS):
-            problem = f"sample {key!r} has no image member (found: {sorted(exts)}; expected one of {', '.join(IMAGE_EXTS)})"
+            problem = (f"sample {key!r} has no image member (found: {sorted(exts)}; "
+                       f"expected one of {', '.join(IMAGE_EXTS)})")
         elif label_ext not in exts:
             problem = f"sample {key!r} has no .{label_ext} label member (found: {sorted(exts)})"
         else:
@@ -295,9 +298,16 @@ def _ref(shard: str, position: int, members: list[Member], label_ext: str, label
 
 
 def sample_refs(source: SourceRecord) -> list[SampleRef]:
-    return [_ref(shard, i, members, source.label_ext, source.keys.label_offset)
-            for shard, idx in zip(source.files, source.index_files)
-            for i, members in enumerate(read_tar_index(idx))]
+    refs = []
+    for shard, idx in zip(source.files, required(source.index_files, source, "index_files")):
+        for i, members in enumerate(read_tar_index(idx)):
+            ref = _ref(shard, i, members, source.label_ext, source.keys.label_offset)
+            if ref is None:  # an index is built for one label extension and read for another
+                raise DatasetError(f"{shard}#{members[0].key_ext[0]}", f"no image or no .{source.label_ext} member "
+                                   f"(members: {', '.join(m.key_ext[1] for m in members)})",
+                                   "Pass the label extension the shards hold (label_ext, --label-ext)")
+            refs.append(ref)
+    return refs
 
 
 def _read_members(ref: SampleRef, members: tuple[Member, ...]) -> list[bytes]:
@@ -317,9 +327,10 @@ def read_sample(ref: SampleRef) -> Sample:
 def dali_reader(source: SourceRecord, reader_args: dict):
     """(encoded images, int64 labels) from DALI's webdataset reader; labels parsed in the graph."""
     from nvidia.dali import fn
-    images, cls = fn.readers.webdataset(
+    out: Any = fn.readers.webdataset(  # a node per ext; DALI's stub (2.4) types it as one node or a sequence
         paths=source.files, index_paths=source.index_files, ext=[";".join(IMAGE_EXTS), source.label_ext],
         missing_component_behavior="error", **reader_args)
+    images, cls = out
     # less --label-offset; out of range (negative after it, or >= the classes): the batch fails
     return images, dali_checked_labels(ascii_to_int64(cls), source.keys.label_offset, label_bound(source)[0])
 
