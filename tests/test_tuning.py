@@ -340,7 +340,7 @@ def test_the_first_training_steps_decide_nothing():
     loop = SimulatedLoop(lambda s: {16: 10.0, 8: 10.0, 4: 30.0}.get(s.num_threads, 60.0),
                          long_steps={1: 1.3, 2: 0.4})
     tuner = simulate(tuning.Tuner(tuning.Settings(16, 2), True, True, cores=16), loop)
-    assert tuner.chosen == tuning.Settings(8, 2), tuner.decision  # the cheaper of two alike, not the warm-up's
+    assert tuner.chosen == tuning.Settings(8, 2), threads_tried(tuner)  # the cheaper of two alike
     assert tuner.warmup >= 5 and tuner.steady  # the long steps (batches 1 and 2) fell before any trial
     assert all(t.per_batch()[1] < 0.2 for t in tuner.trials) and threads_tried(tuner)[:3] == [16, 8, 4]
     assert {t.measured for t in tuner.trials} == {tuner.window}  # like with like: the same number of batches
@@ -348,16 +348,21 @@ def test_the_first_training_steps_decide_nothing():
 
 def test_a_window_with_a_transient_step_is_measured_again():
     """A long step inside a trial (a checkpoint, a late cuDNN search) fills DALI's queue: the next batches come
-    without a wait. Here 16 threads wait 2 ms, 8 threads 12 ms; the long step falls in the 8-thread window."""
-    def loop(long_steps):
-        return SimulatedLoop(lambda s: 2.0 if s.num_threads == 16 else 12.0, long_steps=long_steps)
-
-    quiet = simulate(tuning.Tuner(tuning.Settings(16, 2), True, False, cores=16), loop({}))
-    second_window = quiet.warmup + quiet.window + tuning.SETTLE + 1  # the 8-thread trial's second batch
-    noisy = simulate(tuning.Tuner(tuning.Settings(16, 2), True, False, cores=16), loop({second_window: 2.0}))
-    assert noisy.chosen == quiet.chosen == tuning.Settings(16, 2), noisy.decision
-    assert [t.discarded for t in noisy.trials] == [0, 1] and noisy.trials[1].measured == noisy.window
-    assert all(t.per_batch()[1] < 0.2 for t in noisy.trials)
+    without a wait. 8 and 16 threads make the loop wait alike (10 ms), so the cheaper 8 must stay; the 8-thread
+    start waits, so 16 are tried, and a 2 s step falls in their window, after its first measured batch."""
+    loop = SimulatedLoop(lambda s: {16: 10.0, 8: 10.0}.get(s.num_threads, 30.0))
+    tuner = tuning.Tuner(tuning.Settings(8, 2), True, False, cores=16)
+    tuner.begin(400)
+    for i in range(400):
+        if tuner.done:
+            break
+        if tuner.current.num_threads == 16 and tuner.trials[-1].measured == 1 and not loop.long_steps:
+            loop.long_steps[i] = 2.0
+        tuner.observe(*loop.batch(tuner.current, i))
+    tuner.epoch_ended()
+    assert loop.long_steps and tuner.chosen == tuning.Settings(8, 2), [t.describe() for t in tuner.trials]
+    assert threads_tried(tuner)[:2] == [8, 16] and [t.discarded for t in tuner.trials][:2] == [0, 1]
+    assert all(t.measured == tuner.window and t.per_batch()[1] < 0.2 for t in tuner.trials)
 
 
 def test_settings_equal_within_noise_keep_the_cheaper():
@@ -366,8 +371,8 @@ def test_settings_equal_within_noise_keep_the_cheaper():
     for seed in range(5):
         loop = SimulatedLoop(lambda s: 20.0, noise_ms=8.0, seed=seed)
         tuner = simulate(tuning.Tuner(tuning.Settings(4, 2), True, True, cores=4), loop)
-        assert tuner.chosen == tuning.Settings(1, 2), (seed, tuner.decision)
-        assert threads_tried(tuner)[:3] == [4, 2, 1]
+        assert tuner.chosen == tuning.Settings(1, 2), (seed, tuner.chosen)
+        assert threads_tried(tuner)[:3] == [4, 2, 1] and tuner.decision.startswith("chose num_threads=1")
 
 
 def test_a_clear_winner_wins_and_the_decision_says_by_how_much():
@@ -385,7 +390,7 @@ def test_when_the_loop_never_waits_the_fewest_threads_win_whatever_the_cpu_noise
     for seed in range(5):
         loop = SimulatedLoop(lambda s: 0.0, noise_ms=0.0, cpu_ms=lambda s: 400.0 - 10 * s.num_threads, seed=seed)
         tuner = simulate(tuning.Tuner(tuning.Settings(8, 2), True, True, cores=8), loop)
-        assert tuner.chosen == tuning.Settings(1, 2), (seed, tuner.decision)
+        assert tuner.chosen == tuning.Settings(1, 2), (seed, tuner.chosen)
 
 
 def trial(settings, waits_ms, wall_ms=100.0):

@@ -74,6 +74,7 @@ STEP_HISTORY = 16  # recent steps the median is taken over
 NOISE_SIGMAS = 3.0  # a difference in mean wait counts beyond this many standard errors of it
 WAIT_TOLERANCE = 0.02  # of a batch's wall time: a difference in wait below this (+ 0.5 ms) never counts
 CONFIRM_WAIT = 0.05  # a remembered choice whose loop waits more than this fraction is searched again
+KNOBS = ("num_threads", "prefetch_queue_depth", "hw_decoder_load")  # what the tuner may search
 LOCK_TIMEOUT_S = 10.0  # a writer holds the memory's lock for one read and one write: milliseconds
 log = logging.getLogger("dali_pipes")
 
@@ -97,18 +98,20 @@ class Settings:
         queue (less memory). What leaves the model its CPU cores, when the waits do not decide."""
         return self.num_threads, -(self.hw_decoder_load or 0.0), self.prefetch_queue_depth
 
-    def apply(self, spec: PipelineSpec) -> PipelineSpec:
-        return applied(spec, self.values())
+    def apply(self, spec: PipelineSpec, knobs: tuple[str, ...] = KNOBS) -> PipelineSpec:
+        """`spec` with these settings' `knobs`; hw_decoder_load (where set) is an AugmentConfig field: a new graph."""
+        spec = dataclasses.replace(
+            spec, num_threads=self.num_threads if "num_threads" in knobs else spec.num_threads,
+            prefetch_queue_depth=self.prefetch_queue_depth if "prefetch_queue_depth" in knobs else
+            spec.prefetch_queue_depth)
+        if "hw_decoder_load" in knobs and self.hw_decoder_load is not None:
+            spec = with_load(spec, self.hw_decoder_load)
+        return spec
 
 
-def applied(spec: PipelineSpec, values: dict) -> PipelineSpec:
-    """`spec` with the knob `values` (num_threads, prefetch_queue_depth, hw_decoder_load; the last is an
-    AugmentConfig field: a new graph)."""
-    values = dict(values)
-    load = values.pop("hw_decoder_load", None)
-    if load is not None:
-        spec = dataclasses.replace(spec, augment=dataclasses.replace(spec.augment, hw_decoder_load=load))
-    return dataclasses.replace(spec, **values)
+def with_load(spec: PipelineSpec, load: float) -> PipelineSpec:
+    return dataclasses.replace(spec, augment=dataclasses.replace(spec.augment, hw_decoder_load=load))
+
 
 # ---------------------------------------------------------------------------------------------
 # The memory
@@ -397,7 +400,7 @@ class Tuner:
     warmup: int = 0       # batches waited so far
     steady: bool = False  # the warm-up ended on steady steps (not on its cap)
     steps: list[float] = field(default_factory=list)  # the loop's own recent step times (wall - wait)
-    axis: int = 0         # the knob being searched (_axes)
+    axis: int = 0         # the knob being searched (_next: hw_decoder_load, threads, depth)
     rank: int = 0
     on_trial: Callable[[Trial], None] | None = None  # hears each trial once it is measured
 
@@ -422,9 +425,9 @@ class Tuner:
         if self.done or not self.begun:
             return None
         step = max(0.0, wall - wait)  # the loop's own time: the model's step, whatever the loader's settings
-        transient = len(self.steps) >= WARMUP_WINDOW and step > (
-            OUTLIER_FACTOR * statistics.median(self.steps) + STEP_JITTER_S)
-        self.steps = (self.steps + [step])[-STEP_HISTORY:]
+        median = statistics.median(self.steps) if self.steps else 0.0
+        transient = len(self.steps) >= WARMUP_WINDOW and step > OUTLIER_FACTOR * median + STEP_JITTER_S
+        self.steps = (self.steps + [step])[-STEP_HISTORY:]  # a transient too: a lasting change moves the median
         if not self.trials:
             self._warm_up()
             return None
@@ -432,7 +435,7 @@ class Tuner:
         trial.seen, self.used = trial.seen + 1, self.used + 1
         if transient:
             log.info("tuning rank %d: trial %d: a step of %.0f ms (median %.0f ms): its window is measured again",
-                     self.rank, len(self.trials), step * 1e3, statistics.median(self.steps) * 1e3)
+                     self.rank, len(self.trials), step * 1e3, median * 1e3)
             trial.discard(skip=trial.settings.prefetch_queue_depth)
         elif trial.skip:
             trial.skip -= 1
@@ -532,11 +535,14 @@ class Tuner:
         self.done, self.chosen, self.decision = True, settings, f"chose {settings}: {why}"
         log.info("tuning rank %d: %s", self.rank, self.decision)
 
+    def searched(self) -> tuple[str, ...]:
+        """The knobs this tuner searches (the others are the user's, or not searched on this decoder)."""
+        return tuple(k for k, on in zip(KNOBS, (self.tune_threads, self.tune_depth, self.tune_hw)) if on)
+
     def tuned_values(self) -> dict:
-        """The chosen values of the knobs this tuner searched (a value the user fixed is not remembered)."""
-        searched = {"num_threads": self.tune_threads, "prefetch_queue_depth": self.tune_depth,
-                    "hw_decoder_load": self.tune_hw}
-        return {k: v for k, v in (self.chosen.values() if self.chosen else {}).items() if searched[k]}
+        """The chosen values of the knobs this tuner searched, for the memory (a value the user fixed is not
+        remembered)."""
+        return {k: v for k, v in (self.chosen.values() if self.chosen else {}).items() if k in self.searched()}
 
     def state(self) -> dict | None:
         """For the loader's state: the choice once made (a resumed run does not search again)."""
@@ -551,7 +557,7 @@ def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, tune_threads: boo
     tune_hw = spec.augment.hw_decoder_load == AUTO and spec.device == "gpu" and (
         resolve_decode_device(spec.device, spec.decode_device) == "gpu")
     if spec.augment.hw_decoder_load == AUTO and not tune_hw:  # a CPU decode: no hardware decoder to share with
-        spec = applied(spec, {"hw_decoder_load": DEFAULT_HW_LOAD})
+        spec = with_load(spec, DEFAULT_HW_LOAD)
     if not (tune_threads or tune_depth or tune_hw):
         return spec, None
     cores = default_threads()
@@ -565,10 +571,8 @@ def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, tune_threads: boo
         log.info("tuning rank %d: not tuned online here (s3:// through the shard cache); running %s%s", rank, start,
                  " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
         return spec, None
-    searched = [k for k, on in (("num_threads", tune_threads), ("prefetch_queue_depth", tune_depth),
-                                ("hw_decoder_load", tune_hw)) if on]
-    remembered = bool(entry) and all(k in entry for k in searched)  # else a search from the remembered part
-    tuner = Tuner(start, tune_threads, tune_depth, cores, tune_hw=tune_hw, remembered=remembered, rank=rank)
+    tuner = Tuner(start, tune_threads, tune_depth, cores, tune_hw=tune_hw, rank=rank)
+    tuner.remembered = bool(entry) and all(k in entry for k in tuner.searched())  # else a search from the part
     if entry:
         log.info("tuning rank %d: starting from the remembered %s (%s, %s)", rank, start, entry.get("source"),
                  entry.get("date"))
@@ -623,4 +627,4 @@ class OnlineTuning(BatchHook):
         """A state's choice: no search here (values the user fixed stay fixed; a pending trial is dropped)."""
         if state:
             self.tuner.done, self.tuner.chosen = True, Settings(**state)
-            rank.rebuild(applied(rank.spec, self.tuner.tuned_values()))  # the restore builds
+            rank.rebuild(self.tuner.chosen.apply(rank.spec, self.tuner.searched()))  # the restore builds
