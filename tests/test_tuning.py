@@ -86,6 +86,9 @@ def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbe
     assert sum(t["seen"] for t in view["trials"]) <= tuning.MAX_FRACTION * len(auto), "within 10% of the first epoch"
     assert sum(1 for t in trials if t != settings(view["start"])) >= 1, "the pipeline was rebuilt"
     assert "chose num_threads=" in caplog.text and "trial 2:" in caplog.text
+    assert view["decision"].startswith("chose num_threads=") and view["decision"] in caplog.text
+    assert view["warmup"]["batches"] >= tuning.WARMUP_WINDOW and "trials start after" in caplog.text
+    assert all({"wait_ms", "wait_error_ms", "wall_ms", "cpu_cores", "discarded"} <= set(t) for t in view["trials"])
     chosen = settings(view["chosen"])
     reference, _ = epochs(fixed(chosen, numbered_source))
     assert_same(got, reference)
