@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 
@@ -50,6 +51,19 @@ def auto_or_count(text: str) -> int | str:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text}: expected 'auto' or a count of at least 1")
+    return value
+
+
+def auto_or_fraction(text: str) -> float | str:
+    """"auto" (the loader tunes it: tuning.py) or a number in [0, 1] (hw_decoder_load)."""
+    if str(text).lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected 'auto' or a number in [0, 1]")
     return value
 
 

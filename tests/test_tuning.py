@@ -1,12 +1,19 @@
 """Online tuning (tuning.py) with real DALI on CPU: num_threads / prefetch_queue_depth "auto" try other
 settings in the first epoch by rebuilding the pipeline at its checkpoint, and the batches (images and
 labels) are exactly those of a loader with the chosen values fixed: plain, after a resume taken while
-the search runs, and after an elastic resume taken then. The choice is remembered per machine."""
+the search runs, and after an elastic resume taken then. The choice is remembered per machine.
+
+The search's decisions on a simulated clock (SimulatedLoop: no DALI, deterministic pseudo-noise): the first
+training steps and a transient step decide nothing, settings alike within noise keep the cheaper, a clear
+winner wins, and hw_decoder_load="auto" (a GPU's mixed decoder) searched towards the hardware decoder. On a
+GPU (`-m gpu`): the decoders' rounding between loads, measured, and the search with real rebuilds."""
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +22,7 @@ from dali_pipes import DaliLoader
 from dali_pipes.options import auto_or_count
 from dali_pipes.run import tuning
 
-N = 240  # 120 batches of 2: a tuning budget of 12 batches, room for 4 trials of 2 measured batches
+N = 240  # 120 batches of 2: a warm-up of 4-6 batches, then a tuning budget of 12: 4 trials of 2 measured batches
 KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
 
 
@@ -27,15 +34,22 @@ def private_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
 
 
-def epochs(loader, count=2, stop_at=None):
-    """Batches (images, labels) as numpy, `count` epochs; with stop_at, the state after that many."""
+def epochs(loader, count=2, stop_at=None, stop_when=None):
+    """Batches (images, labels) as numpy, `count` epochs; with stop_at, the state after that many; with
+    stop_when, the state after the first batch where stop_when(loader) holds."""
     out, state = [], None
     for _ in range(count):
         for images, labels in loader:
             out.append((images.numpy().copy(), labels.numpy().copy()))
-            if stop_at is not None and len(out) == stop_at:
+            if len(out) == stop_at or (stop_when is not None and stop_when(loader)):
                 return out, loader.state_dict()
     return out, state
+
+
+def second_trial_runs(loader) -> bool:
+    """The search has rebuilt the pipeline for its second trial and goes on (a state taken now is mid-search)."""
+    view = tuned(loader)
+    return len(view["trials"]) >= 2 and view["trials"][-1]["seen"] >= 1 and not view["done"]
 
 
 def tuned(loader) -> dict | None:
@@ -72,6 +86,9 @@ def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbe
     assert sum(t["seen"] for t in view["trials"]) <= tuning.MAX_FRACTION * len(auto), "within 10% of the first epoch"
     assert sum(1 for t in trials if t != settings(view["start"])) >= 1, "the pipeline was rebuilt"
     assert "chose num_threads=" in caplog.text and "trial 2:" in caplog.text
+    assert view["decision"].startswith("chose num_threads=") and view["decision"] in caplog.text
+    assert view["warmup"]["batches"] >= tuning.WARMUP_WINDOW and "trials start after" in caplog.text
+    assert all({"wait_ms", "wait_error_ms", "wall_ms", "cpu_cores", "discarded"} <= set(t) for t in view["trials"])
     chosen = settings(view["chosen"])
     reference, _ = epochs(fixed(chosen, numbered_source))
     assert_same(got, reference)
@@ -82,8 +99,8 @@ def test_auto_tries_settings_and_its_batches_equal_the_chosen_values_fixed(numbe
 
 def test_a_resume_taken_while_tuning_gives_the_batches_of_the_fixed_choice(numbered_source):
     auto = DaliLoader(numbered_source, **KW)
-    head, state = epochs(auto, stop_at=7)  # trial 2 (or later) is running: a rebuilt pipeline
-    assert not tuned(auto)["done"] and len(tuned(auto)["trials"]) >= 2
+    head, state = epochs(auto, stop_when=second_trial_runs)  # trial 2 (or later) is running: a rebuilt pipeline
+    assert second_trial_runs(auto) and len(head) < len(auto)
     resumed = DaliLoader(numbered_source, **KW)
     resumed.load_state_dict(state)
     rest, _ = epochs(resumed)
@@ -94,14 +111,15 @@ def test_a_resume_taken_while_tuning_gives_the_batches_of_the_fixed_choice(numbe
 
 
 def test_an_elastic_resume_taken_while_tuning_matches_one_of_fixed_loaders(numbered_source):
-    def old_world(**kw):
+    def old_world(stops, **kw):
         loaders = [DaliLoader(numbered_source, rank=r, world_size=2, **{**KW, **kw}) for r in range(2)]
-        states = [epochs(loader, stop_at=5)[1] for loader in loaders]
-        return loaders, states
+        runs = [epochs(loader, **stop) for loader, stop in zip(loaders, stops)]
+        return loaders, [len(batches) for batches, _ in runs], [state for _, state in runs]
 
-    auto_loaders, auto_states = old_world()
-    assert all(len(tuned(l)["trials"]) >= 2 and not tuned(l)["done"] for l in auto_loaders)
-    fixed_loaders, fixed_states = old_world(num_threads=1, prefetch_queue_depth=2)
+    # each auto rank stops once its search runs a second trial; each fixed rank after as many batches
+    auto_loaders, counts, auto_states = old_world([{"stop_when": second_trial_runs}] * 2)
+    assert all(second_trial_runs(l) for l in auto_loaders)
+    fixed_loaders, _, fixed_states = old_world([{"stop_at": n} for n in counts], num_threads=1, prefetch_queue_depth=2)
     new_auto = DaliLoader(numbered_source, **KW)
     new_auto.load_state_dict(auto_states)
     new_fixed = fixed(tuning.Settings(2, 3), numbered_source)
@@ -271,3 +289,324 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered_source):
     assert not {"exif_orientation", "png16"} & set(tuning.graph_key(spec, numbered_source.kind)["augment"])
     as_pil = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=False, png16="pil"))
     assert tuning.memory_key(as_pil, numbered_source.kind) != tuning.memory_key(spec, numbered_source.kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 28: the tuner's decisions on a simulated clock (no DALI): warm-up, transients, noise, hw_decoder_load
+# ---------------------------------------------------------------------------------------------
+
+class SimulatedLoop:
+    """A training loop and its loader on a simulated clock, deterministic (random.Random(seed)). The loader
+    makes the loop wait `wait_ms(settings)` per batch, plus noise of `noise_ms` (never below 0); the loop's own
+    step takes `step_ms` (+- 2 ms), but for `long_steps` (batch index -> seconds of the step before it: the
+    first CUDA/cuDNN steps, a checkpoint). During a long step DALI fills its queue: the next batches, as many
+    as the prefetch depth, come without a wait. The process's CPU per batch is `cpu_ms(settings)` +- noise."""
+
+    def __init__(self, wait_ms, *, noise_ms=1.0, step_ms=100.0, long_steps=None, cpu_ms=None, seed=0):
+        import random
+        self.wait_ms, self.noise_ms, self.step_ms = wait_ms, noise_ms, step_ms
+        self.long_steps, self.cpu_ms = long_steps or {}, cpu_ms or (lambda settings: 150.0)
+        self.rng, self.queue_full_until = random.Random(seed), -1
+
+    def batch(self, settings, i) -> tuple[float, float, float]:
+        """Batch i's (wait, wall, cpu) in seconds, as LoaderClock gives them."""
+        step = self.long_steps.get(i, (self.step_ms + self.rng.uniform(-2, 2)) / 1e3)
+        if step > 4 * self.step_ms / 1e3:
+            self.queue_full_until = i + settings.prefetch_queue_depth
+        wait = max(0.0, self.wait_ms(settings) + self.rng.gauss(0, self.noise_ms)) / 1e3
+        if i < self.queue_full_until:
+            wait = 0.0
+        cpu = max(0.0, self.cpu_ms(settings) + self.rng.gauss(0, 20)) / 1e3
+        return wait, step + wait, cpu
+
+
+def simulate(tuner, loop, batches=400):
+    """The first epoch of `batches` batches (400: a budget of 40, windows of 4 measured batches, a warm-up of
+    at most 20), the pipeline rebuilt whenever the tuner asks (its settings apply from the next batch on)."""
+    tuner.begin(batches)
+    for i in range(batches):
+        if tuner.done:
+            break
+        tuner.observe(*loop.batch(tuner.current, i))
+    tuner.epoch_ended()
+    return tuner
+
+
+def threads_tried(tuner) -> list[int]:
+    return [t.settings.num_threads for t in tuner.trials]
+
+
+def test_the_first_training_steps_decide_nothing():
+    """Issue 28 (H100): the 16-thread trial's window held the 1.3 s first training step, the 8-thread trial's
+    did not. Here 16 and 8 threads make the loop wait alike (the GPU decodes: more threads do not help), 4 wait
+    more; the first steps fill DALI's queue, so a window holding them looked like 16 threads never wait."""
+    loop = SimulatedLoop(lambda s: {16: 10.0, 8: 10.0, 4: 30.0}.get(s.num_threads, 60.0),
+                         long_steps={1: 1.3, 2: 0.4})
+    tuner = simulate(tuning.Tuner(tuning.Settings(16, 2), True, True, cores=16), loop)
+    assert tuner.chosen == tuning.Settings(8, 2), threads_tried(tuner)  # the cheaper of two alike
+    assert tuner.warmup >= 5 and tuner.steady  # the long steps (batches 1 and 2) fell before any trial
+    assert all(t.per_batch()[1] < 0.2 for t in tuner.trials) and threads_tried(tuner)[:3] == [16, 8, 4]
+    assert {t.measured for t in tuner.trials} == {tuner.window}  # like with like: the same number of batches
+
+
+def test_a_window_with_a_transient_step_is_measured_again():
+    """A long step inside a trial (a checkpoint, a late cuDNN search) fills DALI's queue: the next batches come
+    without a wait. 8 and 16 threads make the loop wait alike (10 ms), so the cheaper 8 must stay; the 8-thread
+    start waits, so 16 are tried, and a 2 s step falls in their window, after its first measured batch."""
+    loop = SimulatedLoop(lambda s: {16: 10.0, 8: 10.0}.get(s.num_threads, 30.0))
+    tuner = tuning.Tuner(tuning.Settings(8, 2), True, False, cores=16)
+    tuner.begin(400)
+    for i in range(400):
+        if tuner.done:
+            break
+        if tuner.current.num_threads == 16 and tuner.trials[-1].measured == 1 and not loop.long_steps:
+            loop.long_steps[i] = 2.0
+        tuner.observe(*loop.batch(tuner.current, i))
+    tuner.epoch_ended()
+    assert loop.long_steps and tuner.chosen == tuning.Settings(8, 2), [t.describe() for t in tuner.trials]
+    assert threads_tried(tuner)[:2] == [8, 16] and [t.discarded for t in tuner.trials][:2] == [0, 1]
+    assert all(t.measured == tuner.window and t.per_batch()[1] < 0.2 for t in tuner.trials)
+
+
+def test_settings_equal_within_noise_keep_the_cheaper():
+    """Every setting makes the loop wait 20 ms, +- 8 ms per batch: whichever trial's few batches happened to
+    wait least must not win; the fewest threads and the shallowest queue do, said to be within noise."""
+    for seed in range(5):
+        loop = SimulatedLoop(lambda s: 20.0, noise_ms=8.0, seed=seed)
+        tuner = simulate(tuning.Tuner(tuning.Settings(4, 2), True, True, cores=4), loop)
+        assert tuner.chosen == tuning.Settings(1, 2), (seed, tuner.chosen)
+        assert threads_tried(tuner)[:3] == [4, 2, 1] and tuner.decision.startswith("chose num_threads=1")
+
+
+def test_a_clear_winner_wins_and_the_decision_says_by_how_much():
+    """4 threads wait 30 ms, 8 threads 2 ms (+- 1 ms): the loop waits, so all 8 cores are tried and win."""
+    loop = SimulatedLoop(lambda s: {8: 2.0, 4: 30.0}.get(s.num_threads, 60.0))
+    tuner = simulate(tuning.Tuner(tuning.Settings(4, 2), True, True, cores=8), loop)
+    assert tuner.chosen == tuning.Settings(8, 2) and threads_tried(tuner)[:2] == [4, 8]
+    assert re.fullmatch(r"chose num_threads=8 prefetch_queue_depth=2: [\d.]+ ms less wait per batch than "
+                        r"num_threads=4 prefetch_queue_depth=2, beyond the spread of [\d.]+ ms", tuner.decision)
+
+
+def test_when_the_loop_never_waits_the_fewest_threads_win_whatever_the_cpu_noise():
+    """The loader is not the bottleneck at any setting: the process's CPU per batch (the model's included) is
+    noise, not a reason for more threads. The fewest threads and depth 2 leave the model its cores."""
+    for seed in range(5):
+        loop = SimulatedLoop(lambda s: 0.0, noise_ms=0.0, cpu_ms=lambda s: 400.0 - 10 * s.num_threads, seed=seed)
+        tuner = simulate(tuning.Tuner(tuning.Settings(8, 2), True, True, cores=8), loop)
+        assert tuner.chosen == tuning.Settings(1, 2), (seed, tuner.chosen)
+
+
+def trial(settings, waits_ms, wall_ms=100.0):
+    t = tuning.Trial(settings)
+    for wait in waits_ms:
+        t.add(wait / 1e3, wall_ms / 1e3, 0.1)
+    return t
+
+
+def test_a_difference_within_the_spread_never_decides():
+    """16 threads' mean wait is 4.5 ms below 8 threads', but all of it from one batch of four: its spread
+    (3 standard errors) is far larger than the difference, so the cheaper 8 threads stay."""
+    costly, cheap = trial(tuning.Settings(16, 2), [0, 0, 0, 30]), trial(tuning.Settings(8, 2), [12, 12, 12, 12])
+    chosen, why = tuning.decide([costly, cheap])
+    assert chosen is cheap and why.startswith("within noise, the cheaper") and "within the spread of 22.5 ms" in why
+    steady_costly = trial(tuning.Settings(16, 2), [7, 8, 7, 8])  # the same 4.5 ms less, steadily: it counts
+    chosen, why = tuning.decide([steady_costly, cheap])
+    assert chosen is steady_costly and why.startswith("4.5 ms less wait per batch than num_threads=8")
+
+
+# -- hw_decoder_load on a GPU: the search on simulated measurements, the interface on CPU --------------------
+
+def hw_tuner(start_load=0.65):
+    return tuning.Tuner(tuning.Settings(16, 2, start_load), True, True, cores=16, tune_hw=True)
+
+
+def loads_tried(tuner) -> list[float]:
+    return [t.settings.hw_decoder_load for t in tuner.trials]
+
+
+def test_hw_decoder_load_alike_waits_choose_the_hardware_decoder_then_fewer_threads():
+    """0.65 and 0.99 make the loop wait alike (the hardware decoder keeps up): 0.99 leaves CPU cores to the model
+    (issue 28: about 4 on the H100), and 0 (CUDA only) is never tried; threads are then searched at 0.99."""
+    loop = SimulatedLoop(lambda s: 5.0 if s.num_threads >= 4 else 25.0)
+    tuner = simulate(hw_tuner(), loop)
+    assert loads_tried(tuner)[:2] == [0.65, 0.99] and 0.0 not in loads_tried(tuner)
+    assert tuner.chosen == tuning.Settings(4, 2, 0.99), tuner.decision
+    assert {t.settings.hw_decoder_load for t in tuner.trials[2:]} == {0.99}
+    assert tuner.tuned_values() == {"num_threads": 4, "prefetch_queue_depth": 2, "hw_decoder_load": 0.99}
+
+
+def test_hw_decoder_load_towards_cuda_only_when_the_hardware_decoder_saturates():
+    """0.99 waits more than 0.65 (the hardware decoder saturates): 0 is tried, waits more still (issue 28: 0 is
+    2.1-3.5x slower on the H100), and 0.65 stays."""
+    loop = SimulatedLoop(lambda s: {0.99: 20.0, 0.65: 5.0, 0.0: 40.0}[s.hw_decoder_load])
+    tuner = simulate(hw_tuner(), loop)
+    assert loads_tried(tuner)[:3] == [0.65, 0.99, 0.0] and tuner.chosen.hw_decoder_load == 0.65, tuner.decision
+
+
+def test_a_remembered_hw_decoder_load_is_the_start_and_only_confirmed():
+    loop = SimulatedLoop(lambda s: 0.0, noise_ms=0.0)
+    tuner = tuning.Tuner(tuning.Settings(4, 2, 0.99), True, True, cores=16, tune_hw=True, remembered=True)
+    simulate(tuner, loop)
+    assert loads_tried(tuner) == [0.99] and tuner.chosen == tuning.Settings(4, 2, 0.99)
+    assert "the remembered settings, confirmed" in tuner.decision
+
+
+def gpu_spec(load, decode_device=None):
+    from dali_pipes.graph.augment import AugmentConfig
+    from dali_pipes.run.pipeline import PipelineSpec
+    return PipelineSpec(train=True, batch_size=2, device="gpu", decode_device=decode_device,
+                        augment=AugmentConfig(hw_decoder_load=load))
+
+
+def test_hw_decoder_load_auto_is_searched_on_a_gpus_mixed_decoder_only():
+    """"auto" on a GPU's mixed decoder: searched from 0.65 (or the remembered load); a number stays fixed; a
+    CPU decode (device cpu, or the hybrid) has no hardware decoder to share with: "auto" reads as 0.65."""
+    from dali_pipes.run.pipeline import PipelineSpec
+    from dali_pipes.run.stats import LoaderClock
+
+    def plan(spec):
+        return tuning.plan(spec, "file_list", LoaderClock(), tune_threads=False, tune_depth=False)
+
+    spec, hook = plan(gpu_spec("auto"))
+    assert spec.augment.hw_decoder_load == 0.65 and hook.tuner.tune_hw
+    assert hook.describe()["start"] == {"num_threads": spec.num_threads, "prefetch_queue_depth": 2,
+                                        "hw_decoder_load": 0.65}
+    for fixed_or_cpu in (gpu_spec(0.99), gpu_spec("auto", decode_device="cpu"),
+                         dataclasses.replace(gpu_spec("auto"), device="cpu")):
+        spec, hook = plan(fixed_or_cpu)
+        assert hook is None and spec.augment.hw_decoder_load == (0.99 if fixed_or_cpu.augment.hw_decoder_load
+                                                                  == 0.99 else 0.65)
+    key = tuning.memory_key(gpu_spec("auto"), "file_list")
+    assert key == tuning.memory_key(gpu_spec(0.99), "file_list")  # the load is no part of the graph's key
+    tuning.remember(key, {"hw_decoder_load": 0.99, "source": "online"})
+    spec, hook = plan(gpu_spec("auto"))
+    assert spec.augment.hw_decoder_load == 0.99 and hook.describe()["remembered"]
+    assert isinstance(PipelineSpec(True, 2).augment.hw_decoder_load, float)  # the default stays 0.65, fixed
+
+
+class RecordingRank:
+    """The part of a rank's pipeline (hooks.RankView) the tuning hook uses: its spec, and rebuilds, recorded."""
+
+    def __init__(self, spec):
+        self.spec, self.rebuilds = spec, []
+
+    def rebuild(self, spec, *, now=False):
+        self.spec = spec
+        self.rebuilds.append(spec)
+
+
+def test_the_hook_rebuilds_a_new_graph_per_load_and_remembers_the_choice(tmp_path):
+    """OnlineTuning on a GPU spec, fed a simulated clock: each trial's hw_decoder_load reaches the rank as a new
+    AugmentConfig (the graph is rebuilt for it), the choice is in stats()["tuned"] and in the memory."""
+    from dali_pipes.run.stats import LoaderClock
+    clock = LoaderClock()
+    spec, hook = tuning.plan(gpu_spec("auto"), "file_list", clock, tune_threads=True, tune_depth=False)
+    rank = RecordingRank(spec)
+    loop = SimulatedLoop(lambda s: 5.0 if s.num_threads >= 2 else 25.0)
+    hook.begin_epoch(rank, 400)
+    for i in range(400):
+        clock.last = loop.batch(hook.tuner.current, i)  # what LoaderClock.after_batch sets
+        hook.after_batch(rank, None)
+    loads = [s.augment.hw_decoder_load for s in rank.rebuilds]
+    assert loads[0] == 0.99 and set(loads) == {0.99}  # 0.65 ran from the start; 0.99 chosen, threads after
+    view = hook.describe()
+    assert view["done"] and view["chosen"]["hw_decoder_load"] == 0.99 and view["decision"].startswith("chose ")
+    assert [t["hw_decoder_load"] for t in view["trials"]][:2] == [0.65, 0.99]
+    assert all({"wait_ms", "wait_error_ms", "wall_ms", "cpu_cores", "discarded"} <= set(t) for t in view["trials"])
+    (entry,) = json.loads((tmp_path / "cache" / "tuning.json").read_text())["entries"].values()
+    assert entry["hw_decoder_load"] == 0.99 and entry["num_threads"] == view["chosen"]["num_threads"]
+    assert hook.state() == view["chosen"]
+
+
+def test_hw_decoder_load_takes_auto_or_a_number_in_0_1():
+    from dali_pipes.graph.augment import AugmentConfig, decoder_args
+    from dali_pipes.options import add_arguments, auto_or_fraction
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, AugmentConfig, "augment")
+    assert parser.parse_args(["--hw-decoder-load", "AUTO"]).hw_decoder_load == "auto"
+    assert parser.parse_args(["--hw-decoder-load", "0.99"]).hw_decoder_load == 0.99
+    assert parser.parse_args([]).hw_decoder_load == 0.65
+    for bad in ("1.5", "fast", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="'auto' or a number in"):
+            auto_or_fraction(bad)
+    with pytest.raises(ValueError, match=r"hw_decoder_load must be in \[0, 1\] or 'auto', got 'fast'"):
+        AugmentConfig(hw_decoder_load="fast")
+    # a graph built outside the loader (dali-pipes profile) reads "auto" as the default
+    assert decoder_args("gpu", AugmentConfig(hw_decoder_load="auto"), 4)["hw_decoder_load"] == 0.65
+
+
+# -- on a GPU: the decoders' rounding between loads, and the search with real rebuilds ------------------------
+
+def photo_list(root, n: int) -> str:
+    """ROOT/list.txt over n photo-like JPEGs of 256 x 320 (smooth colour fields and fine texture, 4:2:0, the
+    size the hardware decoder takes) labelled by index."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:256, 0:320]
+    with open(os.path.join(root, "list.txt"), "w") as f:
+        for i in range(n):
+            fields = [128 + 100 * np.sin((x * (i % 7 + 1) + y * c) / 40 + c) for c in range(3)]
+            pixels = np.stack(fields, -1) + rng.normal(0, 12, (256, 320, 3))
+            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(os.path.join(root, f"{i:03d}.jpg"),
+                                                                            quality=90)
+            f.write(f"{i:03d}.jpg {i}\n")
+    return os.path.join(root, "list.txt")
+
+
+PLAIN = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))  # images out as pixel / 255: differences in 8-bit levels
+
+
+def rounding(batches, reference) -> dict:
+    """Labels identical batch by batch; the images' absolute difference in 8-bit levels (max, mean, 99th pct)."""
+    assert len(batches) == len(reference)
+    for (_, labels), (_, expected) in zip(batches, reference):
+        np.testing.assert_array_equal(labels, expected)
+    levels = np.concatenate([np.abs(a - b).ravel() for (a, _), (b, _) in zip(batches, reference)]) * 255
+    return {"max": float(levels.max()), "mean": float(levels.mean()), "p99": float(np.percentile(levels, 99))}
+
+
+def gpu_batches(loader) -> list:
+    return [(images.float().cpu().numpy(), labels.cpu().numpy()) for images, labels in loader]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_the_decoders_rounding_between_hw_decoder_loads_is_measured(tmp_path, train, record_property):
+    """The same batches at hw_decoder_load 0 (CUDA decoding only) and 0.99 (the hardware decoder): the same
+    samples, crops and flips, so labels are identical and pixels differ by the decoders' rounding alone. The
+    figures are recorded (junit property, and printed) for the docs: what a tuner's change of load may do."""
+    source = photo_list(str(tmp_path), 32)
+
+    def at(load):
+        return gpu_batches(DaliLoader(source, batch_size=8, train=train, device="gpu", image_size=224, seed=5,
+                                      num_threads=2, prefetch_queue_depth=2, shuffle_buffer=16,
+                                      hw_decoder_load=load, **PLAIN))
+
+    figures = rounding(at(0.0), at(0.99))
+    record_property("hw_decoder_load_rounding", figures)
+    print(f"\nhw_decoder_load 0 vs 0.99 ({'train' if train else 'val'}), |difference| in 8-bit levels: {figures}")
+    assert figures["mean"] < 2 and figures["p99"] < 17, figures  # the bounds of GPU vs CPU decoding (test_loader)
+
+
+@pytest.mark.gpu
+def test_auto_hw_decoder_load_tries_loads_and_keeps_the_batches_but_for_rounding(tmp_path, record_property):
+    """hw_decoder_load="auto" on a GPU: the search rebuilds the graph at other loads from DALI's checkpoint
+    mid-epoch; the batches are those of a loader with the chosen values fixed (labels exactly, pixels up to the
+    decoders' rounding: the trials before the choice decoded at other loads), and the load is remembered."""
+    source = photo_list(str(tmp_path), 240)
+    kw = dict(batch_size=2, train=True, device="gpu", image_size=64, seed=3, shuffle_buffer=16, **PLAIN)
+    auto = DaliLoader(source, hw_decoder_load="auto", **kw)
+    got = gpu_batches(auto)
+    view = tuned(auto)
+    assert view["done"] and len({t["hw_decoder_load"] for t in view["trials"]}) >= 2, view
+    chosen = view["chosen"]
+    assert chosen["hw_decoder_load"] in tuning.HW_LOADS
+    fixed_loader = DaliLoader(source, num_threads=chosen["num_threads"],
+                              prefetch_queue_depth=chosen["prefetch_queue_depth"],
+                              hw_decoder_load=chosen["hw_decoder_load"], **kw)
+    figures = rounding(got, gpu_batches(fixed_loader))
+    record_property("auto_against_fixed_rounding", figures)
+    print(f"\nauto ({view['decision']}) against the choice fixed, |difference| in 8-bit levels: {figures}")
+    assert figures["mean"] < 2 and figures["p99"] < 17, figures
+    (entry,) = json.loads((tmp_path / "cache" / "tuning.json").read_text())["entries"].values()
+    assert entry["hw_decoder_load"] == chosen["hw_decoder_load"]

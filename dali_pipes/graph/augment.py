@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dali_pipes.graph import resolution
 from dali_pipes.graph.resolution import ImageSize
-from dali_pipes.options import option
+from dali_pipes.options import auto_or_fraction, option
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -58,6 +58,8 @@ DALI_DEFAULT_HOST_PADDING = 8 * 2**20
 MAX_PADDING = 4 * 2**30  # per thread; more is a unit mistake (bytes, not pixels or MB)
 HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest image (DALI's example)
 JPEG_MAX_SIDE = 65535
+AUTO_LOAD = "auto"  # hw_decoder_load="auto": a GPU loader tries run/tuning.HW_LOADS online, starting here:
+DEFAULT_HW_LOAD = 0.65  # DALI's own default; "auto" reads as it wherever nothing tunes it (a CPU decode, profile)
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,10 @@ class AugmentConfig:
     std: tuple[float, float, float] = option(IMAGENET_STD, "normalisation std per channel, on the [0, 1] scale")
     channels_last: bool = option(False, "NHWC memory (the logical shape stays N,3,H,W): faster convs on GPU")
     float16: bool = option(False, "float16 output instead of float32: half the bytes to move")
-    hw_decoder_load: float = option(0.65, "gpu: share of images sent to the hardware JPEG decoder (A100/H100)")
+    hw_decoder_load: float | str = option(DEFAULT_HW_LOAD, "gpu: share of images sent to the hardware JPEG decoder "
+                                          "(A100/H100); auto: tried online among 0, 0.65 and 0.99 in the first "
+                                          "epoch (a decoder change may alter pixels by rounding)",
+                                          type=auto_or_fraction)
     # How images are read where DALI and PIL differ. None: the loader's form decides (DaliLoader(dataset) reads
     # as DataLoader + PIL; a location keeps DALI's way); the graph reads None as DALI's way.
     exif_orientation: bool | None = option(None, "rotate JPEGs as their EXIF orientation tag says (DALI's way); "
@@ -134,8 +139,8 @@ def augment_problems(cfg: AugmentConfig) -> list[str]:
     if not _number(cfg.crop_ratio) or not 0 < cfg.crop_ratio <= 1:
         problems.append(f"crop_ratio must be in (0, 1], got {cfg.crop_ratio!r}")
     problems += _normalisation_problems(cfg.mean, cfg.std)
-    if not _number(cfg.hw_decoder_load) or not 0 <= cfg.hw_decoder_load <= 1:
-        problems.append(f"hw_decoder_load must be in [0, 1], got {cfg.hw_decoder_load!r}")
+    if cfg.hw_decoder_load != AUTO_LOAD and not _fraction(cfg.hw_decoder_load):
+        problems.append(f"hw_decoder_load must be in [0, 1] or 'auto', got {cfg.hw_decoder_load!r}")
     if cfg.exif_orientation is not None and not isinstance(cfg.exif_orientation, bool):
         problems.append(f"exif_orientation must be True, False or None, got {cfg.exif_orientation!r}")
     if cfg.png16 not in (None, *PNG16_MODES):
@@ -145,6 +150,16 @@ def augment_problems(cfg: AugmentConfig) -> list[str]:
 
 def _number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _fraction(x) -> bool:
+    return _number(x) and 0 <= x <= 1
+
+
+def hw_load(cfg: AugmentConfig) -> float:
+    """The mixed decoder's hw_decoder_load: "auto" reads as DEFAULT_HW_LOAD (the loader's tuning replaces it
+    before a graph is built; a graph built outside the loader runs the default)."""
+    return DEFAULT_HW_LOAD if cfg.hw_decoder_load == AUTO_LOAD else float(cfg.hw_decoder_load)
 
 
 def _pair(values) -> tuple[float, float] | None:
@@ -220,7 +235,7 @@ def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> di
     if decode_device == "gpu":
         device_padding, host_padding = decoder_paddings(num_threads)
         args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
-                    hw_decoder_load=cfg.hw_decoder_load, preallocate_width_hint=HW_DECODER_WIDTH_HINT,
+                    hw_decoder_load=hw_load(cfg), preallocate_width_hint=HW_DECODER_WIDTH_HINT,
                     preallocate_height_hint=HW_DECODER_HEIGHT_HINT)
     return check_decoder_args(args)
 

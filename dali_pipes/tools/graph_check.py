@@ -219,11 +219,12 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size: int) -> list[GraphVariant]:
     """Each auto-augment policy, colour jitter, torchvision-read settings, float16, channels_last, the hybrid
-    decode, a second rank, each size of an image_size schedule, tuning's thread counts, profile's decode
-    stage and the bad-sample search's decode graph."""
+    decode, a second rank, each size of an image_size schedule, tuning's thread counts and hw_decoder_loads,
+    profile's decode stage and the bad-sample search's decode graph."""
     from dali_pipes.run.decode_probe import decode_pipeline
     from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
     from dali_pipes.run.recovery import placeholder_jpeg
+    from dali_pipes.run.tuning import HW_LOADS
     out = [variant(f"auto_augment={p}", first, True, augment=AugmentConfig(auto_augment=p)) for p in AUTO_AUGMENTS]
     out.append(variant("color_jitter=0.4", first, True, augment=AugmentConfig(color_jitter=0.4)))
     # DaliLoader(dataset) reads a torchvision transform into these fields (transforms.py): ToTensor without
@@ -255,6 +256,11 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
         out.append(replace(variant(f"num_threads={threads} (tuning)", first, True),
                            define=functools.partial(build_pipeline, first, PipelineSpec(
                                True, batch_size, "gpu", num_threads=threads, device_id=0, shuffle_buffer=4))))
+    # ... and hw_decoder_load="auto": each load it tries is a decoder argument, so a graph of its own (train and val)
+    for load in HW_LOADS:
+        for train in (True, False):
+            out.append(variant(f"hw_decoder_load={load} (tuning)", first, train,
+                               augment=AugmentConfig(hw_decoder_load=load)))
     # Progressive resizing: the loader builds one graph per size of its schedule, as for_epoch gives it.
     scheduled = AugmentConfig(image_size=SIZE_SCHEDULE, val_image_size=256)
     out += [variant(f"image_size {scheduled.size_at(epoch)} of the schedule {SIZE_SCHEDULE}", first, True,
