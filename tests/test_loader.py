@@ -11,6 +11,7 @@ from PIL import Image
 from dali_pipes import DaliLoader, open_source
 from dali_pipes.graph.augment import IMAGENET_MEAN, IMAGENET_STD
 
+from conftest import assert_placed
 
 N = 23  # does not divide by 2, 3 or 4
 
@@ -218,7 +219,9 @@ def test_gpu_and_cpu_agree_in_val(numbered_source):
     gpu = DaliLoader(numbered_source, batch_size=4, train=False, device="gpu", image_size=16)
     cpu = DaliLoader(numbered_source, batch_size=4, train=False, device="cpu", image_size=16)
     for (xg, yg), (xc, yc) in zip(gpu, cpu):
-        assert xg.device.type == "cuda" and torch.equal(yg.cpu(), yc)
+        assert_placed((xg, yg))  # labels on the GPU too
+        assert_placed((xc, yc), host_outputs=(0, 1))
+        assert torch.equal(yg.cpu(), yc)
         assert (xg.float().cpu() - xc).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo rounding
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from dali_pipes.graph import _dali
 from dali_pipes.graph.augment import AUTO_AUGMENTS, AugmentConfig
@@ -161,6 +161,9 @@ def graph_problems(ops: tuple[OpNode, ...], outputs: tuple[Edge, ...], registere
         source = produced.get(edge.name)
         if source and source[1] == "gpu" and edge.device == "cpu":
             problems.append(f"GPU-to-CPU edge: pipeline output {i} ({edge.name}) is copied back to the CPU")
+        elif i in host_outputs and edge.device != "cpu":
+            problems.append(f"pipeline output {i} ({edge.name}) is read in Python (a host output) but is on the "
+                            f"{edge.device.upper()}: every batch would be copied back; leave it on the CPU")
         elif outputs_on_gpu and edge.device != "gpu" and i not in host_outputs:
             problems.append(f"pipeline output {i} ({edge.name}, from {source[0].schema if source else '?'}) is on the "
                             f"CPU: it reaches torch in pageable host memory and its copy to the GPU syncs; "
@@ -273,3 +276,29 @@ def check_variant(variant: GraphVariant) -> GraphReport:
     if not decoders or set(decoders) != {variant.decoder}:
         raise GraphError(variant.name, [f"decoder devices {decoders}, expected [{variant.decoder!r}]"], report=report)
     return report
+
+
+# -- on a GPU: where a built pipeline's outputs really are --------------------------------------------------
+
+def placement_problems(outputs: Sequence, host_outputs: tuple[int, ...] = ()) -> list[str]:
+    """Where outputs really are, told by their types: a built pipeline's run() (DALI TensorLists) or a loader's
+    batch (torch tensors). Each must be on the GPU (TensorListGPU, a CUDA tensor) except `host_outputs`, made on
+    the CPU for Python to read (GraphVariant.host_outputs: the loader's sample ids), which must be on the CPU
+    (TensorListCPU, a CPU tensor). Never `hasattr(out, "as_cpu")`: DALI 2.4's CPU lists have as_cpu() too."""
+    import torch
+    from nvidia.dali.tensors import TensorListCPU, TensorListGPU
+    problems = [f"host output {i} is missing: there are {len(outputs)} outputs"
+                for i in sorted(set(host_outputs) - set(range(len(outputs))))]
+    for i, out in enumerate(outputs):
+        if isinstance(out, (TensorListCPU, TensorListGPU)):
+            on_gpu = isinstance(out, TensorListGPU)
+        elif isinstance(out, torch.Tensor):
+            on_gpu = out.device.type == "cuda"
+        else:
+            problems.append(f"output {i} is a {type(out).__name__}: neither a DALI TensorList nor a torch tensor")
+            continue
+        if on_gpu == (i in host_outputs):
+            want = "on the CPU (a host output, read in Python)" if i in host_outputs else "on the GPU"
+            where = f" on {out.device}" if isinstance(out, torch.Tensor) else ""
+            problems.append(f"output {i} is a {type(out).__name__}{where}, expected {want}")
+    return problems
