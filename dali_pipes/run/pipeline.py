@@ -13,6 +13,7 @@ import numpy as np
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
+from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.delivery import sample_ids as identity_rows
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
@@ -71,6 +72,7 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     a CPU output of a GPU pipeline arrives in pageable host memory and its copy to the GPU would sync.
     `sample_ids` adds each sample's identity (delivery.py). `stage` "read" (encoded bytes) or "decode"
     (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone."""
+    require_dali()  # a missing DALI (an extra: [cu12] / [cu13]) is named with the wheel that fits torch
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
     augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"

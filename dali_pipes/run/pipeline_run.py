@@ -8,6 +8,7 @@ from typing import Callable
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
+from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
 
@@ -34,6 +35,7 @@ class PipelineRun:
     def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
         """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
         graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
+        require_dali()
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
         policy = LastBatchPolicy.DROP if self.drop else LastBatchPolicy.FILL
         self.drain_due = False

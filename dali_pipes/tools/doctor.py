@@ -3,6 +3,7 @@
 On a GPU machine, run this first. It prints torch's CUDA version, DALI's version, the driver, the
 GPU and whether it has hardware JPEG decoders, then runs each check below and says, for each,
 PASSED, FAILED or NOT CHECKED (and why):
+  * DALI's wheel is built for torch's CUDA major (nvidia-dali-cuda120 for CUDA 12, -cuda130 for 13; wheel.py);
   * static graph checks: every graph the library builds for device="gpu" (graph_check.py);
   * a CPU epoch, train and val, through DaliLoader on a tiny dataset;
   * GPU only: the `gpu` tests (pytest -m gpu, with DALI_PIPES_REQUIRE_GPU=1) of a source checkout;
@@ -40,6 +41,7 @@ import numpy as np
 PASSED, FAILED, NOT_CHECKED = "PASSED", "FAILED", "NOT CHECKED"
 # GPUs with hardware JPEG decoders (NVJPG engines), by model name; NVML says for sure where it can.
 HW_JPEG_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "L4")
+DALI_WHEEL = "DALI wheel fits torch's CUDA"
 THROUGHPUT = "throughput (DALI gpu at hw_decoder_load 0 / 0.65 / 0.99 vs DataLoader + PIL, NVML decoder use)"
 
 
@@ -81,8 +83,10 @@ def environment() -> dict:
     import torch
 
     from dali_pipes.graph._dali import dali_version
+    from dali_pipes.graph.wheel import installed_wheels
     env = {"python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
            "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "dali": dali_version(),
+           "dali_wheel": ", ".join(f"{name} {version}" for name, version in installed_wheels()) or "none found",
            "driver": nvidia_smi("driver_version") or "none found (no nvidia-smi, or it lists no GPU)",
            "gpus_seen_by_nvidia_smi": nvidia_smi("name")}
     if not env["cuda_available"]:
@@ -252,6 +256,17 @@ def check_torch_sees_gpu(env: dict) -> tuple[str, dict]:
     return f"{env['gpu']} (compute {env['compute_capability']}), driver {env['driver']}", {}
 
 
+def check_dali_wheel(torch_cuda: str | None, wheels: list[tuple[str, str]]) -> tuple[str, dict]:
+    """DALI's wheel is built for torch's CUDA major (graph/wheel.py); a mismatch fails, naming the wheel."""
+    from dali_pipes.graph.wheel import wheel_problem
+    problem = wheel_problem(torch_cuda, wheels)
+    if problem:
+        raise AssertionError(problem)
+    name, version = wheels[0]
+    pair = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU torch (either DALI wheel runs CPU pipelines)"
+    return f"{name} {version} beside {pair}", {"wheel": name, "version": version, "torch_cuda": torch_cuda}
+
+
 def check_gpu_tests(env: dict) -> tuple[str, dict]:
     """The `gpu` tests of a source checkout, where skips are failures (DALI_PIPES_REQUIRE_GPU=1)."""
     require_gpu(env)
@@ -394,11 +409,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dali_pipes.graph.wheel import installed_wheels
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     env = environment()
     print("\n".join(f"{k:>24}: {v}" for k, v in env.items()), flush=True)
-    checks = [run_check("torch sees the GPU", lambda: check_torch_sees_gpu(env))]
+    checks = [run_check("torch sees the GPU", lambda: check_torch_sees_gpu(env)),
+              run_check(DALI_WHEEL, lambda: check_dali_wheel(env["torch_cuda"], installed_wheels()))]
     with tempfile.TemporaryDirectory(prefix="dali-pipes-doctor-") as work:
         sources: dict = {}
         checks.append(run_check("tiny dataset (folder, TFRecord, WebDataset)",
