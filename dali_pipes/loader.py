@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
@@ -157,6 +158,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
                  s3_timeout: float = _LOADER.s3_timeout, sharding_check: bool = _LOADER.sharding_check,
                  num_classes: int | None = None, **augment_args) -> None:
+        started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
@@ -189,7 +191,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch),
                                   sharding_check=sharding_check, tune_threads=threads == AUTO,
-                                  tune_depth=prefetch_queue_depth == AUTO)
+                                  tune_depth=prefetch_queue_depth == AUTO, started=started)
         try:
             self.pipe.build()
         except BaseException:

@@ -28,7 +28,7 @@ def test_doctor_on_a_cpu_machine(tmp_path):
     status = {c["name"]: c["status"] for c in report["checks"]}
     assert status["static GPU graph checks"] == "PASSED" and status["CPU epoch (train and val)"] == "PASSED"
     assert status[doctor.DALI_WHEEL] == "PASSED" and report["environment"]["dali_wheel"].startswith("nvidia-dali-cuda")
-    for gpu_only in ("gpu tests", "GPU vs CPU outputs", doctor.THROUGHPUT):
+    for gpu_only in ("gpu tests", doctor.COSTS, "GPU vs CPU outputs", doctor.THROUGHPUT):
         assert status[gpu_only] == "NOT CHECKED"
         assert f"NOT CHECKED: {gpu_only}: no GPU" in run.stdout
     graphs = next(c for c in report["checks"] if c["name"] == "static GPU graph checks")["data"]["graphs"]
@@ -128,3 +128,11 @@ def test_the_wheel_installed_here_is_found_and_fits():
     assert detail.startswith("nvidia-dali-cuda120 2.4.0 beside")
     with pytest.raises(ValueError, match="not a DALI wheel name"):
         wheel_cuda_major("nvidia-dali")
+
+
+@pytest.mark.gpu
+def test_the_doctor_reports_first_batch_and_gpu_memory_on_a_gpu(jpeg_folder):
+    detail, data = doctor.check_costs(doctor.environment(), jpeg_folder, 4)
+    assert data["first_batch_s"] > 0 and data["gpu_memory_unmeasured"] is None
+    assert data["gpu_dali_peak_mb"] > 0 and data["gpu_torch_reserved_peak_mb"] is not None
+    assert detail.startswith("first batch ") and "GPU memory: DALI" in detail

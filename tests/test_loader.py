@@ -166,6 +166,20 @@ def test_abandoned_epoch_is_finished_before_the_next(numbered_source):
     assert loader.epoch == 2
 
 
+def test_stats_tell_the_seconds_from_construction_to_the_first_batch(numbered):
+    """Opening the data, building the pipeline and its first decodes: what a user waits before step 1."""
+    import time
+    start = time.perf_counter()
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, num_threads=1)
+    assert loader.stats()["first_batch_s"] is None
+    batches = iter(loader)
+    next(batches)
+    first = loader.stats()["first_batch_s"]
+    assert 0 < first <= time.perf_counter() - start
+    next(batches)
+    assert loader.stats()["first_batch_s"] == first  # the first batch only, never later ones
+
+
 def test_len_is_stable_and_set_epoch_is_accepted(numbered_source):
     loader = DaliLoader(numbered_source, batch_size=4, train=True, device="cpu", image_size=16)
     lengths = []

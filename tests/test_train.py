@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from dali_pipes.run.procfs import GPU_MEMORY_KEYS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLOURS = [(220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 220, 50)]
 
@@ -103,6 +105,9 @@ def test_two_rank_ddp_learns_and_counts_val_once(tiny, tmp_path, loader):
     assert all(h["steps"] == 96 // 2 // 8 for h in history)
     for key in ("images_per_s", "data_wait_fraction", "first_batch_s", "host_peak_mb", "train_loss"):
         assert history[-1][key] > 0
+    for key in GPU_MEMORY_KEYS:  # there, and None on a machine without CUDA, with the reason
+        assert all(key in h and h[key] is None for h in history), key
+    assert all(h["gpu_memory_unmeasured"].startswith("no CUDA device") for h in history)
     assert os.path.exists(tmp_path / "checkpoint.pt") and not any(p.name.startswith("checkpoint.pt.") and
                                                                   p.name.endswith(".tmp") for p in tmp_path.iterdir())
 

@@ -7,6 +7,7 @@ PASSED, FAILED or NOT CHECKED (and why):
   * static graph checks: every graph the library builds for device="gpu" (graph_check.py);
   * a CPU epoch, train and val, through DaliLoader on a tiny dataset;
   * GPU only: the `gpu` tests (pytest -m gpu, with DALI_PIPES_REQUIRE_GPU=1) of a source checkout;
+  * GPU only: seconds from DaliLoader(...) to its first batch, and GPU memory, DALI's apart from torch's;
   * GPU only: one epoch of train and val of the built-in dataset at 224 px on the GPU, hybrid
     (CPU decode) and CPU pipelines, compared (val: image by image; train: labels and statistics);
   * GPU only: throughput of DALI gpu at hw_decoder_load 0, 0.65 and 0.99 and of DataLoader + PIL
@@ -42,6 +43,7 @@ PASSED, FAILED, NOT_CHECKED = "PASSED", "FAILED", "NOT CHECKED"
 # GPUs with hardware JPEG decoders (NVJPG engines), by model name; NVML says for sure where it can.
 HW_JPEG_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "L4")
 DALI_WHEEL = "DALI wheel fits torch's CUDA"
+COSTS = "first batch and GPU memory (DaliLoader, train, 224 px)"
 THROUGHPUT = "throughput (DALI gpu at hw_decoder_load 0 / 0.65 / 0.99 vs DataLoader + PIL, NVML decoder use)"
 
 
@@ -295,6 +297,29 @@ def builtin_dataset(data: str | None, work: str, quick: bool) -> tuple[str, str]
     return os.path.join(root, "train"), os.path.join(root, "val")
 
 
+def check_costs(env: dict, train_dir: str, batch_size: int) -> tuple[str, dict]:
+    """What a GPU loader costs before training starts: seconds from DaliLoader(...) to its first batch
+    (stats()["first_batch_s"]), and GPU memory, DALI's apart from torch's (procfs.gpu_memory_figures), over its
+    first 20 batches. Run before the other GPU checks: DALI's pools never shrink, as a training job meets them."""
+    require_gpu(env)
+    import torch
+
+    from dali_pipes import DaliLoader
+    from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures, gpu_used_mb
+    before = gpu_used_mb()  # the CUDA context (environment() made it) and other processes
+    torch.cuda.reset_peak_memory_stats()
+    with PeakSampler(0.02) as sampler:
+        loader = DaliLoader(train_dir, batch_size=batch_size, train=True, device="gpu", image_size=224, seed=0)
+        batches = iter(loader)
+        for _ in range(min(20, len(loader))):
+            next(batches)
+        first, figures = loader.stats()["first_batch_s"], gpu_memory_figures(sampler, before)
+        loader.close()
+    data = {"first_batch_s": round(first, 2), "batch_size": batch_size, "gpu_before_loaders_mb": before, **figures}
+    return (f"first batch {first:.1f} s after DaliLoader(...) at batch {batch_size}; GPU memory: DALI "
+            f"{figures['gpu_dali_peak_mb']} MB, torch {figures['gpu_torch_reserved_peak_mb']} MB reserved"), data
+
+
 def check_gpu_vs_cpu(env: dict, train_dir: str, val_dir: str) -> tuple[str, dict]:
     """Val at 224 px: GPU and hybrid images match the CPU's within the decoders' rounding, labels
     exactly. Train: the same samples (the reader runs on the CPU with the same seed), and per-channel
@@ -451,6 +476,7 @@ def gpu_runtime_checks(env: dict, args: argparse.Namespace) -> list[Check]:
 
     seconds = args.seconds or (20.0 if args.quick else 60.0)
     return [run_check("built-in dataset", dataset),
+            run_check(COSTS, needs(splits, lambda: check_costs(env, splits[0], 64 if args.quick else 256), env)),
             run_check("GPU vs CPU outputs", needs(splits, lambda: check_gpu_vs_cpu(env, *splits), env)),
             run_check(THROUGHPUT, needs(splits, lambda: check_throughput(env, splits[0], seconds, args.out), env))]
 
