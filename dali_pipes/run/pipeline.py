@@ -46,6 +46,7 @@ class PipelineSpec:
     shuffle: bool | None = None         # the reader shuffles and rotates slices per epoch; None: train
     max_pixels: int | None = None       # the pixel guard (reader.guard_pixels); None: off
     device_id: int | None = None        # the GPU; None: cuda_device_id(shard)
+    normalize: bool = True              # False (val only): uint8 images, normalised by the loader (val_cache.py)
 
     @property
     def shuffled(self) -> bool:
@@ -75,7 +76,9 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     require_dali()  # a missing DALI (an extra: [cu12] / [cu13]) is named with the wheel that fits torch
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
-    augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"
+    if not spec.normalize and (spec.train or stage != "augment"):
+        raise ValueError("normalize=False is val's augment graph alone (the val cache's uint8 output)")
+    augment, shard, gpu = sized_to_data(spec.augment, source), spec.shard, spec.device == "gpu"
 
     @pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads or default_threads(),
                   device_id=(spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None,
@@ -92,11 +95,20 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
         if stage == "read":
             return jpegs, labels
         augment_images = {"augment": train_augment if spec.train else eval_augment, "decode": decode_only}[stage]
-        images = augment_images(jpegs, augment, spec.device, spec.decode_device)
+        uint8 = {} if spec.normalize else {"normalize": False}
+        images = augment_images(jpegs, augment, spec.device, spec.decode_device, **uint8)
         labels = labels.gpu() if gpu else labels
         return (images, labels, identity_rows(jpegs)) if sample_ids else (images, labels)
 
     return graph(checkpoint=checkpoint) if checkpoint else graph()
+
+
+def sized_to_data(augment: AugmentConfig, source: Source) -> AugmentConfig:
+    """`augment` with the GPU decoders' preallocation sized to the box around the data's images where the data
+    tells it (Source.largest_image, from a conversion manifest) and no size was given; else as it is."""
+    if augment.decoder_size_hint is not None or source.largest_image is None:
+        return augment
+    return replace(augment, decoder_size_hint=source.largest_image)
 
 
 def reader_model(spec: PipelineSpec, num_samples: int, list_order_shuffles: bool) -> ReaderModel:

@@ -222,8 +222,9 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size: int) -> list[GraphVariant]:
     """Each auto-augment policy, colour jitter, torchvision-read settings, float16, channels_last, the hybrid
-    decode, a second rank, each size of an image_size schedule, tuning's thread counts, profile's decode
-    stage and the bad-sample search's decode graph."""
+    decode, a second rank, the decoders' preallocation sized to the data or none, the val cache's uint8 graph,
+    each size of an image_size schedule, tuning's thread counts, profile's decode stage and the bad-sample
+    search's decode graph."""
     from dali_pipes.run.decode_probe import decode_pipeline
     from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
     from dali_pipes.run.recovery import placeholder_jpeg
@@ -250,6 +251,17 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
                        decode_device="cpu", augment=AugmentConfig(auto_augment="randaugment", color_jitter=0.4,
                                                                   float16=True, channels_last=True)))
     out.append(variant("rank 1 of 2", first, True, shard=Shard(1, 2, 1), device_id=1))
+    # The GPU decoders' preallocation: sized to the data (a conversion manifest's box, or the flag), or none
+    # (0x0: DALI allocates on first use); the default, ImageNet's largest image, is every other graph's.
+    for hint in ((640, 480), (0, 0)):
+        out += [variant(f"decoder_size_hint {hint[0]}x{hint[1]}", first, train, augment=AugmentConfig(
+            decoder_size_hint=hint)) for train in (True, False)]
+    # The val cache's graph (val_cache.py): val's resize and centre crop, uint8, normalised by the loader
+    out.append(variant("val uint8 for the val cache", first, False, normalize=False))
+    out.append(variant("val uint8 for the val cache, hybrid", first, False, "cpu", decode_device="cpu",
+                       normalize=False))
+    out.append(variant("val uint8 for the val cache, channels_last", first, False, normalize=False,
+                       augment=AugmentConfig(channels_last=True)))
     # dali-pipes profile's decode stage (the whole image, nothing after), and DaliLoader's online tuning:
     # a thread count sets the mixed decoder's per-thread memory paddings (graph.decoder_paddings).
     out.append(variant("profile's decode stage", first, True, stage="decode"))
