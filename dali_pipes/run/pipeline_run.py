@@ -91,6 +91,11 @@ class PipelineRun:
         if self.keep_checkpoints:
             self.last_good = self.iterator.checkpoints()[0]
 
+    def skipped_to(self, checkpoint: bytes) -> None:
+        """A batch was delivered without DALI (val_cache.py gives a val epoch again): a state taken now starts
+        DALI at `checkpoint`, where the epoch that filled the cache stood after that batch."""
+        self.last_good = checkpoint
+
     def checkpoint(self) -> bytes:
         """DALI's state after the last delivered batch (reader position, every random generator)."""
         return self.last_good or self.iterator.checkpoints()[0]
