@@ -369,4 +369,4 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decod
     size = cfg.val_size
     images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio), interp_type=types.INTERP_LINEAR,
                        antialias=True)
-    return _normalize(images, cfg, not normalize, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)
+    return _normalize(images, cfg, uint8=not normalize, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)
