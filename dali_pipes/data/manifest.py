@@ -195,8 +195,8 @@ def largest_image(manifest: dict, shards: list[str]) -> tuple[int, int] | None:
     """(width, height) of the box around every image of `shards`, when the manifest lists it for each of them
     (convert writes "largest" per shard after 0.3.0; older manifests have none), else None."""
     listed = {s["name"]: s for s in manifest.get("shards", [])}
-    boxes = [listed[_base(s)].get("largest") if _base(s) in listed else None for s in shards]
-    if not boxes or any(not box for box in boxes):
+    boxes: list[list[int]] = [listed[_base(s)].get("largest") or [] if _base(s) in listed else [] for s in shards]
+    if not boxes or any(len(box) != 2 for box in boxes):
         return None
     return max(box[0] for box in boxes), max(box[1] for box in boxes)
 

@@ -304,7 +304,7 @@ def _normalize(images: DataNode, cfg: AugmentConfig, uint8: bool = False, **crop
     from nvidia.dali import fn, types
     layout = "HWC" if cfg.channels_last else "CHW"
     if uint8:
-        return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout=layout, **crop_args)
+        return fn.crop_mirror_normalize(images, dtype=types.DALIDataType.UINT8, output_layout=layout, **crop_args)
     return fn.crop_mirror_normalize(
         images, dtype=types.FLOAT16 if cfg.float16 else types.FLOAT, output_layout=layout,
         mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std], **crop_args)

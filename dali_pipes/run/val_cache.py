@@ -33,6 +33,7 @@ from dali_pipes.run.hooks import BatchTiming
 from dali_pipes.run.pipeline import PipelineSpec
 
 if TYPE_CHECKING:
+    from dali_pipes.data.source import Source
     from dali_pipes.run.contract import EpochCut
     from dali_pipes.run.rank import RankPipeline
 
@@ -51,9 +52,10 @@ class ValCache:
         self.spec = dataclasses.replace(spec, normalize=False) if self.active else spec
         self.batches: list[dict] = []       # the filling epoch's batches, uint8 images
         self.checkpoints: list[bytes] = []  # DALI's checkpoint after each of them
-        self.start: bytes | None = None     # DALI's checkpoint at the filling epoch's start
+        self.start = b""                    # DALI's checkpoint at the filling epoch's start
         self.filled, self.filling, self.over_budget = False, False, 0  # over_budget: the bytes it would take
-        self.replayed, self._source, self._excluded = 0, None, 0
+        self.replayed, self._excluded = 0, 0
+        self._source: Source | None = None  # what the filling epoch read: a changed source (exclusions) differs
         self._constants: dict = {}
 
     @property

@@ -12,8 +12,10 @@ builds on a GPU, or never:
   * no GPU-to-CPU edge (`.cpu()` of GPU data): legal in DALI 2.4's dynamic executor, but a
     device-to-host copy and a sync every batch;
   * every pipeline output is on the GPU (a CPU output of a GPU pipeline, labels for instance,
-    reaches torch in pageable host memory, and its copy to the GPU syncs).
-Argument *values* are not checked by DALI even on a GPU; graph.py checks them.
+    reaches torch in pageable host memory, and its copy to the GPU syncs), except the outputs
+    Python reads (the loader's sample ids: GraphVariant.host_outputs), which must stay on the CPU.
+Argument *values* are not checked by DALI even on a GPU; graph.py checks them. On a GPU, the GPU tests
+check where a built pipeline's outputs really are by their types (`placement_problems`).
 
 `project_graphs(sources)` lists every graph the library builds for device="gpu"; the test
 (tests/test_graph_check.py) and the doctor (`python -m dali_pipes.tools.doctor`) both check that list.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from dali_pipes.graph import _dali
 from dali_pipes.graph.augment import AUTO_AUGMENTS, AugmentConfig
@@ -232,8 +234,8 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     out.append(variant("color_jitter=0.4", first, True, augment=AugmentConfig(color_jitter=0.4)))
     # DaliLoader(dataset) reads a torchvision transform into these fields (transforms.py): ToTensor without
     # Normalize gives mean 0 / std 1, and the steps' own crop, flip and jitter arguments
-    from_transform = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_ratio=0.8, random_area=(0.5, 1.0),
-                          flip_probability=0.3)
+    from_transform: dict[str, Any] = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_ratio=0.8,
+                                          random_area=(0.5, 1.0), flip_probability=0.3)
     out.append(variant("from a torchvision transform", first, True,
                        augment=AugmentConfig(**from_transform, color_jitter=0.2)))
     out.append(variant("from a torchvision transform", first, False, augment=AugmentConfig(**from_transform)))
