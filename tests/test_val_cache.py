@@ -152,3 +152,16 @@ def test_the_budget_is_a_flag_and_a_byte_count(numbered_source):
     assert LoaderConfig().val_cache_bytes == 0  # opt-in: it holds memory all run
     with pytest.raises(ValueError, match="val_cache_bytes must be a byte count >= 0"):
         loader(numbered_source, cache=-1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_cache_is_in_gpu_memory_and_gives_todays_batches(numbered_source):
+    from conftest import assert_placed
+    cached, today = loader(numbered_source, device="gpu"), loader(numbered_source, cache=0, device="gpu")
+    for _ in range(3):
+        got, expected = epoch(cached), epoch(today)
+        for batch in got:
+            assert_placed(batch)  # images and labels on the GPU, as without the cache
+        assert [l.tolist() for _, l in got] == [l.tolist() for _, l in expected]
+        assert max((x - y).abs().max().item() for (x, _), (y, _) in zip(got, expected)) <= 1e-5  # GPU rounding
+    assert cached.stats()["val_cache"]["state"] == "filled" and cached.stats()["val_cache"]["epochs_replayed"] == 2
