@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
@@ -55,6 +56,7 @@ from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.tuning import AUTO, fixed_knobs
+from dali_pipes.run.val_cache import ValCache
 from dali_pipes.storage import remote
 
 DEVICES = ("auto", "gpu", "cpu")
@@ -163,7 +165,9 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
                  cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
                  s3_timeout: float = _LOADER.s3_timeout, sharding_check: bool = _LOADER.sharding_check,
-                 num_classes: int | None = None, **augment_args) -> None:
+                 val_cache_bytes: int = _LOADER.val_cache_bytes, num_classes: int | None = None,
+                 **augment_args) -> None:
+        started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
@@ -194,11 +198,11 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         spec = PipelineSpec(self.train, call.batch_size, self.device, decode_device, self.shard, self.seed,
                             self.augment, *fixed_knobs(threads, prefetch_queue_depth), shuffle_buffer, call.shuffle,
                             max_pixels)
-        self.position = Position()
-        self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
+        self.position, self.val_cache = Position(), ValCache(val_cache_bytes, spec, self.augment)
+        self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
                                   sharding_check=sharding_check, tune_threads=threads == AUTO,
-                                  tune_depth=prefetch_queue_depth == AUTO)
+                                  tune_depth=prefetch_queue_depth == AUTO, started=started)
         try:
             self.pipe.build()
         except BaseException:
@@ -280,14 +284,12 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         cut, at = self._cut(), self.position
         self.pipe.begin_epoch(cut.batches)  # the hooks' epoch: clock, tuning, image-size schedule, ...
         while at.batch < cut.batches:
-            batch = self.pipe.next(cut.size(at.batch))
+            batch = self.val_cache.next(self.pipe, cut, at.batch)  # DALI's; later val epochs' from the cache
             if batch is None:
                 break  # DALI ended the epoch first: never, as contract.py models it
             self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
             images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self._pin)
             at.batch += 1
-            if at.batch == cut.batches:
-                self.pipe.run.drain_later()  # DALI's batches past the contract's, after the step (settle)
             yield images, labels
         self.pipe.settle()
         remainder_done = self.pipe.end_epoch()  # tuning's choice if still open; the sharding check
@@ -300,8 +302,8 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
 
     def stats(self) -> dict:
-        """This epoch's figures so far, or the last epoch's once it ended (stats_of)."""
-        return stats_of(self.pipe)
+        """This epoch's figures so far, or the last epoch's once it ended (stats_of); the val cache's."""
+        return {**stats_of(self.pipe), "val_cache": self.val_cache.describe()}
 
     def state_dict(self) -> dict:
         """Where this rank is (resume.py's layout: DALI's checkpoint, counters, bad samples, delivered

@@ -88,6 +88,14 @@ def disk_full(monkeypatch):
     return fill
 
 
+def assert_placed(outputs, host_outputs=()) -> None:
+    """The placement check of every GPU test: each output (a pipeline's DALI TensorLists or a loader's torch
+    tensors) on the GPU by its type, except `host_outputs`, on the CPU (graph_check.placement_problems)."""
+    from dali_pipes.tools.graph_check import placement_problems
+    problems = placement_problems(outputs, tuple(host_outputs))
+    assert not problems, problems
+
+
 def write_numbered(root, n: int) -> str:
     """ROOT/list.txt over n JPEGs (distinct bytes and sizes) whose label is their index, so that a
     label names its sample; returns the list's path."""

@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from dali_pipes import open_source
 from dali_pipes_bench.harness import PreloadedDaliLoader
 
@@ -99,3 +102,40 @@ def test_resolution_bench_quick(tmp_path):
     assert [e["image_size"] for e in fixed["epochs"]] == [48, 48]
     assert all(r["final_val_top1"] is not None and len(r["epochs"]) == 2 for r in (fixed, ramp))
     assert "| 48 | 1 |" in (tmp_path / "out" / folder / "resolution.md").read_text()
+
+
+def test_val_cache_bench_quick(jpeg_folder, tmp_path):
+    """dali-pipes bench val-cache --quick: both sides time the same val epochs; the cached side gave its later
+    epochs from the cache (a smoke test: no timing is asserted)."""
+    out = tmp_path / "val_cache.json"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.val_cache", "--data", jpeg_folder, "--quick",
+                          "--batch-size", "4", "--image-size", "32", "--num-threads", "1", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    row = json.load(open(out))["row"]
+    assert row["images_per_epoch"] == 12 and all(len(s) == 3 for s in row["epoch_s"].values())
+    assert row["val_cache"]["state"] == "filled" and row["val_cache"]["epochs_replayed"] == 3
+    assert "from the val cache:" in run.stdout and "per val epoch" in run.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_startup_bench_says_in_one_line_that_it_needs_a_gpu(jpeg_folder):
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.startup", "--data", jpeg_folder, "--quick"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1 and run.stderr.strip().splitlines()[-1].startswith(
+        "error: the startup benchmark needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+def test_startup_bench_measures_each_preallocation_on_a_gpu(tmp_path):
+    """The before/after of the GPU decoders' preallocation (decoder_size_hint), each case in a fresh process:
+    dali-pipes bench startup --quick on the built-in dataset. The figures are recorded, not asserted."""
+    out = tmp_path / "startup.json"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.startup", "--quick", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.load(open(out))["summary"]
+    assert set(summary) == {"imagenet", "data", "lazy"}
+    assert all(figures["first_batch_s"]["median"] > 0 and figures["gpu_dali_peak_mb"]["median"] is not None
+               for figures in summary.values())
+    print(run.stdout)  # the measurements, for the GPU session's report (pytest -s)

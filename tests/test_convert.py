@@ -1,10 +1,11 @@
 """Converters: shuffled across shards, balanced, deterministic, complete."""
 
 import glob
+import io
 import json
 import os
 
-from dali_pipes import open_source
+from dali_pipes import AugmentConfig, open_source
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
 from conftest import write_folder
@@ -109,3 +110,29 @@ def test_overwrite_keeps_other_prefixes_and_never_removes_files_no_conversion_wr
     assert (tmp_path / "both" / "notes.md").read_text() == "mine" and open_source(out).num_samples == 24
     with pytest.raises(DatasetError, match=r"images: not empty: holds 3 files or folders .* \(cat, dog, fish\)"):
         write_tfrecords(source, str(tmp_path / "images"), shards=2, overwrite=True, progress=False)
+
+
+def test_the_manifest_lists_the_box_around_each_shards_images_and_a_source_reads_it(jpeg_folder, tmp_path):
+    """The GPU decoders preallocate for the data's largest images where the data says (graph.decoder_size_hint):
+    convert writes each shard's box (width, height) into the manifest; an image folder lists none."""
+    import PIL.Image
+
+    from dali_pipes.run.pipeline import sized_to_data
+    from dali_pipes.tools.convert import write_webdataset
+
+    def box(source):
+        sizes = [PIL.Image.open(io.BytesIO(s.data)).size for s in source.iter_samples()]
+        return max(w for w, _ in sizes), max(h for _, h in sizes)
+
+    for write in (write_tfrecords, write_webdataset):
+        out = tmp_path / write.__name__
+        write(open_source(jpeg_folder), str(out), shards=3, progress=False)
+        shards = json.load(open(out / "manifest.json"))["shards"]
+        for shard in shards:
+            assert tuple(shard["largest"]) == box(open_source(str(out / shard["name"])))
+        assert open_source(str(out)).largest_image == box(open_source(jpeg_folder)) == (50, 31)
+        assert sized_to_data(AugmentConfig(), open_source(str(out))).decoder_size_hint == (50, 31)
+    assert open_source(jpeg_folder).largest_image is None  # every header read at open: not cheap for ImageNet
+    assert sized_to_data(AugmentConfig(), open_source(jpeg_folder)).decoder_size_hint is None
+    given = AugmentConfig(decoder_size_hint=(0, 0))
+    assert sized_to_data(given, open_source(str(tmp_path / "write_tfrecords"))) is given  # the flag wins

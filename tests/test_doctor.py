@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ def test_doctor_on_a_cpu_machine(tmp_path):
     report = json.load(open(out / "doctor.json"))
     status = {c["name"]: c["status"] for c in report["checks"]}
     assert status["static GPU graph checks"] == "PASSED" and status["CPU epoch (train and val)"] == "PASSED"
-    for gpu_only in ("gpu tests", "GPU vs CPU outputs", doctor.THROUGHPUT):
+    assert status[doctor.DALI_WHEEL] == "PASSED" and report["environment"]["dali_wheel"].startswith("nvidia-dali-cuda")
+    for gpu_only in ("gpu tests", doctor.COSTS, "GPU vs CPU outputs", doctor.THROUGHPUT):
         assert status[gpu_only] == "NOT CHECKED"
         assert f"NOT CHECKED: {gpu_only}: no GPU" in run.stdout
     graphs = next(c for c in report["checks"] if c["name"] == "static GPU graph checks")["data"]["graphs"]
@@ -85,3 +87,52 @@ def test_doctor_has_no_plotting_or_benchmark_and_writes_under_the_cache_root(mon
     assert "matplotlib" not in source and "NvmlSampler" not in source and "dali_pipes_bench." in source
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path))
     assert doctor.parse_args([]).out.startswith(str(tmp_path / "doctor"))
+
+
+# -- DALI's wheel against torch's CUDA (graph/wheel.py) ------------------------------------------------------
+
+CU12, CU13 = ("nvidia-dali-cuda120", "2.4.0"), ("nvidia-dali-cuda130", "2.4.0")
+
+
+@pytest.mark.parametrize("torch_cuda, wheels, problem", [
+    ("12.8", [CU12], None),
+    ("13.0", [CU13], None),
+    (None, [CU12], None),  # a CPU torch: DALI's CPU pipelines run with either wheel
+    (None, [CU13], None),
+    ("13.0", [CU12], r"nvidia-dali-cuda120 2.4.0 is DALI built for CUDA 12, beside torch built for CUDA 13.0: two "
+                     r"CUDA runtimes .*pip uninstall -y nvidia-dali-cuda120, then: pip install nvidia-dali-cuda130$"),
+    ("12.4", [CU13], r"built for CUDA 13, beside torch built for CUDA 12.4.*pip install nvidia-dali-cuda120"),
+    ("13.0", [CU12, CU13], r"2 DALI wheels are installed \(nvidia-dali-cuda120 2.4.0, nvidia-dali-cuda130 2.4.0\): "
+                           r"they share .*pip uninstall -y nvidia-dali-cuda120 nvidia-dali-cuda130, "
+                           r"then.*nvidia-dali-cuda130"),
+    ("12.1", [], r"no DALI wheel is installed; for torch built for CUDA 12.1: pip install nvidia-dali-cuda120"),
+    (None, [], r"no DALI wheel is installed; for a CPU build of torch: pip install nvidia-dali-cuda120"),
+    ("11.8", [CU12], r"built for CUDA 12, beside torch built for CUDA 11.8.*then: pip install nvidia-dali-cuda110$"),
+])
+def test_the_dali_wheel_must_fit_torchs_cuda_major(torch_cuda, wheels, problem):
+    from dali_pipes.graph.wheel import wheel_problem
+    found = wheel_problem(torch_cuda, wheels)
+    if problem is None:
+        assert found is None and doctor.check_dali_wheel(torch_cuda, wheels)[1]["wheel"] == wheels[0][0]
+    else:
+        assert found is not None and re.search(problem, found), found
+        with pytest.raises(AssertionError, match=problem):
+            doctor.check_dali_wheel(torch_cuda, wheels)
+
+
+def test_the_wheel_installed_here_is_found_and_fits():
+    from dali_pipes.graph.wheel import installed_wheels, wheel_cuda_major
+    wheels = installed_wheels()
+    assert [name for name, _ in wheels] == ["nvidia-dali-cuda120"] and wheel_cuda_major("nvidia_dali_cuda130") == 13
+    detail, _ = doctor.check_dali_wheel(torch.version.cuda, wheels)
+    assert detail.startswith("nvidia-dali-cuda120 2.4.0 beside")
+    with pytest.raises(ValueError, match="not a DALI wheel name"):
+        wheel_cuda_major("nvidia-dali")
+
+
+@pytest.mark.gpu
+def test_the_doctor_reports_first_batch_and_gpu_memory_on_a_gpu(jpeg_folder):
+    detail, data = doctor.check_costs(doctor.environment(), jpeg_folder, 4)
+    assert data["first_batch_s"] > 0 and data["gpu_memory_unmeasured"] is None
+    assert data["gpu_dali_peak_mb"] > 0 and data["gpu_torch_reserved_peak_mb"] is not None
+    assert detail.startswith("first batch ") and "GPU memory: DALI" in detail

@@ -28,6 +28,12 @@ from dali_pipes.graph.augment import (
     ("color_jitter", -0.2, r"color_jitter must be in \[0, 1\)"),
     ("crop_ratio", 0.0, r"crop_ratio must be in \(0, 1\]"),
     ("crop_ratio", 1.14, r"crop_ratio must be in \(0, 1\]"),
+    ("decoder_size_hint", (0, 480), "decoder_size_hint must be .*both 0"),
+    ("decoder_size_hint", (640,), "decoder_size_hint must be"),
+    ("decoder_size_hint", (-1, 5), "decoder_size_hint must be"),
+    ("decoder_size_hint", (70_000, 10), r"decoder_size_hint must be .*\[1, 65535\]"),
+    ("decoder_size_hint", "640x480", "decoder_size_hint must be"),
+    ("decoder_size_hint", (640.0, 480), "decoder_size_hint must be"),
     ("mean", (0.5, 0.5), "mean must be 3 finite numbers"),
     ("mean", (123.675, 116.28, 103.53), "divide 0-255 values by 255"),
     ("mean", (0.5, float("nan"), 0.5), "mean must be 3 finite numbers"),
@@ -84,3 +90,31 @@ def test_decoders_upsample_chroma_alike_on_both_devices():
     for device in ("gpu", "cpu"):
         assert decoder_args(device, AugmentConfig(), num_threads=4)["jpeg_fancy_upsampling"] is True
     assert decoder_args("gpu", AugmentConfig(), num_threads=4)["device_memory_padding"] == decoder_paddings(4)[0]
+
+
+def test_the_gpu_decoders_preallocate_for_the_datas_images_or_nothing():
+    today = decoder_args("gpu", AugmentConfig(), num_threads=4)  # the data's sizes unknown: ImageNet's largest
+    assert (today["preallocate_width_hint"], today["preallocate_height_hint"]) == (5980, 6430)
+    assert (today["device_memory_padding"], today["host_memory_padding"]) == decoder_paddings(4)
+    sized = decoder_args("gpu", AugmentConfig(decoder_size_hint=(640, 480)), num_threads=4)
+    assert (sized["preallocate_width_hint"], sized["preallocate_height_hint"]) == (640, 480)
+    assert sized["device_memory_padding"] == sized["host_memory_padding"] == 640 * 480 * 3  # one RGB image
+    lazy = decoder_args("gpu", AugmentConfig(decoder_size_hint=(0, 0)), num_threads=4)
+    assert [lazy[k] for k in ("preallocate_width_hint", "preallocate_height_hint", "device_memory_padding",
+                              "host_memory_padding")] == [0, 0, 0, 0]  # DALI allocates on first use
+    assert decoder_paddings(4, (8000, 8000)) == decoder_paddings(4)  # never above the budget's share
+    assert "preallocate_width_hint" not in decoder_args("cpu", AugmentConfig(decoder_size_hint=(640, 480)), 4)
+
+
+def test_the_decoder_size_hint_is_a_flag():
+    import argparse
+
+    from dali_pipes.options import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, AugmentConfig, "augment")
+    assert parser.parse_args(["--decoder-size-hint", "640x480"]).decoder_size_hint == (640, 480)
+    assert parser.parse_args(["--decoder-size-hint", "0x0"]).decoder_size_hint == (0, 0)
+    assert parser.parse_args([]).decoder_size_hint is None and parser.parse_args(
+        ["--decoder-size-hint", "none"]).decoder_size_hint is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--decoder-size-hint", "640"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,14 +23,16 @@ from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, cuda_device_id
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.tools.graph_check import (
     GraphError,
+    GraphVariant,
     PrivateApiChanged,
     check_defined,
     check_gpu_graph,
     check_variant,
+    placement_problems,
     project_graphs,
 )
 
-from conftest import write_folder
+from conftest import assert_placed, write_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE_KINDS = ("folder", "tfrecord", "webdataset", "parquet")
@@ -171,6 +174,97 @@ def test_a_regression_in_the_library_graph_is_caught(sources, monkeypatch):
     assert any("output 0" in p for p in info.value.problems)
 
 
+# -- the GPU tests fail on deliberately wrong graphs (mutations), shown on a CPU ------------------------------
+
+def _loader_graph(sources, train=False) -> GraphVariant:
+    """The folder graph as DaliLoader builds it on a GPU: images and labels on the GPU, sample ids (output 2) on
+    the CPU for the loader to read."""
+    return next(v for v in project_graphs(sources) if v.name == f"folder as DaliLoader builds it "
+                                                                  f"({'train' if train else 'val'})")
+
+
+def _labels_left_on_the_cpu(sources) -> GraphVariant:
+    from nvidia.dali import pipeline_def
+
+    from dali_pipes.graph.augment import eval_augment
+
+    @pipeline_def(batch_size=2, num_threads=1, device_id=0)
+    def pipe():
+        jpegs, labels = sources["folder"].dali_reader(name="Reader")
+        return eval_augment(jpegs, AugmentConfig(image_size=16), "gpu"), labels  # the mutation: no labels.gpu()
+
+    return GraphVariant("labels left on the CPU", pipe)
+
+
+def _cpu_decode_where_the_gpu_decodes(sources) -> GraphVariant:
+    spec = PipelineSpec(False, 2, "gpu", "cpu", num_threads=1, device_id=0, shuffle_buffer=4)  # hybrid, named mixed
+    return replace(_loader_graph(sources), define=lambda: build_pipeline(sources["folder"], spec, sample_ids=True))
+
+
+MUTATIONS = {
+    "decoder on the CPU where the GPU's is expected": (_cpu_decode_where_the_gpu_decodes,
+                                                       r"decoder devices \['cpu'\], expected \['mixed'\]"),
+    "labels left on the CPU": (_labels_left_on_the_cpu, r"pipeline output 1 .*is on the CPU"),
+    "sample ids moved to the GPU": (_loader_graph, r"pipeline output 2 .*read in Python .*on the GPU"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_each_mutated_gpu_graph_fails_the_static_check(sources, monkeypatch, mutation):
+    """A deliberately wrong graph of each kind fails check_variant, which every GPU graph test runs first
+    (test_project_gpu_graph_passes on CPU, test_project_gpu_graph_runs on a GPU); normalisation moved back to the
+    CPU: test_a_regression_in_the_library_graph_is_caught."""
+    import dali_pipes.run.pipeline as pipeline
+    if mutation == "sample ids moved to the GPU":
+        real_ids = pipeline.identity_rows
+        monkeypatch.setattr(pipeline, "identity_rows", lambda jpegs: real_ids(jpegs).gpu())
+    make, match = MUTATIONS[mutation]
+    with pytest.raises(GraphError, match=match):
+        checked(check_variant, make(sources))
+
+
+def test_placement_check_rejects_cpu_lists_where_gpu_lists_are_expected(sources):
+    """A CPU pipeline's real outputs are TensorListCPU: the GPU tests' placement check names each one where it
+    expects a GPU list. The check it replaces, hasattr(out, "as_cpu"), passed them all."""
+    pipe = build_pipeline(sources["folder"], PipelineSpec(False, 2, "cpu", num_threads=1), sample_ids=True)
+    pipe.build()
+    outputs = pipe.run()
+    assert all(hasattr(out, "as_cpu") for out in outputs)  # the old assertion: true of CPU lists in DALI 2.4
+    assert placement_problems(outputs, host_outputs=(2,)) == [
+        "output 0 is a TensorListCPU, expected on the GPU", "output 1 is a TensorListCPU, expected on the GPU"]
+    with pytest.raises(AssertionError, match="TensorListCPU, expected on the GPU"):
+        assert_placed(outputs, host_outputs=(2,))
+    assert placement_problems(outputs, host_outputs=(0, 1, 2)) == []  # a host output on the CPU is right
+    assert placement_problems(outputs[:2], host_outputs=(0, 1, 2)) == ["host output 2 is missing: there are 2 outputs"]
+    del pipe
+
+
+def test_placement_check_rejects_a_cpu_loaders_batch(numbered_source):
+    from dali_pipes import DaliLoader
+    loader = DaliLoader(numbered_source, batch_size=4, train=False, device="cpu", image_size=16, num_threads=1)
+    batch = next(iter(loader))
+    assert placement_problems(batch) == ["output 0 is a Tensor on cpu, expected on the GPU",
+                                         "output 1 is a Tensor on cpu, expected on the GPU"]
+    assert placement_problems(batch, host_outputs=(0, 1)) == [] and placement_problems([np.zeros(2)]) == [
+        "output 0 is a ndarray: neither a DALI TensorList nor a torch tensor"]
+    loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutation", ["labels left on the CPU", "sample ids moved to the GPU"])
+def test_placement_check_fails_on_mutated_graphs_run_on_a_gpu(sources, monkeypatch, mutation):
+    """On a GPU the mutated graphs build and run; their outputs fail the placement check by type."""
+    import dali_pipes.run.pipeline as pipeline
+    if mutation == "sample ids moved to the GPU":
+        real_ids = pipeline.identity_rows
+        monkeypatch.setattr(pipeline, "identity_rows", lambda jpegs: real_ids(jpegs).gpu())
+    variant = MUTATIONS[mutation][0](sources)
+    pipe = variant.define()
+    pipe.build()
+    problems = placement_problems(pipe.run(), _loader_graph(sources).host_outputs)
+    assert problems and all("expected on the" in p for p in problems), problems
+
+
 def test_changed_private_api_is_named_with_the_dali_version():
     with pytest.raises(PrivateApiChanged, match="checked on DALI 2.4.0.*pin nvidia-dali-cuda120==2.4.0"):
         check_gpu_graph(object())
@@ -200,14 +294,14 @@ def test_require_gpu_turns_gpu_skips_into_failures():
 
 # -- on a GPU: the graphs run, and the devices agree ------------------------------------------------------
 
-def _run_once(pipe) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(images, labels, labels were on the GPU) of one batch of a built pipeline."""
-    pipe.build()
-    images, labels = pipe.run()
+def _run_once(pipe, host_outputs=()) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) of one batch of a built pipeline, its outputs' placement checked first."""
     from nvidia.dali.tensors import TensorListGPU
-    on_gpu = isinstance(labels, TensorListGPU)  # DALI 2.4's CPU lists have as_cpu() too
-    host = lambda out: np.stack([np.array(t) for t in (out.as_cpu() if hasattr(out, "as_cpu") else out)])
-    return host(images).astype(np.float32), host(labels), on_gpu
+    pipe.build()
+    images, labels = outputs = pipe.run()
+    assert_placed(outputs, host_outputs)
+    host = lambda out: np.stack([np.array(t) for t in (out.as_cpu() if isinstance(out, TensorListGPU) else out)])
+    return host(images).astype(np.float32), host(labels)
 
 
 @pytest.mark.gpu
@@ -219,12 +313,11 @@ def test_gpu_and_cpu_val_outputs_agree(sources):
         pipe = build_pipeline(sources["folder"], PipelineSpec(False, 12, device, decode, num_threads=2,
                                                               augment=AugmentConfig(image_size=16),
                                                               device_id=cuda_device_id(Shard())))
-        outputs[name] = _run_once(pipe)
-    images, labels, on_gpu = outputs["cpu"]
-    assert not on_gpu and images.shape == (12, 3, 16, 16)
+        outputs[name] = _run_once(pipe, host_outputs=(0, 1) if device == "cpu" else ())  # labels too on the GPU
+    images, labels = outputs["cpu"]
+    assert images.shape == (12, 3, 16, 16)
     for name in ("gpu", "hybrid"):
-        other, other_labels, other_on_gpu = outputs[name]
-        assert other_on_gpu, f"{name}: labels must come out on the GPU"
+        other, other_labels = outputs[name]
         np.testing.assert_array_equal(other_labels, labels)
         difference = np.abs(other - images)  # normalised units: one 8-bit level is about 0.017
         assert difference.mean() < 0.03 and np.percentile(difference, 99) < 0.3, (name, difference.mean())
@@ -233,8 +326,10 @@ def test_gpu_and_cpu_val_outputs_agree(sources):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [n for n in VARIANTS if "rank 1" not in n])
 def test_project_gpu_graph_runs(sources, name):
+    """Each graph builds and runs on a GPU, its decoder where the variant says (the static check: a GPU
+    cannot tell by the outputs) and every output on the GPU by DALI's types, sample ids alone on the CPU."""
     variant = next(v for v in project_graphs(sources) if v.name == name)
-    pipe = variant.define()
+    check_variant(variant)
+    pipe = variant.define()  # a fresh one: the static check spent its own
     pipe.build()
-    outputs = pipe.run()
-    assert all(hasattr(out, "as_cpu") for out in outputs)  # every output on the GPU
+    assert_placed(pipe.run(), variant.host_outputs)

@@ -11,6 +11,8 @@ from PIL import Image
 from dali_pipes import DaliLoader, open_source
 from dali_pipes.graph.augment import IMAGENET_MEAN, IMAGENET_STD
 
+from conftest import assert_placed
+
 N = 23  # does not divide by 2, 3 or 4
 
 
@@ -164,6 +166,20 @@ def test_abandoned_epoch_is_finished_before_the_next(numbered_source):
     assert loader.epoch == 2
 
 
+def test_stats_tell_the_seconds_from_construction_to_the_first_batch(numbered):
+    """Opening the data, building the pipeline and its first decodes: what a user waits before step 1."""
+    import time
+    start = time.perf_counter()
+    loader = DaliLoader(numbered, batch_size=4, train=True, device="cpu", image_size=16, num_threads=1)
+    assert loader.stats()["first_batch_s"] is None
+    batches = iter(loader)
+    next(batches)
+    first = loader.stats()["first_batch_s"]
+    assert 0 < first <= time.perf_counter() - start
+    next(batches)
+    assert loader.stats()["first_batch_s"] == first  # the first batch only, never later ones
+
+
 def test_len_is_stable_and_set_epoch_is_accepted(numbered_source):
     loader = DaliLoader(numbered_source, batch_size=4, train=True, device="cpu", image_size=16)
     lengths = []
@@ -229,7 +245,9 @@ def test_gpu_and_cpu_agree_in_val(numbered_source):
     gpu = DaliLoader(numbered_source, batch_size=4, train=False, device="gpu", image_size=16)
     cpu = DaliLoader(numbered_source, batch_size=4, train=False, device="cpu", image_size=16)
     for (xg, yg), (xc, yc) in zip(gpu, cpu):
-        assert xg.device.type == "cuda" and torch.equal(yg.cpu(), yc)
+        assert_placed((xg, yg))  # labels on the GPU too
+        assert_placed((xc, yc), host_outputs=(0, 1))
+        assert torch.equal(yg.cpu(), yc)
         assert (xg.float().cpu() - xc).abs().mean() < 0.05  # nvJPEG vs libjpeg-turbo rounding
 
 

@@ -5,12 +5,16 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from dali_pipes.run.procfs import (
+    GPU_MEMORY_KEYS,
     PeakSampler,
     cpu_seconds,
     descendants,
+    gpu_memory_figures,
+    gpu_outside_torch_mb,
     gpu_used_mb,
     host_memory_mb,
     release_free_memory,
@@ -41,3 +45,32 @@ def test_cpu_time_grows_with_work_and_the_sampler_keeps_peaks():
     assert sampler.host_peak_mb > 0
     assert gpu_used_mb() is None or torch.cuda.is_available()
     release_free_memory()  # glibc's malloc_trim, or nothing: never raises
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the figures of a machine without CUDA")
+def test_gpu_memory_figures_are_there_and_none_with_the_reason_without_cuda():
+    with PeakSampler(interval_s=0.01) as sampler:
+        time.sleep(0.03)
+    for figures in (gpu_memory_figures(sampler, before_mb=500.0), gpu_memory_figures()):
+        assert set(figures) == {*GPU_MEMORY_KEYS, "gpu_memory_unmeasured"}
+        assert all(figures[key] is None for key in GPU_MEMORY_KEYS)
+        assert figures["gpu_memory_unmeasured"].startswith(f"no CUDA device (torch {torch.__version__}")
+    assert sampler.gpu_peak_mb is None and sampler.gpu_outside_torch_peak_mb is None and sampler.device is None
+    assert gpu_outside_torch_mb() is None
+
+
+@pytest.mark.gpu
+def test_gpu_memory_figures_tell_dali_from_torch_on_a_gpu(numbered_source):
+    """A GPU loader's pools show as DALI's, outside torch's allocator; a torch tensor shows as torch's."""
+    from dali_pipes import DaliLoader
+    torch.cuda.init()
+    before = gpu_used_mb()
+    with PeakSampler(interval_s=0.01) as sampler:
+        loader = DaliLoader(numbered_source, batch_size=4, train=False, device="gpu", image_size=16)
+        next(iter(loader))
+        held = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")  # 64 MB of torch's
+        figures = gpu_memory_figures(sampler, before)
+        loader.close()
+    assert figures["gpu_memory_unmeasured"] is None and figures["gpu_torch_reserved_peak_mb"] >= 64
+    assert figures["gpu_dali_peak_mb"] > 0 and figures["gpu_device_used_peak_mb"] >= before
+    del held

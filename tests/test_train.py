@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from dali_pipes.run.procfs import GPU_MEMORY_KEYS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLOURS = [(220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 220, 50)]
 
@@ -94,7 +96,8 @@ def labels_by_step(workdir, rank):
 @pytest.mark.parametrize("loader", ["dali", "torch"])
 def test_two_rank_ddp_learns_and_counts_val_once(tiny, tmp_path, loader):
     observed = ["--trace", tmp_path / "trace.json", "--tensorboard", tmp_path / "tb"]
-    run = torchrun(tmp_path, tiny / "train", "--loader", loader, *observed, val=tiny / "val")
+    cached = ["--val-cache-bytes", "100000000"]  # val epochs 2-4 from the val cache (the torch loader has none)
+    run = torchrun(tmp_path, tiny / "train", "--loader", loader, *observed, *cached, val=tiny / "val")
     history = metrics(tmp_path)
     check_observed(tmp_path, run.stdout, history)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
@@ -103,6 +106,9 @@ def test_two_rank_ddp_learns_and_counts_val_once(tiny, tmp_path, loader):
     assert all(h["steps"] == 96 // 2 // 8 for h in history)
     for key in ("images_per_s", "data_wait_fraction", "first_batch_s", "host_peak_mb", "train_loss"):
         assert history[-1][key] > 0
+    for key in GPU_MEMORY_KEYS:  # there, and None on a machine without CUDA, with the reason
+        assert all(key in h and h[key] is None for h in history), key
+    assert all(h["gpu_memory_unmeasured"].startswith("no CUDA device") for h in history)
     assert os.path.exists(tmp_path / "checkpoint.pt") and not any(p.name.startswith("checkpoint.pt.") and
                                                                   p.name.endswith(".tmp") for p in tmp_path.iterdir())
 

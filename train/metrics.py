@@ -6,26 +6,27 @@ import os
 
 import torch
 
-from dali_pipes.run.procfs import PeakSampler
+from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures
 from dali_pipes.storage.files import moved_by, private_tmp, remove_stale_temps
 
 
 class MemoryMeter:
-    """Peaks of host memory (process tree) and GPU memory in use (DALI's own buffers included), sampled
-    once a second by a background thread (procfs.PeakSampler): no /proc walk on the step's path."""
+    """Peaks of host memory (process tree) and of GPU memory, torch's apart from DALI's (procfs.gpu_memory_figures),
+    sampled once a second by a background thread (procfs.PeakSampler): no /proc walk on the step's path.
+    `before_loaders_mb`: GPU memory in use before the loaders were built (the CUDA context, other processes),
+    which DALI's figure leaves out."""
 
-    def __init__(self, interval_s: float = 1.0) -> None:
+    def __init__(self, interval_s: float = 1.0, before_loaders_mb: float | None = None) -> None:
         self._sampler = PeakSampler(interval_s).__enter__()
+        self.before_loaders_mb = before_loaders_mb
 
     def sample(self) -> None:
         self._sampler.sample()
 
     def peaks(self) -> dict:
-        out = {"host_peak_mb": round(self._sampler.host_peak_mb, 1)}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            out["gpu_torch_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-            out["gpu_device_used_peak_mb"] = round(self._sampler.gpu_peak_mb or 0.0, 1)
-        return out
+        """host_peak_mb and procfs.GPU_MEMORY_KEYS (None on a machine without CUDA, the reason beside them)."""
+        return {"host_peak_mb": round(self._sampler.host_peak_mb, 1),
+                **gpu_memory_figures(self._sampler, self.before_loaders_mb)}
 
     def close(self) -> None:
         self._sampler.__exit__(None, None, None)

@@ -32,12 +32,14 @@ from dali_pipes.graph import resolution
 from dali_pipes.loader import Loader
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes.run.machine import default_threads
+from dali_pipes.run.procfs import gpu_used_mb
 from train import crash_tests, observe
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train.compiled import CompileCounter, add_compile_arguments, training_forward
 from train.data import DEFAULT_DATA, num_classes_of, resolve_data
 from train.distributed import mean_over_ranks, setup_distributed, sum_over_ranks
 from train.lock import hold as hold_workdir
+from train.metrics import MemoryMeter
 from train.models import ARCHS, create_model
 from train.observe import TensorBoard, Trace
 from train.optim import param_groups, warmup_cosine
@@ -118,6 +120,7 @@ def create_run(args: argparse.Namespace) -> Run:
     np.random.seed(args.seed + shard.rank)
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts them)
     data, val = resolve_data(args)
+    memory = MemoryMeter(before_loaders_mb=gpu_used_mb())  # the CUDA context (reading makes it), other processes
     built_at = time.perf_counter()
     train_loader = build_loader(args, data, True, shard)
     val_loader = build_loader(args, val, False, shard) if val else None
@@ -136,7 +139,7 @@ def create_run(args: argparse.Namespace) -> Run:
     scaler = torch.amp.GradScaler(enabled=False)  # bf16 needs no loss scaling; kept for fp16 and checkpoints
     forward = training_forward(model, args, len(resolution.sizes(loader_configs(args)["augment"].image_size)))
     return Run(args, shard, device, model, optimizer, scheduler, scaler, train_loader, val_loader, forward,
-               loaders_built_at=built_at, trace=Trace(args.trace or None, shard.rank))
+               memory=memory, loaders_built_at=built_at, trace=Trace(args.trace or None, shard.rank))
 
 
 # ---------------------------------------------------------------------------------------------

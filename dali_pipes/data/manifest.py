@@ -1,5 +1,5 @@
 """The manifest a conversion writes last: `manifest.json` beside the shards, naming every shard with its
-size, its sample count and its range of labels, and the classes.
+size, its sample count, its range of labels and the box around its images (width, height), and the classes.
 
 `convert` writes it after every shard, index and classes.json (and, to s3://, uploads it after them), so
 a conversion cut short leaves none (the STEM-NNNNN-of-MMMMM check still applies then). `open_source` and
@@ -190,6 +190,16 @@ def label_range(manifest: dict, shards: list[str]) -> tuple[int, int] | None:
     if not ranges:
         return None
     return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
+def largest_image(manifest: dict, shards: list[str]) -> tuple[int, int] | None:
+    """(width, height) of the box around every image of `shards`, when the manifest lists it for each of them
+    (convert writes "largest" per shard after 0.3.0; older manifests have none), else None."""
+    listed = {s["name"]: s for s in manifest.get("shards", [])}
+    boxes: list[list[int]] = [listed[_base(s)].get("largest") or [] if _base(s) in listed else [] for s in shards]
+    if not boxes or any(len(box) != 2 for box in boxes):
+        return None
+    return max(box[0] for box in boxes), max(box[1] for box in boxes)
 
 
 def name_pattern(location: str) -> str:

@@ -57,6 +57,9 @@ class Source:
     damaged: list[tuple[SampleRef | None, DatasetError]] = field(default_factory=list)
     # Of the files as opened (fingerprint.py): kept through exclusions, checked by a resume (resume.py).
     fingerprint: dict | None = None
+    # (width, height): the box around every image, where a conversion manifest lists it for every shard read;
+    # the GPU decoders preallocate for it (graph.augment's decoder_size_hint), else for ImageNet's largest image.
+    largest_image: tuple[int, int] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -376,6 +379,7 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
     if source.classes is None:
         source.classes = found.get("classes")
     _check_label_span(source, manifest.label_range(found, source.files), path)
+    source.largest_image = manifest.largest_image(found, source.files)
 
 
 def _check_label_span(source: Source, span: tuple[int, int] | None, manifest_path: str) -> None:

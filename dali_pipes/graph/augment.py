@@ -24,6 +24,7 @@ serialization. The values are checked here, before DALI sees them (`AugmentConfi
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 from dataclasses import dataclass, replace
@@ -60,6 +61,21 @@ HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest
 JPEG_MAX_SIDE = 65535
 AUTO_LOAD = "auto"  # hw_decoder_load="auto": a GPU loader tries run/tuning.HW_LOADS online, starting here:
 DEFAULT_HW_LOAD = 0.65  # DALI's own default; "auto" reads as it wherever nothing tunes it (a CPU decode, profile)
+# What is preallocated can be sized to the data (AugmentConfig.decoder_size_hint): the hardware decoder's
+# width and height hints to the box around the data's images, and each thread's paddings to one decoded RGB
+# image of that box (never above the budget's share). Where the data's sizes are not known (no conversion
+# manifest lists them) the hints stay ImageNet's largest image, as above; (0, 0) preallocates nothing, and
+# DALI allocates on first use, sized to the images met (its own default).
+
+
+def parse_size_hint(text: str) -> tuple[int, int]:
+    """"6000x4000" -> (6000, 4000): a width x height flag value."""
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT in pixels, e.g. 6000x4000 (0x0: "
+                                         f"preallocate nothing)") from None
+    return width, height
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,11 @@ class AugmentConfig:
                                           "(A100/H100); auto: tried online among 0, 0.65 and 0.99 in the first "
                                           "epoch (a decoder change may alter pixels by rounding)",
                                           type=auto_or_fraction)
+    decoder_size_hint: tuple[int, int] | None = option(
+        None, "gpu: WIDTHxHEIGHT the GPU decoders preallocate for (the hardware decoder's hints; the per-thread "
+        "paddings to one such RGB image); 0x0: nothing, allocated on first use. default: the box around the data's "
+        "images where its conversion manifest lists it, else ImageNet's largest image (5980x6430)",
+        type=parse_size_hint)
     # How images are read where DALI and PIL differ. None: the loader's form decides (DaliLoader(dataset) reads
     # as DataLoader + PIL; a location keeps DALI's way); the graph reads None as DALI's way.
     exif_orientation: bool | None = option(None, "rotate JPEGs as their EXIF orientation tag says (DALI's way); "
@@ -141,6 +162,10 @@ def augment_problems(cfg: AugmentConfig) -> list[str]:
     problems += _normalisation_problems(cfg.mean, cfg.std)
     if cfg.hw_decoder_load != AUTO_LOAD and not _fraction(cfg.hw_decoder_load):
         problems.append(f"hw_decoder_load must be in [0, 1] or 'auto', got {cfg.hw_decoder_load!r}")
+    hint = cfg.decoder_size_hint
+    if hint is not None and not _size_hint(hint):
+        problems.append(f"decoder_size_hint must be (width, height) in pixels, both in [1, {JPEG_MAX_SIDE}] or both 0 "
+                        f"(preallocate nothing), or None, got {hint!r}")
     if cfg.exif_orientation is not None and not isinstance(cfg.exif_orientation, bool):
         problems.append(f"exif_orientation must be True, False or None, got {cfg.exif_orientation!r}")
     if cfg.png16 not in (None, *PNG16_MODES):
@@ -160,6 +185,13 @@ def hw_load(cfg: AugmentConfig) -> float:
     """The mixed decoder's hw_decoder_load: "auto" reads as DEFAULT_HW_LOAD (the loader's tuning replaces it
     before a graph is built; a graph built outside the loader runs the default)."""
     return DEFAULT_HW_LOAD if cfg.hw_decoder_load == AUTO_LOAD else float(cfg.hw_decoder_load)
+
+
+def _size_hint(hint) -> bool:
+    sides = tuple(hint) if isinstance(hint, (tuple, list)) else ()
+    if len(sides) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in sides):
+        return False
+    return sides == (0, 0) or all(1 <= v <= JPEG_MAX_SIDE for v in sides)
 
 
 def _pair(values) -> tuple[float, float] | None:
@@ -199,12 +231,17 @@ def resolve_decode_device(device: str, decode_device: str | None) -> str:
     return decode_device
 
 
-def decoder_paddings(num_threads: int) -> tuple[int, int]:
+def decoder_paddings(num_threads: int, size_hint: tuple[int, int] | None = None) -> tuple[int, int]:
     """(device_memory_padding, host_memory_padding) per thread: the per-process budget split across
-    `num_threads`, never below DALI's defaults (see DEVICE_PADDING_BUDGET)."""
+    `num_threads`, never below DALI's defaults (see DEVICE_PADDING_BUDGET); with a `size_hint` (width, height)
+    no more than one decoded RGB image of that size, (0, 0) none at all."""
     threads = max(1, num_threads)
-    return (max(DALI_DEFAULT_DEVICE_PADDING, DEVICE_PADDING_BUDGET // threads),
-            max(DALI_DEFAULT_HOST_PADDING, HOST_PADDING_BUDGET // threads))
+    device, host = (max(DALI_DEFAULT_DEVICE_PADDING, DEVICE_PADDING_BUDGET // threads),
+                    max(DALI_DEFAULT_HOST_PADDING, HOST_PADDING_BUDGET // threads))
+    if size_hint is None:
+        return device, host
+    image = size_hint[0] * size_hint[1] * 3
+    return min(device, image), min(host, image)
 
 
 def check_decoder_args(args: dict) -> dict:
@@ -233,10 +270,10 @@ def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> di
                                 output_type=types.DALIImageType.RGB, jpeg_fancy_upsampling=True,
                                 adjust_orientation=cfg.exif_orientation is not False)
     if decode_device == "gpu":
-        device_padding, host_padding = decoder_paddings(num_threads)
+        device_padding, host_padding = decoder_paddings(num_threads, cfg.decoder_size_hint)
+        width, height = cfg.decoder_size_hint or (HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT)
         args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
-                    hw_decoder_load=hw_load(cfg), preallocate_width_hint=HW_DECODER_WIDTH_HINT,
-                    preallocate_height_hint=HW_DECODER_HEIGHT_HINT)
+                    hw_decoder_load=hw_load(cfg), preallocate_width_hint=width, preallocate_height_hint=height)
     return check_decoder_args(args)
 
 
@@ -278,12 +315,15 @@ def _pipeline_threads() -> int:
     return pipe.num_threads if pipe is not None and pipe.num_threads else 1
 
 
-def _normalize(images: DataNode, cfg: AugmentConfig, **crop_args) -> DataNode:
-    """Crop (optional), flip (optional), normalise, lay out: the last step of both graphs."""
+def _normalize(images: DataNode, cfg: AugmentConfig, uint8: bool = False, **crop_args) -> DataNode:
+    """Crop (optional), flip (optional), normalise, lay out: the last step of both graphs. `uint8`: the same
+    crop and layout, not normalised (the val cache's graph: the loader normalises, val_cache.normalized)."""
     from nvidia.dali import fn, types
+    layout = "HWC" if cfg.channels_last else "CHW"
+    if uint8:
+        return fn.crop_mirror_normalize(images, dtype=types.DALIDataType.UINT8, output_layout=layout, **crop_args)
     return fn.crop_mirror_normalize(
-        images, dtype=types.DALIDataType.FLOAT16 if cfg.float16 else types.DALIDataType.FLOAT,
-        output_layout="HWC" if cfg.channels_last else "CHW",
+        images, dtype=types.DALIDataType.FLOAT16 if cfg.float16 else types.DALIDataType.FLOAT, output_layout=layout,
         mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std], **crop_args)
 
 
@@ -334,10 +374,11 @@ def _auto_augment(images: DataNode, policy: str) -> DataNode:
     return trivial_augment.trivial_augment_wide(images)
 
 
-def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
-                 decode_device: str | None = None) -> DataNode:
+def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None,
+                 normalize: bool = True) -> DataNode:
     """Decode, resize the shorter side to val_size / crop_ratio, centre-crop val_size (val_image_size,
-    or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`."""
+    or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`;
+    uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
     from nvidia.dali import fn, types
     decode_device = resolve_decode_device(device, decode_device)
     images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
@@ -347,4 +388,4 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
     # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
     images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio),  # type: ignore[assignment]
                        interp_type=types.DALIInterpType.INTERP_LINEAR, antialias=True)
-    return _normalize(images, cfg, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)
+    return _normalize(images, cfg, uint8=not normalize, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)

@@ -14,6 +14,7 @@ from dali_pipes.data.formats import PythonFedFormat
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
+from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 
@@ -46,6 +47,7 @@ class PipelineSpec:
     shuffle: bool | None = None         # the reader shuffles and rotates slices per epoch; None: train
     max_pixels: int | None = None       # the pixel guard (reader.guard_pixels); None: off
     device_id: int | None = None        # the GPU; None: cuda_device_id(shard)
+    normalize: bool = True              # False (val only): uint8 images, normalised by the loader (val_cache.py)
 
     @property
     def shuffled(self) -> bool:
@@ -72,9 +74,12 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     a CPU output of a GPU pipeline arrives in pageable host memory and its copy to the GPU would sync.
     `sample_ids` adds each sample's identity (delivery.py). `stage` "read" (encoded bytes) or "decode"
     (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone."""
+    require_dali()  # a missing DALI is named with the wheel that fits torch
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
-    augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"
+    if not spec.normalize and (spec.train or stage != "augment"):
+        raise ValueError("normalize=False is val's augment graph alone (the val cache's uint8 output)")
+    augment, shard, gpu = sized_to_data(spec.augment, source), spec.shard, spec.device == "gpu"
     device_id = (spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None
 
     # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
@@ -93,11 +98,20 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
         if stage == "read":
             return jpegs, labels
         augment_images = {"augment": train_augment if spec.train else eval_augment, "decode": decode_only}[stage]
-        images = augment_images(jpegs, augment, spec.device, spec.decode_device)
+        uint8 = {} if spec.normalize else {"normalize": False}
+        images = augment_images(jpegs, augment, spec.device, spec.decode_device, **uint8)
         labels = labels.gpu() if gpu else labels
         return (images, labels, *ids)  # ids: each sample's identity (delivery.py), when asked
 
     return graph(checkpoint=checkpoint) if checkpoint else graph()
+
+
+def sized_to_data(augment: AugmentConfig, source: Source) -> AugmentConfig:
+    """`augment` with the GPU decoders' preallocation sized to the box around the data's images where the data
+    tells it (Source.largest_image, from a conversion manifest) and no size was given; else as it is."""
+    if augment.decoder_size_hint is not None or source.largest_image is None:
+        return augment
+    return replace(augment, decoder_size_hint=source.largest_image)
 
 
 def reader_model(spec: PipelineSpec, num_samples: int, list_order_shuffles: bool,

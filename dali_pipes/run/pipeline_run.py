@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
+from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
 
@@ -38,6 +39,7 @@ class PipelineRun:
     def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
         """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
         graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
+        require_dali()
         self.drain_due = False
         while True:
             self.close()
@@ -92,6 +94,11 @@ class PipelineRun:
             pass
         if self.keep_checkpoints:
             self.last_good = self._built().checkpoints()[0]
+
+    def skipped_to(self, checkpoint: bytes) -> None:
+        """A batch was delivered without DALI (val_cache.py gives a val epoch again): a state taken now starts
+        DALI at `checkpoint`, where the epoch that filled the cache stood after that batch."""
+        self.last_good = checkpoint
 
     def checkpoint(self) -> bytes:
         """DALI's state after the last delivered batch (reader position, every random generator)."""

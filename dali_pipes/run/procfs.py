@@ -54,22 +54,66 @@ def cpu_seconds(pid: int | None = None) -> float:
     return total / CLOCK_TICKS + reaped
 
 
-def gpu_used_mb() -> float | None:
-    """GPU memory in use on torch's current device, all processes (DALI's buffers and pools included),
-    in MB; None before torch has initialised CUDA. The one place it is computed."""
+def gpu_used_mb(device: int | None = None) -> float | None:
+    """GPU memory in use on `device` (default: torch's current one; a thread of its own must name it, CUDA's
+    current device is per thread), all processes (DALI's buffers and pools included), in MB; None before torch
+    has initialised CUDA. The one place it is computed."""
     import torch
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None
-    free, total = torch.cuda.mem_get_info()
+    free, total = torch.cuda.mem_get_info(device)
     return (total - free) / 2**20
 
 
-class PeakSampler:
-    """Samples host memory of the process tree (and GPU memory in use) in a background thread."""
+def gpu_outside_torch_mb(device: int | None = None) -> float | None:
+    """GPU memory in use on `device` that torch's caching allocator does not hold (its reserved memory): DALI's
+    pools and the decoders' buffers (DALI 2.4 reports none of its own: there is no call for it), plus the
+    CUDA context, other processes and, under DDP, NCCL's buffers. None before torch has initialised CUDA."""
+    import torch
+    used = gpu_used_mb(device)
+    return None if used is None else used - torch.cuda.memory_reserved(device) / 2**20
 
-    def __init__(self, interval_s: float = 0.05) -> None:
+
+def no_gpu_reason() -> str | None:
+    """Why GPU memory is not measured here, or None where it is."""
+    import torch
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__}, built for CUDA {torch.version.cuda})"
+    return None if torch.cuda.is_initialized() else "CUDA was never initialised in this process"
+
+
+def gpu_memory_figures(sampler: "PeakSampler | None" = None, before_mb: float | None = None) -> dict:
+    """GPU memory in MB, torch's apart from DALI's: torch's caching allocator's peaks (allocated by tensors,
+    reserved), DALI's peak (gpu_outside_torch_mb, sampled by `sampler`, less `before_mb`: what was in use before
+    the loaders were built, the CUDA context and other processes) and the device's peak in use. Without a CUDA
+    device every figure is None and "gpu_memory_unmeasured" says why."""
+    import torch
+    reason = no_gpu_reason()
+    if reason is not None:
+        return dict.fromkeys(GPU_MEMORY_KEYS) | {"gpu_memory_unmeasured": reason}
+    if sampler is not None:
+        sampler.sample()
+    outside = sampler.gpu_outside_torch_peak_mb if sampler is not None else gpu_outside_torch_mb()
+    used = sampler.gpu_peak_mb if sampler is not None else gpu_used_mb()
+    dali = None if outside is None else max(0.0, outside - (before_mb or 0.0))
+    figures = (torch.cuda.max_memory_allocated() / 2**20, torch.cuda.max_memory_reserved() / 2**20, dali, used)
+    return {key: None if value is None else round(value, 1) for key, value in zip(GPU_MEMORY_KEYS, figures)} | {
+        "gpu_memory_unmeasured": None}
+
+
+GPU_MEMORY_KEYS = ("gpu_torch_peak_mb", "gpu_torch_reserved_peak_mb", "gpu_dali_peak_mb", "gpu_device_used_peak_mb")
+
+
+class PeakSampler:
+    """Samples host memory of the process tree (and GPU memory in use, and outside torch's allocator) in a
+    background thread. `device`: the GPU to read (CUDA's current device is per thread); default torch's current
+    one when the sampler is made."""
+
+    def __init__(self, interval_s: float = 0.05, device: int | None = None) -> None:
         self.interval_s, self.host_peak_mb = interval_s, 0.0
         self.gpu_peak_mb: float | None = None  # None: no GPU memory read
+        self.gpu_outside_torch_peak_mb: float | None = None
+        self.device = device if device is not None else _current_cuda_device()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -80,9 +124,15 @@ class PeakSampler:
 
     def sample(self) -> None:
         self.host_peak_mb = max(self.host_peak_mb, host_memory_mb())
-        gpu = gpu_used_mb()
+        if self.device is None and threading.current_thread() is not self._thread:
+            self.device = _current_cuda_device()  # CUDA initialised since: read in the caller's thread
+        if self.device is None:
+            return
+        gpu, outside = gpu_used_mb(self.device), gpu_outside_torch_mb(self.device)
         if gpu is not None:
             self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, gpu)
+        if outside is not None:
+            self.gpu_outside_torch_peak_mb = max(self.gpu_outside_torch_peak_mb or 0.0, outside)
 
     def __enter__(self) -> "PeakSampler":
         self._thread.start()
@@ -92,6 +142,11 @@ class PeakSampler:
         self._stop.set()
         self._thread.join()
         self.sample()
+
+
+def _current_cuda_device() -> int | None:
+    import torch
+    return torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
 
 _TRIM_EVERY = 50  # trim at most once per this many times the last trim's duration: its cost stays under 2%

@@ -172,13 +172,13 @@ class FeedOptions:
 
 def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy, *,
                   contract: Contract, feed: FeedOptions, sharding_check: bool, tune_threads: bool,
-                  tune_depth: bool) -> RankPipeline:
+                  tune_depth: bool, started: float | None = None) -> RankPipeline:
     """The rank's pipeline with its hooks, in the order they run: the clock (the tuner judges its figures),
     online tuning of the knobs left "auto", the image-size schedule, the sharding check, the outage handler.
     s3:// data read through the shard cache is not tuned online: a rebuild would replay the epoch's shards
     into a new cache (the remembered or default values run). Damage found while opening (skip_bad) is
-    excluded first."""
-    clock, outage = LoaderClock(), StoreOutage(feed.store)
+    excluded first. `started`: when the loader's construction began (perf_counter), for stats' first_batch_s."""
+    clock, outage = LoaderClock(started), StoreOutage(feed.store)
     through_cache = source.remote is not None and feed.mode == "cache"
     spec, tuner = tuning.plan(spec, source.kind, clock, tune_threads=tune_threads, tune_depth=tune_depth,
                               online=not through_cache)

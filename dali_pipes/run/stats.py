@@ -40,7 +40,10 @@ class LoaderClock(BatchHook):
 
     KEEP = 8  # epochs kept: stats() is read once an epoch; a long run must not grow
 
-    def __init__(self) -> None:
+    def __init__(self, started: float | None = None) -> None:
+        self.started = time.perf_counter() if started is None else started  # the loader's construction began
+        self.first_batch_s: float | None = None  # construction -> first batch in hand: building the pipeline,
+        # DALI's pools and the decoders' preallocations, the first decodes
         self.epochs: list[EpochStats] = []
         self.last: tuple[float, float, float] = (0.0, 0.0, 0.0)
         self._last: tuple[float, float] | None = None  # (perf_counter, process_time) of the last batch
@@ -52,6 +55,8 @@ class LoaderClock(BatchHook):
 
     def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
         self.last = self.batch(timing.asked, timing.got, timing.images)
+        if self.first_batch_s is None:
+            self.first_batch_s = timing.got - self.started
 
     def begin(self, epoch: int) -> None:
         self.epochs = self.epochs[-(self.KEEP - 1):] + [EpochStats(epoch)]
@@ -81,10 +86,11 @@ class LoaderClock(BatchHook):
     def stats(self, num_threads: int | None, prefetch_queue_depth: int) -> dict:
         """This epoch's figures so far (the last epoch's once it ended): data-wait fraction, seconds inside
         next() per batch, step rate, CPU; the pipeline's threads and depth now; its rebuilds and tuning trials
-        as (name, start, end, args) on time.perf_counter's clock."""
+        as (name, start, end, args) on time.perf_counter's clock; the seconds from the loader's construction to its
+        first batch (None before it)."""
         current = self.current
         return {**current.summary(), "num_threads": num_threads, "prefetch_queue_depth": prefetch_queue_depth,
-                "events": list(current.events)}
+                "events": list(current.events), "first_batch_s": self.first_batch_s}
 
     def summaries(self) -> list[dict]:
         return [e.summary() for e in self.epochs]

@@ -37,6 +37,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "auto": ("dali_pipes_bench.auto_settings", "num_threads=auto vs fixed counts: training and the loader alone"),
     "sharding": ("dali_pipes_bench.sharding_cost", "the sharding check's cost on 1.28 M samples, 2 gloo ranks"),
     "parquet": ("dali_pipes_bench.parquet_feed", "the Parquet feed vs local TFRecord shards of the same images"),
+    "val-cache": ("dali_pipes_bench.val_cache", "val epochs decoded every epoch vs given from the val cache"),
+    "startup": ("dali_pipes_bench.startup", "GPU: first-batch seconds and GPU memory per decoder preallocation"),
 }
 
 

@@ -80,7 +80,7 @@ def _class_text(label: int) -> str:
     return _classes[label] if _classes and 0 <= label < len(_classes) else str(label)
 
 
-def _encode_tfrecord(ref: SampleRef) -> tuple[bytes, int]:
+def _encode_tfrecord(ref: SampleRef) -> tuple[bytes, int, tuple[int, int]]:
     sample = read_sample(ref)
     height, width, fmt = _image_info(sample.data, sample.origin)
     example = tfrecord.encode_example({
@@ -89,14 +89,19 @@ def _encode_tfrecord(ref: SampleRef) -> tuple[bytes, int]:
         "image/channels": 3, "image/colorspace": "RGB",
         "image/filename": os.path.basename(sample.origin.split("#")[0]),
     })
-    return tfrecord.frame_record(example), sample.label
+    return tfrecord.frame_record(example), sample.label, (width, height)
 
 
-def _encode_tar_sample(ref: SampleRef) -> tuple[str, bytes, int]:
+def _encode_tar_sample(ref: SampleRef) -> tuple[str, bytes, int, tuple[int, int]]:
     sample = read_sample(ref)
-    _, _, fmt = _image_info(sample.data, sample.origin)
+    height, width, fmt = _image_info(sample.data, sample.origin)
     return {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tif"}.get(fmt, "jpg"), \
-        sample.data, sample.label
+        sample.data, sample.label, (width, height)
+
+
+def _grown(box: list[int], size: tuple[int, int]) -> None:
+    """`box` (width, height) grown to hold an image of `size`: the manifest's "largest" of a shard."""
+    box[0], box[1] = max(box[0], size[0]), max(box[1], size[1])
 
 
 def _dealt(source: Source, shards: int, seed: int) -> list[tuple[int, SampleRef]]:
@@ -251,12 +256,14 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
     files = [open(t, "wb") for t in tmps]
     entries: list[list[tuple[int, int]]] = [[] for _ in paths]
     labels: list[list[int]] = [[] for _ in paths]
+    boxes = [[0, 0] for _ in paths]
     total = 0
     try:
-        for shard, _, (frame, label) in _run(source, out, shards, seed, workers, progress, _encode_tfrecord,
-                                             "to_tfrecord"):
+        for shard, _, (frame, label, size) in _run(source, out, shards, seed, workers, progress, _encode_tfrecord,
+                                                   "to_tfrecord"):
             entries[shard].append((files[shard].tell(), len(frame)))
             labels[shard].append(label)
+            _grown(boxes[shard], size)
             files[shard].write(frame)
             total += len(frame)
     finally:
@@ -266,7 +273,7 @@ def write_tfrecords(source: Source, out: str, *, shards: int = 8, prefix: str = 
         os.replace(tmp, path)  # shard complete: only now does it get its final name
         tfrecord.write_tfrecord_index(shard_entries, path + INDEX_SUFFIX)
     _write_classes_json(out, source, shards, [len(e) for e in entries])
-    _write_manifest(out, "tfrecord", source, prefix, paths, labels)
+    _write_manifest(out, "tfrecord", source, prefix, paths, labels, boxes)
     return ConvertStats(sum(len(e) for e in entries), shards, total, time.perf_counter() - start)
 
 
@@ -282,9 +289,11 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
     tmps = [private_tmp(p) for p in paths]
     tars = [tarfile.open(t, "w", format=tarfile.GNU_FORMAT) for t in tmps]
     labels: list[list[int]] = [[] for _ in paths]
+    boxes = [[0, 0] for _ in paths]
     try:
-        for shard, position, (ext, data, label) in _run(source, out, shards, seed, workers, progress,
-                                                        _encode_tar_sample, "to_webdataset"):
+        for shard, position, (ext, data, label, size) in _run(source, out, shards, seed, workers, progress,
+                                                              _encode_tar_sample, "to_webdataset"):
+            _grown(boxes[shard], size)
             key = f"{prefix}_{position:08d}"  # unique, and free of dots (the key ends at the first dot)
             webdataset.add_member(tars[shard], f"{key}.{ext}", data)
             webdataset.add_member(tars[shard], f"{key}.cls", str(label).encode())
@@ -298,7 +307,7 @@ def write_webdataset(source: Source, out: str, *, shards: int = 8, prefix: str =
         webdataset.write_tar_index(webdataset.build_tar_index(path), path + INDEX_SUFFIX)
         total += os.path.getsize(path)
     _write_classes_json(out, source, shards, [len(l) for l in labels])
-    _write_manifest(out, "webdataset", source, prefix, paths, labels)
+    _write_manifest(out, "webdataset", source, prefix, paths, labels, boxes)
     return ConvertStats(sum(len(l) for l in labels), shards, total, time.perf_counter() - start)
 
 
@@ -310,10 +319,12 @@ def _write_classes_json(out: str, source: Source, shards: int, counts: list[int]
 
 
 def _write_manifest(out: str, kind: str, source: Source, prefix: str, paths: list[str],
-                    labels: list[list[int]]) -> None:
-    """manifest.json, last: every shard with its size, sample count and label range (manifest.py)."""
+                    labels: list[list[int]], boxes: list[list[int]]) -> None:
+    """manifest.json, last: every shard with its size, sample count, label range and the box around its images
+    (width, height: what the GPU decoders preallocate for; manifest.py)."""
     shards = [{"name": os.path.basename(p), "bytes": os.path.getsize(p), "samples": len(l),
-               "labels": [min(l), max(l)] if l else None} for p, l in zip(paths, labels)]
+               "labels": [min(l), max(l)] if l else None, "largest": box if l else None}
+              for p, l, box in zip(paths, labels, boxes)]
     previous = manifest.read(os.path.join(out, manifest.MANIFEST_NAME))
     manifest.write(out, manifest.merged(previous, manifest.build(kind, source.classes, shards), prefix))
 

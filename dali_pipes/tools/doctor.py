@@ -3,9 +3,11 @@
 On a GPU machine, run this first. It prints torch's CUDA version, DALI's version, the driver, the
 GPU and whether it has hardware JPEG decoders, then runs each check below and says, for each,
 PASSED, FAILED or NOT CHECKED (and why):
+  * DALI's wheel is built for torch's CUDA major (nvidia-dali-cuda120 for CUDA 12, -cuda130 for 13; wheel.py);
   * static graph checks: every graph the library builds for device="gpu" (graph_check.py);
   * a CPU epoch, train and val, through DaliLoader on a tiny dataset;
   * GPU only: the `gpu` tests (pytest -m gpu, with DALI_PIPES_REQUIRE_GPU=1) of a source checkout;
+  * GPU only: seconds from DaliLoader(...) to its first batch, and GPU memory, DALI's apart from torch's;
   * GPU only: one epoch of train and val of the built-in dataset at 224 px on the GPU, hybrid
     (CPU decode) and CPU pipelines, compared (val: image by image; train: labels and statistics);
   * GPU only: throughput of DALI gpu at hw_decoder_load 0, 0.65 and 0.99 and of DataLoader + PIL
@@ -40,6 +42,8 @@ import numpy as np
 PASSED, FAILED, NOT_CHECKED = "PASSED", "FAILED", "NOT CHECKED"
 # GPUs with hardware JPEG decoders (NVJPG engines), by model name; NVML says for sure where it can.
 HW_JPEG_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200", "L4")
+DALI_WHEEL = "DALI wheel fits torch's CUDA"
+COSTS = "first batch and GPU memory (DaliLoader, train, 224 px)"
 THROUGHPUT = "throughput (DALI gpu at hw_decoder_load 0 / 0.65 / 0.99 vs DataLoader + PIL, NVML decoder use)"
 
 
@@ -81,9 +85,11 @@ def environment() -> dict:
     import torch
 
     from dali_pipes.graph._dali import dali_version
+    from dali_pipes.graph.wheel import installed_wheels
     env: dict[str, Any] = {
         "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
         "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "dali": dali_version(),
+        "dali_wheel": ", ".join(f"{name} {version}" for name, version in installed_wheels()) or "none found",
         "driver": nvidia_smi("driver_version") or "none found (no nvidia-smi, or it lists no GPU)",
         "gpus_seen_by_nvidia_smi": nvidia_smi("name")}
     if not env["cuda_available"]:
@@ -254,6 +260,17 @@ def check_torch_sees_gpu(env: dict) -> tuple[str, dict]:
     return f"{env['gpu']} (compute {env['compute_capability']}), driver {env['driver']}", {}
 
 
+def check_dali_wheel(torch_cuda: str | None, wheels: list[tuple[str, str]]) -> tuple[str, dict]:
+    """DALI's wheel is built for torch's CUDA major (graph/wheel.py); a mismatch fails, naming the wheel."""
+    from dali_pipes.graph.wheel import wheel_problem
+    problem = wheel_problem(torch_cuda, wheels)
+    if problem:
+        raise AssertionError(problem)
+    name, version = wheels[0]
+    pair = f"torch built for CUDA {torch_cuda}" if torch_cuda else "a CPU torch (either DALI wheel runs CPU pipelines)"
+    return f"{name} {version} beside {pair}", {"wheel": name, "version": version, "torch_cuda": torch_cuda}
+
+
 def check_gpu_tests(env: dict) -> tuple[str, dict]:
     """The `gpu` tests of a source checkout, where skips are failures (DALI_PIPES_REQUIRE_GPU=1)."""
     require_gpu(env)
@@ -280,6 +297,29 @@ def builtin_dataset(data: str | None, work: str, quick: bool) -> tuple[str, str]
     cfg = SampleDatasetConfig(train_per_class=40, val_per_class=10) if quick else SampleDatasetConfig()
     make_sample_dataset(root, cfg, progress=False)
     return os.path.join(root, "train"), os.path.join(root, "val")
+
+
+def check_costs(env: dict, train_dir: str, batch_size: int) -> tuple[str, dict]:
+    """What a GPU loader costs before training starts: seconds from DaliLoader(...) to its first batch
+    (stats()["first_batch_s"]), and GPU memory, DALI's apart from torch's (procfs.gpu_memory_figures), over its
+    first 20 batches. Run before the other GPU checks: DALI's pools never shrink, as a training job meets them."""
+    require_gpu(env)
+    import torch
+
+    from dali_pipes import DaliLoader
+    from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures, gpu_used_mb
+    before = gpu_used_mb()  # the CUDA context (environment() made it) and other processes
+    torch.cuda.reset_peak_memory_stats()
+    with PeakSampler(0.02) as sampler:
+        loader = DaliLoader(train_dir, batch_size=batch_size, train=True, device="gpu", image_size=224, seed=0)
+        batches = iter(loader)
+        for _ in range(min(20, len(loader))):
+            next(batches)
+        first, figures = loader.stats()["first_batch_s"], gpu_memory_figures(sampler, before)
+        loader.close()
+    data = {"first_batch_s": round(first, 2), "batch_size": batch_size, "gpu_before_loaders_mb": before, **figures}
+    return (f"first batch {first:.1f} s after DaliLoader(...) at batch {batch_size}; GPU memory: DALI "
+            f"{figures['gpu_dali_peak_mb']} MB, torch {figures['gpu_torch_reserved_peak_mb']} MB reserved"), data
 
 
 def check_gpu_vs_cpu(env: dict, train_dir: str, val_dir: str) -> tuple[str, dict]:
@@ -396,11 +436,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dali_pipes.graph.wheel import installed_wheels
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     env = environment()
     print("\n".join(f"{k:>24}: {v}" for k, v in env.items()), flush=True)
-    checks = [run_check("torch sees the GPU", lambda: check_torch_sees_gpu(env))]
+    checks = [run_check("torch sees the GPU", lambda: check_torch_sees_gpu(env)),
+              run_check(DALI_WHEEL, lambda: check_dali_wheel(env["torch_cuda"], installed_wheels()))]
     with tempfile.TemporaryDirectory(prefix="dali-pipes-doctor-") as work:
         sources: dict = {}
         checks.append(run_check("tiny dataset (folder, TFRecord, WebDataset)",
@@ -436,6 +478,7 @@ def gpu_runtime_checks(env: dict, args: argparse.Namespace) -> list[Check]:
 
     seconds = args.seconds or (20.0 if args.quick else 60.0)
     return [run_check("built-in dataset", dataset),
+            run_check(COSTS, needs(splits, lambda: check_costs(env, splits[0], 64 if args.quick else 256), env)),
             run_check("GPU vs CPU outputs", needs(splits, lambda: check_gpu_vs_cpu(env, *splits), env)),
             run_check(THROUGHPUT, needs(splits, lambda: check_throughput(env, splits[0], seconds, args.out), env))]
 

@@ -12,8 +12,10 @@ builds on a GPU, or never:
   * no GPU-to-CPU edge (`.cpu()` of GPU data): legal in DALI 2.4's dynamic executor, but a
     device-to-host copy and a sync every batch;
   * every pipeline output is on the GPU (a CPU output of a GPU pipeline, labels for instance,
-    reaches torch in pageable host memory, and its copy to the GPU syncs).
-Argument *values* are not checked by DALI even on a GPU; graph.py checks them.
+    reaches torch in pageable host memory, and its copy to the GPU syncs), except the outputs
+    Python reads (the loader's sample ids: GraphVariant.host_outputs), which must stay on the CPU.
+Argument *values* are not checked by DALI even on a GPU; graph.py checks them. On a GPU, the GPU tests
+check where a built pipeline's outputs really are by their types (`placement_problems`).
 
 `project_graphs(sources)` lists every graph the library builds for device="gpu"; the test
 (tests/test_graph_check.py) and the doctor (`python -m dali_pipes.tools.doctor`) both check that list.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from dali_pipes.graph import _dali
 from dali_pipes.graph.augment import AUTO_AUGMENTS, AugmentConfig
@@ -161,6 +163,9 @@ def graph_problems(ops: tuple[OpNode, ...], outputs: tuple[Edge, ...], registere
         source = produced.get(edge.name)
         if source and source[1] == "gpu" and edge.device == "cpu":
             problems.append(f"GPU-to-CPU edge: pipeline output {i} ({edge.name}) is copied back to the CPU")
+        elif i in host_outputs and edge.device != "cpu":
+            problems.append(f"pipeline output {i} ({edge.name}) is read in Python (a host output) but is on the "
+                            f"{edge.device.upper()}: every batch would be copied back; leave it on the CPU")
         elif outputs_on_gpu and edge.device != "gpu" and i not in host_outputs:
             problems.append(f"pipeline output {i} ({edge.name}, from {source[0].schema if source else '?'}) is on the "
                             f"CPU: it reaches torch in pageable host memory and its copy to the GPU syncs; "
@@ -219,8 +224,9 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size: int) -> list[GraphVariant]:
     """Each auto-augment policy, colour jitter, torchvision-read settings, float16, channels_last, the hybrid
-    decode, a second rank, each size of an image_size schedule, tuning's thread counts and hw_decoder_loads,
-    profile's decode stage and the bad-sample search's decode graph."""
+    decode, a second rank, the decoders' preallocation sized to the data or none, the val cache's uint8 graph,
+    each size of an image_size schedule, tuning's thread counts and hw_decoder_loads, profile's decode stage and
+    the bad-sample search's decode graph."""
     from dali_pipes.run.decode_probe import decode_pipeline
     from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
     from dali_pipes.run.recovery import placeholder_jpeg
@@ -248,6 +254,17 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
                        decode_device="cpu", augment=AugmentConfig(auto_augment="randaugment", color_jitter=0.4,
                                                                   float16=True, channels_last=True)))
     out.append(variant("rank 1 of 2", first, True, shard=Shard(1, 2, 1), device_id=1))
+    # The GPU decoders' preallocation: sized to the data (a conversion manifest's box, or the flag), or none
+    # (0x0: DALI allocates on first use); the default, ImageNet's largest image, is every other graph's.
+    for hint in ((640, 480), (0, 0)):
+        out += [variant(f"decoder_size_hint {hint[0]}x{hint[1]}", first, train, augment=AugmentConfig(
+            decoder_size_hint=hint)) for train in (True, False)]
+    # The val cache's graph (val_cache.py): val's resize and centre crop, uint8, normalised by the loader
+    out.append(variant("val uint8 for the val cache", first, False, normalize=False))
+    out.append(variant("val uint8 for the val cache, hybrid", first, False, "cpu", decode_device="cpu",
+                       normalize=False))
+    out.append(variant("val uint8 for the val cache, channels_last", first, False, normalize=False,
+                       augment=AugmentConfig(channels_last=True)))
     # dali-pipes profile's decode stage (the whole image, nothing after), and DaliLoader's online tuning:
     # a thread count sets the mixed decoder's per-thread memory paddings (graph.decoder_paddings).
     out.append(variant("profile's decode stage", first, True, stage="decode"))
@@ -279,3 +296,29 @@ def check_variant(variant: GraphVariant) -> GraphReport:
     if not decoders or set(decoders) != {variant.decoder}:
         raise GraphError(variant.name, [f"decoder devices {decoders}, expected [{variant.decoder!r}]"], report=report)
     return report
+
+
+# -- on a GPU: where a built pipeline's outputs really are --------------------------------------------------
+
+def placement_problems(outputs: Sequence, host_outputs: tuple[int, ...] = ()) -> list[str]:
+    """Where outputs really are, told by their types: a built pipeline's run() (DALI TensorLists) or a loader's
+    batch (torch tensors). Each must be on the GPU (TensorListGPU, a CUDA tensor) except `host_outputs`, made on
+    the CPU for Python to read (GraphVariant.host_outputs: the loader's sample ids), which must be on the CPU
+    (TensorListCPU, a CPU tensor). Never `hasattr(out, "as_cpu")`: DALI 2.4's CPU lists have as_cpu() too."""
+    import torch
+    from nvidia.dali.tensors import TensorListCPU, TensorListGPU
+    problems = [f"host output {i} is missing: there are {len(outputs)} outputs"
+                for i in sorted(set(host_outputs) - set(range(len(outputs))))]
+    for i, out in enumerate(outputs):
+        if isinstance(out, (TensorListCPU, TensorListGPU)):
+            on_gpu = isinstance(out, TensorListGPU)
+        elif isinstance(out, torch.Tensor):
+            on_gpu = out.device.type == "cuda"
+        else:
+            problems.append(f"output {i} is a {type(out).__name__}: neither a DALI TensorList nor a torch tensor")
+            continue
+        if on_gpu == (i in host_outputs):
+            want = "on the CPU (a host output, read in Python)" if i in host_outputs else "on the GPU"
+            where = f" on {out.device}" if isinstance(out, torch.Tensor) else ""
+            problems.append(f"output {i} is a {type(out).__name__}{where}, expected {want}")
+    return problems
