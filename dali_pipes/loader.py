@@ -103,8 +103,8 @@ def resolve_device(device: str) -> str:
 
 
 def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool, s3_attempts: int | remote.ClientOptions, s3_timeout: float | None = None,
-                 allow_duplicates: bool = False, num_classes: int | None = None) -> Source:
+                 skip_bad: bool, s3_attempts: int | remote.ClientOptions, allow_duplicates: bool = False,
+                 num_classes: int | None = None, s3_timeout: float | None = None) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location, its labels
     bounded by `num_classes` where given. Opening lists and reads objects under the loader's own retries
     (`s3_attempts`: a count with `s3_timeout`, or the ClientOptions), never another loader's."""
@@ -184,8 +184,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
         store = remote.ClientOptions.of(s3_attempts, s3_timeout)  # this loader's retries, not the process's
-        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, None,
-                              allow_duplicates, num_classes)  # num_classes: the model's outputs bound the labels
+        source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start

@@ -219,7 +219,8 @@ def test_dali_names_each_sample_as_the_identity_table_expects(sources):
     elastic.identity expects and marks its storage-order index (checked on DALI 2.4.0)."""
     from nvidia.dali import pipeline_def
 
-    from dali_pipes.run.delivery import IdentityTable, sample_ids
+    from dali_pipes.data.reader import identity_rows as sample_ids
+    from dali_pipes.run.delivery import IdentityTable
     @pipeline_def(batch_size=N, num_threads=1, device_id=None)
     def pipe(source):
         jpegs, _ = source.dali_reader()

@@ -214,10 +214,10 @@ def test_each_mutated_gpu_graph_fails_the_static_check(sources, monkeypatch, mut
     """A deliberately wrong graph of each kind fails check_variant, which every GPU graph test runs first
     (test_project_gpu_graph_passes on CPU, test_project_gpu_graph_runs on a GPU); normalisation moved back to the
     CPU: test_a_regression_in_the_library_graph_is_caught."""
-    import dali_pipes.run.pipeline as pipeline
+    import dali_pipes.data.reader as reader
     if mutation == "sample ids moved to the GPU":
-        real_ids = pipeline.identity_rows
-        monkeypatch.setattr(pipeline, "identity_rows", lambda jpegs: real_ids(jpegs).gpu())
+        real_ids = reader.identity_rows
+        monkeypatch.setattr(reader, "identity_rows", lambda jpegs: real_ids(jpegs).gpu())
     make, match = MUTATIONS[mutation]
     with pytest.raises(GraphError, match=match):
         checked(check_variant, make(sources))
@@ -254,10 +254,10 @@ def test_placement_check_rejects_a_cpu_loaders_batch(numbered_source):
 @pytest.mark.parametrize("mutation", ["labels left on the CPU", "sample ids moved to the GPU"])
 def test_placement_check_fails_on_mutated_graphs_run_on_a_gpu(sources, monkeypatch, mutation):
     """On a GPU the mutated graphs build and run; their outputs fail the placement check by type."""
-    import dali_pipes.run.pipeline as pipeline
+    import dali_pipes.data.reader as reader
     if mutation == "sample ids moved to the GPU":
-        real_ids = pipeline.identity_rows
-        monkeypatch.setattr(pipeline, "identity_rows", lambda jpegs: real_ids(jpegs).gpu())
+        real_ids = reader.identity_rows
+        monkeypatch.setattr(reader, "identity_rows", lambda jpegs: real_ids(jpegs).gpu())
     variant = MUTATIONS[mutation][0](sources)
     pipe = variant.define()
     pipe.build()

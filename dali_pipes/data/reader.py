@@ -209,7 +209,7 @@ def dali_reader(source: SourceRecord, *, name: str = READER_NAME, shard_id: int 
                     initial_fill=initial_fill, seed=seed, pad_last_batch=pad_last_batch, stick_to_shard=stick_to_shard,
                     prefetch_queue_depth=prefetch_queue_depth, **reader_args)
         images, labels = fmt.dali_reader(source, args)
-        ids = fn.pad(fn.get_property(images, key="source_info"), axes=(0,), fill_value=0) if with_ids else None
+        ids = identity_rows(images) if with_ids else None
     if max_pixels is not None:
         images = guard_pixels(images, max_pixels)
     labels = fn.reshape(fn.cast(labels, dtype=types.DALIDataType.INT64), shape=[])
@@ -228,6 +228,13 @@ def python_plan(source: SourceRecord, shard_id: int, num_shards: int, shuffle: b
     total = sum(source.counts) if source.counts is not None else len(source.files)
     return ReaderModel(total, shard_id, num_shards, not stick_to_shard, pipe.max_batch_size, fill,
                        pipe.prefetch_queue_depth, order=order), seed
+
+
+def identity_rows(jpegs: "DataNode") -> "DataNode":
+    """Inside a pipeline definition: DALI's reader's source_info of each sample as uint8 rows, zero padded to
+    the batch's longest (a dense output for DALIGenericIterator): what run/delivery.py maps back to samples."""
+    from nvidia.dali import fn
+    return fn.pad(fn.get_property(jpegs, key="source_info"), axes=(0,), fill_value=0)
 
 
 def guard_pixels(images: "DataNode", max_pixels: int) -> "DataNode":

@@ -2,7 +2,7 @@
 
 The pipeline's third output is the reader's per-sample `source_info` (a file's path, "<shard> at index
 <byte offset>" for TFRecord, "<tar>:<data offset>:<member>" for WebDataset; checked on DALI 2.4.0),
-padded to a dense uint8 row (`sample_ids`). `IdentityTable` maps it back to the sample's index in storage
+padded to a dense uint8 row (data/reader.identity_rows). `IdentityTable` maps it back to the sample's index in storage
 order, and `DeliveryRecord` keeps the epoch's bitmap of delivered samples: an elastic resume skips them
 (elastic.py), the sharding check compares the ranks' bitmaps (sharding.py).
 """
@@ -23,11 +23,6 @@ IDENTITY_CHECKED_DALI = "2.4.0"  # the source_info formats below were read off t
 
 # ---------------------------------------------------------------------------------------------
 
-def sample_ids(jpegs):
-    """Inside a pipeline definition: the reader's source_info of each sample as uint8 rows, zero
-    padded to the batch's longest (a dense output for DALIGenericIterator)."""
-    from nvidia.dali import fn
-    return fn.pad(fn.get_property(jpegs, key="source_info"), axes=(0,), fill_value=0)
 
 
 def identity(ref) -> str:

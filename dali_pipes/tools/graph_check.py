@@ -228,9 +228,7 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     each size of an image_size schedule, tuning's thread counts and hw_decoder_loads, profile's decode stage and
     the bad-sample search's decode graph."""
     from dali_pipes.run.decode_probe import decode_pipeline
-    from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
     from dali_pipes.run.recovery import placeholder_jpeg
-    from dali_pipes.run.tuning import HW_LOADS
     out = [variant(f"auto_augment={p}", first, True, augment=AugmentConfig(auto_augment=p)) for p in AUTO_AUGMENTS]
     out.append(variant("color_jitter=0.4", first, True, augment=AugmentConfig(color_jitter=0.4)))
     # DaliLoader(dataset) reads a torchvision transform into these fields (transforms.py): ToTensor without
@@ -254,6 +252,24 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
                        decode_device="cpu", augment=AugmentConfig(auto_augment="randaugment", color_jitter=0.4,
                                                                   float16=True, channels_last=True)))
     out.append(variant("rank 1 of 2", first, True, shard=Shard(1, 2, 1), device_id=1))
+    out += _memory_and_tuning_variants(first, variant, batch_size)
+    # Progressive resizing: the loader builds one graph per size of its schedule, as for_epoch gives it.
+    scheduled = AugmentConfig(image_size=SIZE_SCHEDULE, val_image_size=256)
+    out += [variant(f"image_size {scheduled.size_at(epoch)} of the schedule {SIZE_SCHEDULE}", first, True,
+                    augment=scheduled.for_epoch(epoch, True)) for epoch in SIZE_SCHEDULE]
+    out.append(variant("val_image_size 256 beside a schedule", first, False, augment=scheduled.for_epoch(0, False)))
+    out.append(GraphVariant("bad-sample search decode (decode_probe.decode_pipeline)",
+                            lambda: decode_pipeline([placeholder_jpeg()] * 2, "gpu", device_id=0)))
+    return out
+
+
+def _memory_and_tuning_variants(first: Source, variant: Callable[..., GraphVariant],
+                                batch_size: int) -> list[GraphVariant]:
+    """The decoders' preallocation sized to the data or none, the val cache's uint8 graph, profile's decode stage,
+    and the graphs online tuning rebuilds: thread counts and hw_decoder_loads."""
+    from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+    from dali_pipes.run.tuning import HW_LOADS
+    out: list[GraphVariant] = []
     # The GPU decoders' preallocation: sized to the data (a conversion manifest's box, or the flag), or none
     # (0x0: DALI allocates on first use); the default, ImageNet's largest image, is every other graph's.
     for hint in ((640, 480), (0, 0)):
@@ -278,13 +294,6 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
         for train in (True, False):
             out.append(variant(f"hw_decoder_load={load} (tuning)", first, train,
                                augment=AugmentConfig(hw_decoder_load=load)))
-    # Progressive resizing: the loader builds one graph per size of its schedule, as for_epoch gives it.
-    scheduled = AugmentConfig(image_size=SIZE_SCHEDULE, val_image_size=256)
-    out += [variant(f"image_size {scheduled.size_at(epoch)} of the schedule {SIZE_SCHEDULE}", first, True,
-                    augment=scheduled.for_epoch(epoch, True)) for epoch in SIZE_SCHEDULE]
-    out.append(variant("val_image_size 256 beside a schedule", first, False, augment=scheduled.for_epoch(0, False)))
-    out.append(GraphVariant("bad-sample search decode (decode_probe.decode_pipeline)",
-                            lambda: decode_pipeline([placeholder_jpeg()] * 2, "gpu", device_id=0)))
     return out
 
 
