@@ -97,3 +97,15 @@ def test_resolution_bench_quick(tmp_path):
     assert [e["image_size"] for e in ramp["epochs"]] == [32, 48] and [e["image_size"] for e in fixed["epochs"]] == [48, 48]
     assert all(r["final_val_top1"] is not None and len(r["epochs"]) == 2 for r in (fixed, ramp))
     assert "| 48 | 1 |" in (tmp_path / "out" / folder / "resolution.md").read_text()
+
+
+def test_recipe_cost_alternates_the_cases_and_summarises_them(jpeg_folder, tmp_path):
+    from dali_pipes_bench import recipe_cost
+    out = tmp_path / "recipes.json"
+    assert recipe_cost.main(["--data", jpeg_folder, "--rounds", "2", "--batches", "1", "--batch-size", "4",
+                             "--image-size", "16", "--threads", "1", "--warmup", "1", "--device", "cpu",
+                             "--out", str(out)]) == 0
+    result = json.load(open(out))
+    assert set(result["rates"]) == set(recipe_cost.CASES) and all(len(r) == 2 for r in result["rates"].values())
+    assert {"median", "min", "max", "spread", "cost_percent"} <= set(result["summary"]["mixup+cutmix"])
+    assert result["mix_ms"] > 0 and result["command"].startswith("dali-pipes bench recipes")
