@@ -33,6 +33,7 @@ from dali_pipes.run.batch_mix import (
 from conftest import write_folder
 
 COUNTS = (5, 4, 6)  # 15 images, 3 classes
+MODULE_MIXER = None  # a script's module-level mixer, named by a module-level lambda (a global, not a closure)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -172,7 +173,7 @@ def test_the_collate_forms_scripts_use_are_read(v2, timm):
         return mixer(*default_collate(batch))
 
     global MODULE_MIXER
-    MODULE_MIXER = mixup_cutmix
+    MODULE_MIXER = mixup_cutmix  # as a script sets it at its top level
     forms = [references_collate_fn, lambda batch: MODULE_MIXER(*default_collate(batch)),
              functools.partial(mix_collate, mixer=mixup_cutmix)]
     for form in forms:
@@ -279,3 +280,46 @@ def test_timms_mixup_enabled_is_read_at_every_batch(folder, timm):
     loader.collate_fn.mixup_enabled = False  # timm's train loop at mixup_off_epoch (through its PrefetchLoader)
     for _, targets in loader:
         assert sorted(set(targets.flatten().tolist())) == pytest.approx([0.1 / 3, 0.9 + 0.1 / 3])
+
+
+class RandomMixUp:
+    """The attributes of torchvision's references/classification/transforms.py RandomMixUp (its default collate
+    without --use-v2); the class is the references', not the package's, so a stand-in of that shape."""
+
+    def __init__(self, num_classes: int, p: float = 0.5, alpha: float = 1.0, inplace: bool = False) -> None:
+        self.num_classes, self.p, self.alpha, self.inplace = num_classes, p, alpha, inplace
+
+    def __call__(self, batch, target):
+        raise AssertionError("DaliLoader reads it, never calls it")
+
+
+class RandomCutMix(RandomMixUp):
+    pass
+
+
+def test_the_references_v1_classes_are_read_with_their_p(tv_transforms):
+    """Choose, then apply with the chosen one's p (v1 RandomChoice, then RandomMixUp(p) / RandomCutMix(p)) is
+    mix with prob = sum of choice x p, then cutmix with its share: here mixup 1/2, cutmix 1/4, neither 1/4."""
+    choice = tv_transforms.RandomChoice([RandomMixUp(10, p=1.0, alpha=0.2), RandomCutMix(10, p=0.5, alpha=1.0)])
+    settings, source = read_collate(lambda batch: choice(*default_collate(batch)))
+    assert source is choice and (settings.mixup_alpha, settings.cutmix_alpha) == (0.2, 1.0)
+    assert settings.prob == pytest.approx(0.75) and settings.switch_prob == pytest.approx(1 / 3)
+
+
+def test_batch_transform_takes_mix_settings_and_never_two_mixes(folder, v2):
+    settings = MixSettings(num_classes=3, cutmix_alpha=1.0)
+    loader = DaliLoader(folder, batch_size=4, train=True, device="cpu", image_size=16, num_threads=1,
+                        batch_transform=settings)
+    assert [tuple(t.shape) for _, t in loader] == [(4, 3)] * 3  # 15 samples, DALI's full batches
+    mixup = v2.MixUp(alpha=0.2, num_classes=3)
+    with pytest.raises(ValueError, match="pass one"):
+        DaliLoader(folder, batch_size=4, train=True, device="cpu", image_size=16, batch_transform=settings,
+                   collate_fn=lambda batch: mixup(*default_collate(batch)))
+    with pytest.raises(TypeError, match="not callable"):
+        DaliLoader(folder, batch_size=4, train=True, device="cpu", image_size=16, batch_transform=3)
+
+
+@pytest.fixture
+def tv_transforms(torchvision):
+    from torchvision import transforms
+    return transforms
