@@ -11,8 +11,12 @@ script swaps the class name and nothing else:
     PNGs as PIL reduces them (read_as_pil; AugmentConfig's exif_orientation and png16 choose otherwise);
   * `sampler`: a DistributedSampler (or a look-alike with num_replicas and rank) gives the rank, world
     size, seed, shuffle and drop_last; a RandomSampler or SequentialSampler means shuffle or not;
-    any other sampler, a batch_sampler, a custom collate_fn or a worker_init_fn is refused (DALI batches by
-    itself, and has no worker processes);
+    any other sampler, a batch_sampler or a worker_init_fn is refused (DALI batches by itself, and has no
+    worker processes);
+  * `collate_fn`: default_collate, or one that mixes batches (torchvision v2's MixUp / CutMix around
+    default_collate, timm's Mixup / FastCollateMixup) is read and the mix applied to DALI's batches
+    (run/batch_mix.py), as is `batch_transform=` (any fn(images, labels) -> (images, targets)); any other
+    collate_fn is refused;
   * without a sampler a dataset object is read whole by every process, as DataLoader reads it, except
     where a Lightning Trainer would give a DataLoader built there a DistributedSampler (its hooks under a
     distributed strategy, use_distributed_sampler=True) or where Hugging Face Accelerate runs on several
@@ -41,6 +45,7 @@ from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
 from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.graph.transforms import augment_from_transform
+from dali_pipes.run.batch_mix import BatchTransform, batch_transform_of
 
 LOCATION_TYPES = (str, os.PathLike, list)
 
@@ -65,16 +70,18 @@ class DataLoaderCall:
     seed: int
     batch_size: int            # checked: a positive int
     keys: TFRecordKeys | None = None  # a datasets.Dataset's image and label columns
+    collate_fn: Any = None     # the user's, kept as DataLoader keeps it (timm's loop sets .mixup_enabled on it)
+    batch_transform: BatchTransform | None = None  # what collate_fn or batch_transform= does to each batch
 
 
 def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler: Any, batch_sampler: Any,
                  collate_fn: Any, drop_last: bool | None, train: bool | None, seed: int | None, generator: Any,
                  rank: int | None, world_size: int | None, is_location: bool,
-                 worker_init_fn: Any = None) -> DataLoaderCall:
+                 worker_init_fn: Any = None, batch_transform: Any = None) -> DataLoaderCall:
     """Check DataLoader's arguments and resolve them (DataLoader's defaults for a dataset object)."""
     if batch_size is None or isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r} (DALI always batches)")
-    _refuse_unsupported(batch_sampler, collate_fn, worker_init_fn)
+    _refuse_unsupported(batch_sampler, worker_init_fn)
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle (as in DataLoader)")
     drawn = read_sampler(sampler)
@@ -125,7 +132,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     return DataLoaderCall(location, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
                           dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
-                          keys)
+                          keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed))
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
@@ -182,13 +189,10 @@ def accelerate_shard(train: bool) -> tuple[int, int] | None:
     return shared.process_index, shared.num_processes
 
 
-def _refuse_unsupported(batch_sampler: Any, collate_fn: Any, worker_init_fn: Any) -> None:
+def _refuse_unsupported(batch_sampler: Any, worker_init_fn: Any) -> None:
     if batch_sampler is not None:
         raise ValueError("batch_sampler is not supported: DALI forms the batches itself (batch_size, shuffle, "
                          "and a DistributedSampler for the rank); pass those instead")
-    if collate_fn is not None and getattr(collate_fn, "__name__", "") != "default_collate":
-        raise ValueError(f"collate_fn={getattr(collate_fn, '__name__', collate_fn)!r} is not supported: batches "
-                         f"come out of DALI as (images, labels) tensors; do the rest in the training step")
     if worker_init_fn is not None:  # DataLoader calls it in each worker process; DALI decodes on its own threads
         raise ValueError(f"worker_init_fn={getattr(worker_init_fn, '__name__', worker_init_fn)!r} is not supported: "
                          f"DaliLoader has no worker processes to call it in (DALI reads and decodes on its own "
@@ -371,6 +375,7 @@ class DataLoaderAttributes:
     generator: Any
     worker_init_fn: None  # refused unless None (resolve_call)
     multiprocessing_context: Any
+    batch_transform: BatchTransform | None  # applied to each batch after DALI (run/batch_mix.py)
     contract: Any  # contract.Contract: the batch size's one home on the loader
 
     @property
@@ -381,7 +386,9 @@ class DataLoaderAttributes:
                                   prefetch_factor: int | None, persistent_workers: bool, generator: Any,
                                   multiprocessing_context: Any) -> None:
         from torch.utils.data import default_collate
-        self.drop_last, self.collate_fn, self.batch_sampler = call.drop_last, default_collate, None
+        self.drop_last, self.batch_sampler = call.drop_last, None
+        self.collate_fn = call.collate_fn if call.collate_fn is not None else default_collate
+        self.batch_transform = call.batch_transform
         self.num_workers, self.pin_memory, self.timeout = num_workers, pin_memory, timeout
         self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
         self.worker_init_fn, self.multiprocessing_context = None, multiprocessing_context

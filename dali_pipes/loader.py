@@ -48,6 +48,7 @@ from dali_pipes.dataloader_args import (
 from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.run import resume
+from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec, cuda_device_id
@@ -166,14 +167,15 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
                  s3_timeout: float = _LOADER.s3_timeout, sharding_check: bool = _LOADER.sharding_check,
                  val_cache_bytes: int = _LOADER.val_cache_bytes, num_classes: int | None = None,
-                 **augment_args) -> None:
+                 batch_transform: Any = None, **augment_args) -> None:
         started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
                             batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last, train=train,
                             generator=generator, rank=rank, world_size=world_size, worker_init_fn=worker_init_fn,
-                            is_location=isinstance(dataset, (Source, *LOCATION_TYPES)))
+                            is_location=isinstance(dataset, (Source, *LOCATION_TYPES)),
+                            batch_transform=batch_transform)
         self.keep_dataloader_arguments(call, num_workers, pin_memory, timeout, prefetch_factor, persistent_workers,
                                        generator, multiprocessing_context)
         self.contract = Contract(call.train, call.batch_size, call.drop_last, val_padding, call.sampler_drop_last,
@@ -287,7 +289,8 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
             if batch is None:
                 break  # DALI ended the epoch first: never, as contract.py models it
             self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
-            images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self._pin)
+            images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self._pin,
+                                       self.batch_transform, (self.shard.rank, at.epoch))
             at.batch += 1
             yield images, labels
         self.pipe.settle()
@@ -316,9 +319,11 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         resume.restore(self.pipe, self.position, facts_of(self), state)
 
 
-def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool,
-              pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch `index` of the epoch as the contract cuts it: padding cut or labelled, laid out, pinned."""
+def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool, pin: bool,
+              transform: BatchTransform | None = None,
+              at: tuple[int, int] = (0, 0)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch `index` of the epoch as the contract cuts it: padding cut or labelled, laid out, its batch
+    transform applied (mixup, cutmix: batch_mix.py; keyed by `at` = (rank, epoch) and `index`), pinned."""
     size, real = cut.size(index), cut.real_in(index)
     images, labels = batch["images"][:size], batch["labels"][:size]
     if cut.pad_label and real < size:
@@ -326,6 +331,8 @@ def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool,
         labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
     if channels_last:
         images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
+    if transform is not None:
+        images, labels = transform(images, labels, (*at, index))
     return (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
 
 

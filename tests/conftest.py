@@ -13,6 +13,7 @@ from PIL import Image
 
 from dali_pipes.data.source import Source
 
+from timm_side import timm  # noqa: F401  (session fixture: timm's Python classes, or a skip)
 from torchvision_side import torchvision  # noqa: F401  (session fixture: torchvision's Python classes, or a skip)
 
 CLASSES = ("cat", "dog", "fish")
@@ -41,6 +42,38 @@ def write_folder(root, counts=(4, 3, 5)) -> dict[str, int]:
             expected[path] = label
             level += 1
     return expected
+
+
+class TrainPreset:
+    """Shaped like torchvision's references/classification/presets.py ClassificationPresetTrain (v2, tensor
+    backend): an object holding a Compose in .transforms, called as preset(img). `v2` is torchvision's
+    transforms.v2; `policy` an AutoAugment-family step or None."""
+
+    def __init__(self, v2, crop, interpolation, policy, erase, mean=(0.485, 0.456, 0.406),
+                 std=(0.229, 0.224, 0.225)) -> None:
+        import torch
+        steps = [v2.PILToTensor(), v2.RandomResizedCrop(crop, interpolation=interpolation, antialias=True),
+                 v2.RandomHorizontalFlip(0.5), *([policy] if policy is not None else []),
+                 v2.ToDtype(torch.float, scale=True), v2.Normalize(mean=mean, std=std), v2.RandomErasing(p=erase),
+                 v2.ToPureTensor()]
+        self.transforms = v2.Compose(steps)
+
+    def __call__(self, img):
+        return self.transforms(img)
+
+
+class EvalPreset:
+    """ClassificationPresetEval's shape, PIL backend; the Compose held in .transform this time."""
+
+    def __init__(self, v2, crop, resize, interpolation, mean=(0.485, 0.456, 0.406),
+                 std=(0.229, 0.224, 0.225)) -> None:
+        import torch
+        self.transform = v2.Compose([v2.Resize(resize, interpolation=interpolation, antialias=True),
+                                     v2.CenterCrop(crop), v2.PILToTensor(), v2.ToDtype(torch.float, scale=True),
+                                     v2.Normalize(mean=mean, std=std), v2.ToPureTensor()])
+
+    def __call__(self, img):
+        return self.transform(img)
 
 
 class _FullDiskFile:

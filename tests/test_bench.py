@@ -139,3 +139,15 @@ def test_startup_bench_measures_each_preallocation_on_a_gpu(tmp_path):
     assert all(figures["first_batch_s"]["median"] > 0 and figures["gpu_dali_peak_mb"]["median"] is not None
                for figures in summary.values())
     print(run.stdout)  # the measurements, for the GPU session's report (pytest -s)
+
+
+def test_recipe_cost_alternates_the_cases_and_summarises_them(jpeg_folder, tmp_path):
+    from dali_pipes_bench import recipe_cost
+    out = tmp_path / "recipes.json"
+    assert recipe_cost.main(["--data", jpeg_folder, "--rounds", "2", "--batches", "1", "--batch-size", "4",
+                             "--image-size", "16", "--threads", "1", "--warmup", "1", "--device", "cpu",
+                             "--out", str(out)]) == 0
+    result = json.load(open(out))
+    assert set(result["rates"]) == set(recipe_cost.CASES) and all(len(r) == 2 for r in result["rates"].values())
+    assert {"median", "min", "max", "spread", "cost_percent"} <= set(result["summary"]["mixup+cutmix"])
+    assert result["mix_ms"] > 0 and result["command"].startswith("dali-pipes bench recipes")

@@ -380,3 +380,53 @@ def test_shuffle_false_with_a_random_transform_keeps_dataloaders_order(folder, t
         for epoch in range(2):
             sampler.set_epoch(epoch)
             assert sum((t.tolist() for _, t in loader), []) == dataset.targets[part]
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26: a modern recipe (torchvision's references, timm, DeiT) through the plain swap
+# ---------------------------------------------------------------------------------------------
+
+def test_a_bicubic_val_swap_matches_dataloaders_bicubic(folder, tv):
+    """Resize(interpolation=BICUBIC): DALI's antialiased cubic resize against PIL's bicubic, DataLoader the
+    oracle; closer to it than to PIL's bilinear (the filter really changed)."""
+    datasets, T = tv
+    bicubic, bilinear = (T.Compose([T.Resize(20, interpolation=mode), T.CenterCrop(16), T.ToTensor()])
+                         for mode in (T.InterpolationMode.BICUBIC, T.InterpolationMode.BILINEAR))
+    ours = DaliLoader(datasets.ImageFolder(folder, bicubic), batch_size=N, shuffle=False)
+    assert ours.augment.interpolation == "bicubic"
+    images, labels = next(iter(ours))
+    theirs = {name: next(iter(DataLoader(datasets.ImageFolder(folder, t), batch_size=N)))
+              for name, t in (("bicubic", bicubic), ("bilinear", bilinear))}
+    assert labels.tolist() == theirs["bicubic"][1].tolist()
+    error = {name: float((images - ref).abs().mean() * 255) for name, (ref, _) in theirs.items()}
+    assert error["bicubic"] < 1.5 and error["bicubic"] < error["bilinear"], error  # ~1.1 and ~1.6 levels
+
+
+def test_the_references_recipe_swaps_with_dataloader_as_the_oracle(folder, tv):
+    """torchvision's references' train.py with --interpolation bicubic --auto-augment ta_wide --random-erase 0.1
+    --mixup-alpha 0.2 --cutmix-alpha 1.0: presets and the v2 collate_fn, DaliLoader in DataLoader's place."""
+    from torch.utils.data import default_collate
+    from torchvision.transforms import InterpolationMode, v2
+
+    from conftest import EvalPreset, TrainPreset
+    datasets, _ = tv
+    bicubic = InterpolationMode.BICUBIC
+    train_set = datasets.ImageFolder(folder, TrainPreset(v2, 16, bicubic, v2.TrivialAugmentWide(), 0.1))
+    val_set = datasets.ImageFolder(folder, EvalPreset(v2, 16, 18, bicubic))
+    mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=3), v2.CutMix(alpha=1.0, num_classes=3)])
+
+    def collate_fn(batch):
+        return mixup_cutmix(*default_collate(batch))
+
+    for Loader in (DataLoader, DaliLoader):
+        train = Loader(train_set, batch_size=4, shuffle=True, collate_fn=collate_fn, num_workers=0)
+        val = Loader(val_set, batch_size=4)
+        batches = list(train)
+        assert len(train) == len(batches) == 4 and [len(t) for _, t in batches] == [4, 4, 4, 3]
+        assert all(i.shape[1:] == (3, 16, 16) and t.shape[1:] == (3,) and t.dtype == torch.float32
+                   for i, t in batches)
+        targets = torch.cat([t for _, t in batches])
+        assert torch.allclose(targets.sum(1), torch.ones(N))  # soft targets: each row a distribution
+        # a batch is mixed with itself permuted: each class's target mass is its count
+        assert torch.allclose(targets.sum(0), torch.tensor(COUNTS, dtype=torch.float32))
+        assert [t.tolist() for _, t in val] == [val_set.targets[k:k + 4] for k in range(0, N, 4)]

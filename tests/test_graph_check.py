@@ -333,3 +333,15 @@ def test_project_gpu_graph_runs(sources, name):
     pipe = variant.define()  # a fresh one: the static check spent its own
     pipe.build()
     assert_placed(pipe.run(), variant.host_outputs)
+
+
+def test_the_recipes_steps_run_on_the_gpu(sources):
+    """RandomErasing's erase and noise, AugMix's operations and mixing, the bicubic resize: GPU operators in the
+    GPU graph (their per-sample draws on the CPU, as arguments); graph_check checks each variant's edges."""
+    graphs = {v.name: v for v in project_graphs(sources)}
+    pixel = checked(check_variant, graphs["random_erasing_mode=pixel float16 channels_last (train)"])
+    assert set(pixel.devices_of("Erase")) == {"gpu"} and pixel.devices_of("random__Normal") == ["gpu"]
+    assert set(pixel.devices_of("random__Uniform")) == {"cpu"}  # the rectangles: drawn on the CPU
+    augmix = checked(check_variant, graphs["auto_augment=augmix (train)"])
+    assert set(augmix.devices_of("WarpAffine")) == {"gpu"} and set(augmix.devices_of("random__Beta")) == {"cpu"}
+    assert "gpu" in augmix.devices_of("_ArithmeticGenericOp") and "gpu" in augmix.devices_of("Cast")

@@ -48,8 +48,9 @@ def side_folder(version: str, cache_dir: str | None = None) -> str:
     return os.path.join(root, "torchvision-side", version)
 
 
-def install(folder: str, version: str) -> None:
-    """pip install --no-deps --target into a temporary sibling, then rename: parallel runs never see half."""
+def install(folder: str, version: str, package: str = "torchvision") -> None:
+    """pip install --no-deps --target into a temporary sibling, then rename: parallel runs never see half.
+    (tests/timm_side.py installs timm the same way.)"""
     if os.path.exists(os.path.join(folder, _MARKER)):
         return
     os.makedirs(os.path.dirname(folder), exist_ok=True)
@@ -57,10 +58,10 @@ def install(folder: str, version: str) -> None:
     try:
         # --no-deps: its one dependency we lack is torch==2.13.0 (we have 2.13.0+cpu), which must stay.
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-                        "--target", staging, f"torchvision=={version}.*"],
+                        "--target", staging, f"{package}=={version}.*"],
                        check=True, capture_output=True, text=True, timeout=600)
         with open(os.path.join(staging, _MARKER), "w") as f:
-            f.write(f"torchvision=={version}.* for torch {torch.__version__}\n")
+            f.write(f"{package}=={version}.* for torch {torch.__version__}\n")
         try:
             os.rename(staging, folder)
         except OSError:  # another process got there first (or a stale unmarked folder is in the way)

@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment")
+AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
+INTERPOLATIONS = ("bilinear", "bicubic")
+ERASING_MODES = ("const", "pixel", "rand")
 DEVICES = ("gpu", "cpu")
 PNG16_MODES = ("pil", "scale")
 
@@ -59,6 +61,8 @@ DALI_DEFAULT_HOST_PADDING = 8 * 2**20
 MAX_PADDING = 4 * 2**30  # per thread; more is a unit mistake (bytes, not pixels or MB)
 HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest image (DALI's example)
 JPEG_MAX_SIDE = 65535
+AUGMIX_BINS = 10  # torchvision's AugMix divides each magnitude range into 10 bins (its _PARAMETER_MAX)
+ERASE_ATTEMPTS = 10  # torchvision's and timm's RandomErasing try 10 rectangles, then leave the image as it is
 AUTO_LOAD = "auto"  # hw_decoder_load="auto": a GPU loader tries run/tuning.HW_LOADS online, starting here:
 DEFAULT_HW_LOAD = 0.65  # DALI's own default; "auto" reads as it wherever nothing tunes it (a CPU decode, profile)
 # What is preallocated can be sized to the data (AugmentConfig.decoder_size_hint): the hardware decoder's
@@ -90,8 +94,26 @@ class AugmentConfig:
     random_aspect_ratio: tuple[float, float] = option((3 / 4, 4 / 3), "train: random-resized-crop aspect ratio range")
     flip_probability: float = option(0.5, "train: probability of a horizontal flip")
     color_jitter: float = option(0.0, "train: brightness/contrast/saturation drawn in 1 +- this (0: off)")
-    auto_augment: str | None = option(None, "train: an AutoAugment-family policy (DALI auto_aug)", type=str,
+    auto_augment: str | None = option(None, "train: an AutoAugment-family policy (DALI auto_aug; augmix: torchvision's "
+                                      "AugMix composed of DALI's auto_aug operations)", type=str,
                                       choices=(*AUTO_AUGMENTS, None))
+    augmix_severity: int = option(3, "train, augmix: magnitudes drawn from the first SEVERITY of 10 bins")
+    augmix_width: int = option(3, "train, augmix: augmentation chains mixed per image")
+    augmix_depth: int = option(-1, "train, augmix: operations per chain (-1: 1 to 3, drawn per chain)")
+    augmix_alpha: float = option(1.0, "train, augmix: concentration of the Beta / Dirichlet mixing weights")
+    random_erasing: float = option(0.0, "train: probability of erasing one random rectangle per image, after "
+                                   "normalisation (torchvision's and timm's RandomErasing; 0: off)")
+    random_erasing_area: tuple[float, float] = option((0.02, 0.33), "train: erased area as a fraction of the "
+                                                      "image, low high")
+    random_erasing_ratio: tuple[float, float] = option((0.3, 3.3), "train: erased rectangle's height / width, "
+                                                       "low high (drawn log-uniform)")
+    random_erasing_mode: str = option("const", "train: what fills an erased rectangle: const (random_erasing_value), "
+                                      "pixel (per-pixel N(0, 1) noise: torchvision's value='random'), rand (one "
+                                      "N(0, 1) colour per rectangle)", choices=ERASING_MODES)
+    random_erasing_value: tuple[float, float, float] = option((0.0, 0.0, 0.0), "train: const erasing's fill per "
+                                                              "channel, in normalised units (0: the mean colour)")
+    interpolation: str = option("bilinear", "resize filter of the train crop and the val resize, antialiased as "
+                                "PIL's: bilinear or bicubic (timm's default)", choices=INTERPOLATIONS)
     crop_ratio: float = option(0.875, "val: resize the shorter side to image_size / crop_ratio, then centre-crop")
     mean: tuple[float, float, float] = option(IMAGENET_MEAN, "normalisation mean per channel, on the [0, 1] scale")
     std: tuple[float, float, float] = option(IMAGENET_STD, "normalisation std per channel, on the [0, 1] scale")
@@ -160,6 +182,7 @@ def augment_problems(cfg: AugmentConfig) -> list[str]:
     if not _number(cfg.crop_ratio) or not 0 < cfg.crop_ratio <= 1:
         problems.append(f"crop_ratio must be in (0, 1], got {cfg.crop_ratio!r}")
     problems += _normalisation_problems(cfg.mean, cfg.std)
+    problems += _recipe_problems(cfg)
     if cfg.hw_decoder_load != AUTO_LOAD and not _fraction(cfg.hw_decoder_load):
         problems.append(f"hw_decoder_load must be in [0, 1] or 'auto', got {cfg.hw_decoder_load!r}")
     hint = cfg.decoder_size_hint
@@ -170,6 +193,39 @@ def augment_problems(cfg: AugmentConfig) -> list[str]:
         problems.append(f"exif_orientation must be True, False or None, got {cfg.exif_orientation!r}")
     if cfg.png16 not in (None, *PNG16_MODES):
         problems.append(f"png16 must be one of {PNG16_MODES} or None, got {cfg.png16!r}")
+    return problems
+
+
+def _recipe_problems(cfg: AugmentConfig) -> list[str]:
+    """AugMix's, random erasing's and the resize filter's values (the graph draws with them per sample)."""
+    problems = []
+    if cfg.interpolation not in INTERPOLATIONS:
+        problems.append(f"interpolation must be one of {INTERPOLATIONS}, got {cfg.interpolation!r}")
+    for name, low in (("augmix_severity", 1), ("augmix_width", 1)):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= AUGMIX_BINS:
+            problems.append(f"{name} must be an integer in [{low}, {AUGMIX_BINS}], got {value!r}")
+    depth = cfg.augmix_depth
+    if isinstance(depth, bool) or not isinstance(depth, int) or not (depth == -1 or 1 <= depth <= AUGMIX_BINS):
+        problems.append(f"augmix_depth must be -1 (1 to 3 per chain) or an integer in [1, {AUGMIX_BINS}], "
+                        f"got {depth!r}")
+    if not _number(cfg.augmix_alpha) or cfg.augmix_alpha <= 0:
+        problems.append(f"augmix_alpha must be > 0, got {cfg.augmix_alpha!r}")
+    if not _number(cfg.random_erasing) or not 0 <= cfg.random_erasing <= 1:
+        problems.append(f"random_erasing must be a probability in [0, 1], got {cfg.random_erasing!r}")
+    low_high = _pair(cfg.random_erasing_area)
+    if not low_high or not 0 < low_high[0] <= low_high[1] <= 1:
+        problems.append(f"random_erasing_area must be (low, high) with 0 < low <= high <= 1, got "
+                        f"{cfg.random_erasing_area}")
+    low_high = _pair(cfg.random_erasing_ratio)
+    if not low_high or not 0 < low_high[0] <= low_high[1]:
+        problems.append(f"random_erasing_ratio must be (low, high) with 0 < low <= high, got "
+                        f"{cfg.random_erasing_ratio}")
+    if cfg.random_erasing_mode not in ERASING_MODES:
+        problems.append(f"random_erasing_mode must be one of {ERASING_MODES}, got {cfg.random_erasing_mode!r}")
+    value = tuple(cfg.random_erasing_value) if isinstance(cfg.random_erasing_value, (tuple, list)) else ()
+    if len(value) != 3 or not all(_number(v) for v in value):
+        problems.append(f"random_erasing_value must be 3 finite numbers (R, G, B), got {cfg.random_erasing_value!r}")
     return problems
 
 
@@ -330,9 +386,9 @@ def _normalize(images: DataNode, cfg: AugmentConfig, uint8: bool = False, **crop
 def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
                   decode_device: str | None = None) -> DataNode:
     """Random-resized-crop decode (only the crop's region is decoded), resize to image_size,
-    optional colour jitter and AutoAugment-family policy, flip, normalise.
-    Returns float CHW (HWC with channels_last) images on `device`."""
-    from nvidia.dali import fn, types
+    optional colour jitter and AutoAugment-family policy (AugMix included), flip, normalise, optional
+    random erasing. Returns float CHW (HWC with channels_last) images on `device`."""
+    from nvidia.dali import fn
     if not isinstance(cfg.image_size, int):
         raise ValueError(f"train_augment builds one size, got the schedule {cfg.image_size}: pass "
                          f"cfg.for_epoch(epoch, train=True)")
@@ -344,15 +400,137 @@ def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
         images = images.gpu()  # hybrid: the decoded crop moves once; a no-op after the mixed decoder
     # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
     images = fn.resize(images, resize_x=cfg.image_size, resize_y=cfg.image_size,  # type: ignore[assignment]
-                       interp_type=types.DALIInterpType.INTERP_LINEAR, antialias=True)
+                       interp_type=_interp(cfg), antialias=True)
     if cfg.color_jitter:
         jitter = lambda name: fn.random.uniform(range=[1 - cfg.color_jitter, 1 + cfg.color_jitter], name=name)
         images = fn.color_twist(images, brightness=jitter("Brightness"), contrast=jitter("Contrast"),
                                 saturation=jitter("Saturation"))
-    if cfg.auto_augment:
+    if cfg.auto_augment == "augmix":
+        images = _augmix(images, cfg, cfg.image_size)
+    elif cfg.auto_augment:
         images = _auto_augment(images, cfg.auto_augment)
     mirror = fn.random.coin_flip(probability=cfg.flip_probability, name="Flip") if cfg.flip_probability else 0
-    return _normalize(images, cfg, mirror=mirror)
+    images = _normalize(images, cfg, mirror=mirror)
+    return _random_erasing(images, cfg, cfg.image_size) if cfg.random_erasing else images
+
+
+def _types() -> Any:
+    """nvidia.dali.types, typed Any: its enums (INT32, INTERP_CUBIC, ...) come from a compiled module that type
+    checkers cannot see."""
+    from nvidia.dali import types
+    return types
+
+
+def _interp(cfg: AugmentConfig) -> Any:
+    """DALI's filter for the resizes. With antialias=True DALI widens it by the scale when it shrinks, as PIL
+    does for its BILINEAR and BICUBIC (Keys' cubic, a = -0.5, in both)."""
+    types = _types()
+    return types.INTERP_CUBIC if cfg.interpolation == "bicubic" else types.INTERP_LINEAR
+
+
+def erase_region(size: int, cfg: AugmentConfig) -> tuple[DataNode, DataNode]:
+    """(anchor, shape), each (y, x) float per sample: torchvision's RandomErasing rectangle on a size x size
+    image. Up to ERASE_ATTEMPTS draws of area (uniform in random_erasing_area, a share of the image) and
+    height / width (log-uniform in random_erasing_ratio), h = round(sqrt(area * ratio)), w = round(sqrt(area /
+    ratio)); the first with h < size and w < size is placed uniformly, top-left in [0, size - h] x [0, size - w].
+    All attempts are drawn at once and the first valid one picked by weight (2^-k), as DALI has no loop; a
+    sample not erased (probability 1 - random_erasing, or no valid attempt) gets a 0 x 0 rectangle."""
+    import numpy as np
+    from nvidia.dali import fn
+    from nvidia.dali import math as dmath
+    types = _types()
+    (low, high), ratio = cfg.random_erasing_area, cfg.random_erasing_ratio
+    area = fn.random.uniform(range=[low * size * size, high * size * size], shape=[ERASE_ATTEMPTS], name="EraseArea")
+    aspect = dmath.exp(fn.random.uniform(range=[math.log(ratio[0]), math.log(ratio[1])], shape=[ERASE_ATTEMPTS],
+                                         name="EraseRatio"))
+    h, w = dmath.floor(dmath.sqrt(area * aspect) + 0.5), dmath.floor(dmath.sqrt(area / aspect) + 0.5)
+    first = types.Constant(np.array([2.0 ** -k for k in range(ERASE_ATTEMPTS)], np.float32))
+    weights = ((h < size) & (w < size)) * first
+    best = fn.reductions.max(weights)
+    chosen = (weights == best) & (best > 0)  # one-hot of the first valid attempt, all 0 when none is
+    erase = fn.random.coin_flip(probability=cfg.random_erasing, name="Erase")
+    h, w = fn.reductions.sum(chosen * h) * erase, fn.reductions.sum(chosen * w) * erase
+    place = fn.random.uniform(range=[0, 1], shape=[2], name="ErasePlace")
+    top, left = dmath.floor(place[0] * (size - h + 1)), dmath.floor(place[1] * (size - w + 1))
+    return (fn.cast(fn.stack(top, left), dtype=types.FLOAT), fn.cast(fn.stack(h, w), dtype=types.FLOAT))
+
+
+def _random_erasing(images: DataNode, cfg: AugmentConfig, size: int) -> DataNode:
+    """torchvision's / timm's RandomErasing after normalisation on size x size images: one rectangle
+    (erase_region) filled with random_erasing_value (const), per-pixel N(0, 1) noise (pixel) or one N(0, 1)
+    colour (rand)."""
+    from nvidia.dali import fn
+    types = _types()
+    anchor, shape = erase_region(size, cfg)
+    erase = lambda data, fill: fn.erase(data, anchor=anchor, shape=shape, axis_names="HW", fill_value=fill)
+    if cfg.random_erasing_mode == "const":
+        return erase(images, list(cfg.random_erasing_value))
+    if cfg.random_erasing_mode == "rand":
+        return erase(images, fn.random.normal(shape=[3], name="EraseColour"))
+    noise = fn.reshape(fn.random.normal(images, name="EraseNoise"), layout="HWC" if cfg.channels_last else "CHW")
+    inside = noise - erase(noise, 0.0)  # the noise in the rectangle, exact zeros outside
+    outside = fn.cast(erase(images, 0.0), dtype=types.FLOAT)  # DALI's arithmetic takes no float16
+    return fn.cast_like(outside + inside, images)
+
+
+def augmix_weights(alpha: float, width: int) -> tuple[DataNode, list]:
+    """(the original image's weight, one weight per chain), per sample, summing to 1: torchvision's AugMix
+    draws m ~ Dirichlet(alpha, alpha) for (original, chains) and the chains' shares ~ Dirichlet(alpha, ...,
+    alpha); DALI has Beta, so the shares are drawn by stick-breaking (share i ~ Beta(alpha, (width - 1 - i) *
+    alpha) of what is left), which gives that Dirichlet exactly."""
+    from nvidia.dali import fn
+    original = fn.random.beta(alpha=alpha, beta=alpha, name="AugMixOriginal")
+    left, shares = 1.0 - original, []
+    for i in range(width - 1):
+        share = fn.random.beta(alpha=alpha, beta=alpha * (width - 1 - i), name=f"AugMixShare{i}")
+        shares.append(left * share)
+        left = left * (1.0 - share)
+    return original, shares + [left]
+
+
+def augmix_operations(size: int) -> list:
+    """torchvision's AugMix operations (all_ops=True) as DALI auto_aug augmentations with its magnitude
+    ranges over AUGMIX_BINS bins: shear 0.3, translate size / 3 pixels, rotate 30 degrees, posterize 4..0
+    bits, solarize 255..0, brightness / colour / contrast / sharpness 1 +- 0.9, autocontrast, equalize."""
+    from nvidia.dali.auto_aug import augmentations as a
+    enhance = lambda op: op.augmentation((0, 0.9), True, a.shift_enhance_range)
+    return [a.shear_x.augmentation((0, 0.3), True), a.shear_y.augmentation((0, 0.3), True),
+            a.translate_x_no_shape.augmentation((0, size / 3), True),
+            a.translate_y_no_shape.augmentation((0, size / 3), True), a.rotate.augmentation((0, 30), True),
+            a.posterize.augmentation((4, 0), False, a.poster_mask_uint8), a.solarize.augmentation((255, 0)),
+            a.auto_contrast, a.equalize, enhance(a.brightness), enhance(a.color), enhance(a.contrast),
+            a.sharpness.augmentation((0, 0.9), True, a.sharpness_kernel)]
+
+
+def _augmix(images: DataNode, cfg: AugmentConfig, size: int) -> DataNode:
+    """torchvision's AugMix on uint8 HWC images: augmix_width chains of augmix_depth operations (-1: 1 to 3
+    drawn per chain), each drawn uniformly from augmix_operations with a magnitude bin below augmix_severity
+    and a random sign, mixed with the original by augmix_weights and truncated to uint8, as torchvision's.
+    A chain's steps past its drawn depth pick the identity. Geometric steps fill with 0, bilinear."""
+    from nvidia.dali import fn
+    from nvidia.dali import math as dmath
+    from nvidia.dali.auto_aug import augmentations as a
+    from nvidia.dali.auto_aug.core import select, signed_bin
+    types = _types()
+    operations = augmix_operations(size)
+    identity, steps = len(operations), cfg.augmix_depth if cfg.augmix_depth > 0 else 3
+    original, shares = augmix_weights(cfg.augmix_alpha, cfg.augmix_width)
+    mixed = images * original
+    for chain, share in enumerate(shares):
+        if cfg.augmix_depth < 0:
+            depth = fn.random.uniform(values=[1, 2, 3], dtype=types.INT32, name=f"AugMixDepth{chain}")
+        chained = images
+        for step in range(steps):
+            op = fn.random.uniform(values=list(range(identity)), dtype=types.INT32, name=f"AugMixOp{chain}_{step}")
+            if cfg.augmix_depth < 0 and step:  # past this chain's depth: the identity
+                done = fn.cast(depth <= step, dtype=types.INT32)
+                op = fn.cast(op * (1 - done) + identity * done, dtype=types.INT32)
+            level = fn.random.uniform(values=list(range(cfg.augmix_severity)), dtype=types.INT32,
+                                      name=f"AugMixLevel{chain}_{step}")
+            chained = select([*operations, a.identity], op, data=chained, magnitude_bin=signed_bin(level),
+                             num_magnitude_bins=AUGMIX_BINS, fill_value=0, interp_type=types.INTERP_LINEAR)
+        mixed = mixed + chained * share
+    return fn.cast(dmath.clamp(dmath.floor(mixed), 0, 255), dtype=types.UINT8)  # torchvision's .to(uint8)
 
 
 def decode_only(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None) -> DataNode:
@@ -379,7 +557,7 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decod
     """Decode, resize the shorter side to val_size / crop_ratio, centre-crop val_size (val_image_size,
     or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`;
     uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn
     decode_device = resolve_decode_device(device, decode_device)
     images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
     if device == "gpu":
@@ -387,5 +565,5 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decod
     size = cfg.val_size
     # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
     images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio),  # type: ignore[assignment]
-                       interp_type=types.DALIInterpType.INTERP_LINEAR, antialias=True)
+                       interp_type=_interp(cfg), antialias=True)
     return _normalize(images, cfg, uint8=not normalize, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)

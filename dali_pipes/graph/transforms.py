@@ -7,26 +7,35 @@ cannot do exactly is refused, naming it and what is supported; nothing is approx
 torchvision is never imported: steps are recognised by class name and read by attribute, so v1 and
 v2 transforms both work and the library keeps no dependency on torchvision.
 
-What the graph does (graph.py), and so what is accepted:
+What the graph does (augment.py), and so what is accepted:
   train: RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [ColorJitter(b, c, s) with
-         b == c == s, hue 0] [AutoAugment(IMAGENET) | RandAugment() | TrivialAugmentWide()]
+         b == c == s, hue 0] [AutoAugment(IMAGENET) | RandAugment() | TrivialAugmentWide() |
+         AugMix(severity, mixture_width, chain_depth, alpha)]
   val:   Resize(shorter side) CenterCrop(size)
   then:  ToTensor() | PILToTensor() + ConvertImageDtype(float) | ToImage() + ToDtype(float, scale=True)
-         [Normalize(mean, std)]
-Interpolation must be bilinear (DALI's linear resize with antialiasing, as PIL's). One difference is
-known and documented (README): ColorJitter applies its three adjustments in a random order, and blends
-contrast towards the image's grey mean; DALI's color_twist has one fixed order and centre.
+         [Normalize(mean, std)] [RandomErasing(p, scale, ratio, value) (torchvision's or timm's)]
+         [ToPureTensor()] (anywhere: it only drops the tv_tensors' type)
+Interpolation bilinear or bicubic (DALI's linear or cubic resize with antialiasing, as PIL's). A preset
+object (torchvision's references' ClassificationPresetTrain / Eval, or any callable object whose
+`transforms` or `transform` attribute is a Compose) is read through that Compose. Differences that are
+known and documented: ColorJitter applies its three adjustments in a random order, and blends contrast
+towards the image's grey mean; DALI's color_twist has one fixed order and centre. AugMix and RandomErasing
+draw what torchvision's draw (augment.py says where they differ).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 SUPPORTED = ("RandomResizedCrop", "Resize", "CenterCrop", "RandomHorizontalFlip", "ColorJitter", "AutoAugment",
-             "RandAugment", "TrivialAugmentWide", "ToTensor", "PILToTensor", "ConvertImageDtype", "ToImage",
-             "ToDtype", "Normalize")
+             "RandAugment", "TrivialAugmentWide", "AugMix", "ToTensor", "PILToTensor", "ConvertImageDtype", "ToImage",
+             "ToDtype", "Normalize", "RandomErasing", "ToPureTensor")
 RANDOM_STEPS = ("RandomResizedCrop", "RandomHorizontalFlip", "ColorJitter", "AutoAugment", "RandAugment",
-                "TrivialAugmentWide")
+                "TrivialAugmentWide", "AugMix", "RandomErasing")
+INTERPOLATIONS = {"bilinear": "bilinear", "2": "bilinear", "bicubic": "bicubic", "3": "bicubic"}  # PIL's ints too
+PRESET_ATTRIBUTES = ("transforms", "transform")
 _GEOMETRY = ("RandomResizedCrop", "Resize", "CenterCrop")
 
 
@@ -40,12 +49,37 @@ class TransformError(ValueError):
 
 
 def transform_steps(transform: Any) -> list:
-    """The steps of a Compose (nested ones flattened), or [transform]."""
+    """The steps of a Compose (nested ones flattened, presets read through: preset_compose), or [transform]."""
     if transform is None:
         return []
     if type(transform).__name__ == "Compose":
         return [step for inner in transform.transforms for step in transform_steps(inner)]
-    return [transform]
+    inner = preset_compose(transform)
+    return transform_steps(inner) if inner is not None else [transform]
+
+
+def preset_compose(transform: Any) -> Any:
+    """The Compose a preset wraps, or None. A preset is a callable object of the user's (not a torchvision
+    step) whose `transforms` or `transform` attribute is a Compose, called as preset(img): torchvision's
+    references' ClassificationPresetTrain / Eval, and scripts' own classes of that shape."""
+    if type(transform).__module__.startswith("torchvision.") or not callable(transform):
+        return None
+    for attribute in PRESET_ATTRIBUTES:
+        inner = getattr(transform, attribute, None)
+        if type(inner).__name__ == "Compose":
+            return inner
+    return None
+
+
+def _not_supported(step: Any) -> str:
+    """Why an unknown step is refused; for an object that wraps something, what a preset must hold."""
+    name = type(step).__name__
+    held = {a: type(getattr(step, a)).__name__ for a in PRESET_ATTRIBUTES if hasattr(step, a)}
+    if not held:
+        return f"{name} is not supported"
+    found = ", ".join(f".{a} is a {kind}" for a, kind in held.items())
+    return (f"{name} is not supported: an object that wraps a transform is read through its .transforms or "
+            f".transform attribute when that is a torchvision Compose, and here {found}")
 
 
 def is_random(transform: Any) -> bool:
@@ -63,7 +97,7 @@ def augment_from_transform(transform: Any) -> tuple[dict, bool]:
     for step in steps:
         name = type(step).__name__
         if name not in SUPPORTED:
-            raise TransformError(step, f"{name} is not supported")
+            raise TransformError(step, _not_supported(step))
         _READERS[name](step, state)
     return _finish(steps, state)
 
@@ -82,9 +116,10 @@ def _finish(steps: list, state: dict) -> tuple[dict, bool]:
     if state["resize"] is None or state["crop"] is None:
         raise TransformError(steps[0], "a val transform must be Resize(shorter side) then CenterCrop(size) (a train "
                              "transform starts with RandomResizedCrop): DALI batches need one output size")
-    for key in ("color_jitter", "auto_augment"):
+    for key in ("color_jitter", "auto_augment", "random_erasing"):
         if key in args:
-            raise TransformError(steps[0], "random colour steps need RandomResizedCrop (the train graph) first")
+            raise TransformError(steps[0], "random colour steps and RandomErasing need RandomResizedCrop (the train "
+                                 "graph) first")
     if args.pop("flip_probability"):
         raise TransformError(steps[0], "RandomHorizontalFlip needs RandomResizedCrop (the train graph) first")
     args.update(image_size=state["crop"], crop_ratio=state["crop"] / state["resize"])
@@ -105,19 +140,23 @@ def _square(step: Any, size: Any) -> int:
     return sizes[0]
 
 
-def _bilinear(step: Any) -> None:
+def _interpolation(step: Any, state: dict) -> None:
+    """The resize filter: bilinear (the default) or bicubic, each as DALI's antialiased resize (augment._interp)."""
     mode = getattr(step, "interpolation", None)
-    if mode is not None and str(getattr(mode, "value", mode)).lower() not in ("bilinear", "2"):
-        raise TransformError(step, f"interpolation {mode}: only bilinear (the default) is supported")
+    name = "bilinear" if mode is None else INTERPOLATIONS.get(str(getattr(mode, "value", mode)).lower())
+    if name is None:
+        raise TransformError(step, f"interpolation {mode}: only bilinear (the default) and bicubic are supported")
     if getattr(step, "antialias", True) is False:
         raise TransformError(step, "antialias=False: DALI's resize antialiases, as PIL does")
+    if name != "bilinear":
+        state["args"]["interpolation"] = name
 
 
 def _random_resized_crop(step: Any, state: dict) -> None:
     _before_tensor(step, state)
     if state["train"]:
         raise TransformError(step, "a second RandomResizedCrop")
-    _bilinear(step)
+    _interpolation(step, state)
     state["train"] = True
     state["args"].update(image_size=_square(step, step.size), random_area=tuple(map(float, step.scale)),
                          random_aspect_ratio=tuple(map(float, step.ratio)))
@@ -125,7 +164,7 @@ def _random_resized_crop(step: Any, state: dict) -> None:
 
 def _resize(step: Any, state: dict) -> None:
     _before_tensor(step, state)
-    _bilinear(step)
+    _interpolation(step, state)
     if getattr(step, "max_size", None) is not None:
         raise TransformError(step, "max_size is not supported")
     size = step.size
@@ -164,6 +203,8 @@ def _auto_augment(step: Any, state: dict) -> None:
     if "auto_augment" in state["args"]:
         raise TransformError(step, "a second AutoAugment-family step")
     name = type(step).__name__
+    if name == "AugMix":
+        return _augmix(step, state)
     policy = str(getattr(getattr(step, "policy", None), "name", "IMAGENET"))
     defaults = {"AutoAugment": policy == "IMAGENET",
                 "RandAugment": (step.__dict__.get("num_ops"), step.__dict__.get("magnitude"),
@@ -174,6 +215,58 @@ def _auto_augment(step: Any, state: dict) -> None:
                              "RandAugment: num_ops=2, magnitude=9; 31 magnitude bins; no fill)")
     state["args"]["auto_augment"] = {"AutoAugment": "autoaugment", "RandAugment": "randaugment",
                                      "TrivialAugmentWide": "trivialaugment"}[name]
+
+
+def _augmix(step: Any, state: dict) -> None:
+    """torchvision's AugMix (v1 or v2) as the graph's (augment._augmix): its severity, width, depth and alpha."""
+    if getattr(step, "all_ops", True) is not True or getattr(step, "fill", None) not in (None, 0):
+        raise TransformError(step, "only all_ops=True and no fill are supported (the graph composes all 13 of "
+                             "AugMix's operations and fills with 0)")
+    depth = int(step.chain_depth)
+    state["args"].update(auto_augment="augmix", augmix_severity=int(step.severity),
+                         augmix_width=int(step.mixture_width), augmix_depth=depth if depth > 0 else -1,
+                         augmix_alpha=float(step.alpha))
+
+
+def _random_erasing(step: Any, state: dict) -> None:
+    """torchvision's RandomErasing (v1 or v2) or timm's, as the graph's random_erasing fields. It works on the
+    tensor; before Normalize its constant fill is normalised with the image (_normalize)."""
+    if state["tensor"] != "float":
+        raise TransformError(step, "RandomErasing works on float tensors: put it after ToTensor() (or ToDtype("
+                             "torch.float32, scale=True)), after Normalize as torchvision's references and timm do")
+    if "random_erasing" in state["args"]:
+        raise TransformError(step, "a second RandomErasing")
+    state["args"].update(_timm_erasing(step) if hasattr(step, "probability") else _torchvision_erasing(step))
+
+
+def _torchvision_erasing(step: Any) -> dict:
+    value = step.value  # v1 keeps "random"; v2 stores None for it and a list for a number
+    mode, fill = "pixel", (0.0, 0.0, 0.0)
+    if value is not None and value != "random":
+        values = [float(value)] if isinstance(value, numbers.Real) else [float(v) for v in value]
+        if len(values) not in (1, 3):
+            raise TransformError(step, f"value {value!r}: one number, three (R, G, B) or 'random'")
+        red, green, blue = values * 3 if len(values) == 1 else values
+        mode, fill = "const", (red, green, blue)
+    return dict(random_erasing=float(step.p), random_erasing_area=tuple(map(float, step.scale)),
+                random_erasing_ratio=tuple(map(float, step.ratio)), random_erasing_mode=mode,
+                random_erasing_value=fill)
+
+
+def _timm_erasing(step: Any) -> dict:
+    if (step.min_count, step.max_count) != (1, 1):
+        raise TransformError(step, f"min_count={step.min_count}, max_count={step.max_count}: the graph erases one "
+                             f"rectangle per image (timm's default, and DeiT's re_count=1)")
+    mode = step.mode or "const"
+    if mode not in ("const", "rand", "pixel"):
+        raise TransformError(step, f"mode {step.mode!r}: only 'const', 'rand' and 'pixel'")
+    return dict(random_erasing=float(step.probability), random_erasing_area=(float(step.min_area),
+                float(step.max_area)), random_erasing_ratio=tuple(math.exp(v) for v in step.log_aspect_ratio),
+                random_erasing_mode=mode, random_erasing_value=(0.0, 0.0, 0.0))
+
+
+def _to_pure_tensor(step: Any, state: dict) -> None:
+    """v2's ToPureTensor: the tv_tensors' Python type goes, the values stay; the batches are plain tensors."""
 
 
 def _to_tensor(step: Any, state: dict) -> None:
@@ -206,11 +299,19 @@ def _normalize(step: Any, state: dict) -> None:
     mean, std = (tuple(float(v) for v in values) for values in (step.mean, step.std))
     if len(mean) == 1:
         mean, std = mean * 3, std * 3 if len(std) == 1 else std
-    state["args"].update(mean=mean, std=std)
+    args = state["args"]
+    if "random_erasing" in args:  # RandomErasing came first: its fill is normalised with the image
+        if args["random_erasing_mode"] != "const":
+            raise TransformError(step, "RandomErasing with random values before Normalize (the noise would be "
+                                 "normalised too): put RandomErasing after Normalize, as torchvision's references "
+                                 "and timm do")
+        args["random_erasing_value"] = tuple((v - m) / s for v, m, s in zip(args["random_erasing_value"], mean, std))
+    args.update(mean=mean, std=std)
 
 
 _READERS = {"RandomResizedCrop": _random_resized_crop, "Resize": _resize, "CenterCrop": _center_crop,
             "RandomHorizontalFlip": _flip, "ColorJitter": _color_jitter, "AutoAugment": _auto_augment,
-            "RandAugment": _auto_augment, "TrivialAugmentWide": _auto_augment, "ToTensor": _to_tensor,
+            "RandAugment": _auto_augment, "TrivialAugmentWide": _auto_augment, "AugMix": _auto_augment,
+            "RandomErasing": _random_erasing, "ToPureTensor": _to_pure_tensor, "ToTensor": _to_tensor,
             "PILToTensor": _pil_to_tensor, "ConvertImageDtype": _convert_dtype, "ToImage": _pil_to_tensor,
             "ToDtype": _convert_dtype, "Normalize": _normalize}

@@ -39,6 +39,7 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "parquet": ("dali_pipes_bench.parquet_feed", "the Parquet feed vs local TFRecord shards of the same images"),
     "val-cache": ("dali_pipes_bench.val_cache", "val epochs decoded every epoch vs given from the val cache"),
     "startup": ("dali_pipes_bench.startup", "GPU: first-batch seconds and GPU memory per decoder preallocation"),
+    "recipes": ("dali_pipes_bench.recipe_cost", "mixup + cutmix (each recipe extra) vs the plain loader, alternating"),
 }
 
 

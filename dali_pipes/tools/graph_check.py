@@ -223,10 +223,9 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 
 def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size: int) -> list[GraphVariant]:
-    """Each auto-augment policy, colour jitter, torchvision-read settings, float16, channels_last, the hybrid
-    decode, a second rank, the decoders' preallocation sized to the data or none, the val cache's uint8 graph,
-    each size of an image_size schedule, tuning's thread counts and hw_decoder_loads, profile's decode stage and
-    the bad-sample search's decode graph."""
+    """Each auto-augment policy (AugMix included), colour jitter, torchvision-read settings, bicubic resizes,
+    random erasing's fills, float16, channels_last, the hybrid decode, a second rank, each size of an image_size
+    schedule, and the bad-sample search's decode graph; then _memory_and_tuning_variants."""
     from dali_pipes.run.decode_probe import decode_pipeline
     from dali_pipes.run.recovery import placeholder_jpeg
     out = [variant(f"auto_augment={p}", first, True, augment=AugmentConfig(auto_augment=p)) for p in AUTO_AUGMENTS]
@@ -240,6 +239,17 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     out.append(variant("from a torchvision transform", first, False, augment=AugmentConfig(**from_transform)))
     # ... and reads images as PIL does (dataloader_args.read_as_pil): no EXIF rotation, 16-bit PNGs decoded at
     # 16 bits and divided per sample (graph.decode_rgb), on the mixed decoder and in the hybrid decode
+    # ... and the recipes' steps (transforms.py): bicubic resizes; RandomErasing after the normalisation, its
+    # three fills, in either layout and precision (its noise and colour drawn on the GPU, its rectangle on the CPU)
+    for train in (True, False):
+        out.append(variant("interpolation=bicubic", first, train, augment=AugmentConfig(interpolation="bicubic")))
+    erasing: tuple[tuple[str, dict[str, Any]], ...] = (("const", {}), ("pixel", dict(float16=True,
+                                                                                     channels_last=True)), ("rand", {}))
+    for mode, extra in erasing:
+        out.append(variant(f"random_erasing_mode={mode}{' float16 channels_last' if extra else ''}", first, True,
+                           augment=AugmentConfig(random_erasing=0.25, random_erasing_mode=mode, **extra)))
+    out.append(variant("random_erasing hybrid", first, True, "cpu", decode_device="cpu",
+                       augment=AugmentConfig(random_erasing=0.25, random_erasing_mode="pixel")))
     as_pil = AugmentConfig(**from_transform, exif_orientation=False, png16="pil")
     for train in (True, False):
         out.append(variant("read as PIL reads (no EXIF, png16='pil')", first, train, augment=as_pil))
