@@ -51,7 +51,7 @@ from dali_pipes.run import resume
 from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
-from dali_pipes.run.pipeline import PipelineSpec, cuda_device_id
+from dali_pipes.run.pipeline import PipelineSpec
 from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
@@ -193,8 +193,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         sizes = {"image_size": image_size} if image_size is not None else {}
         self.augment = read_as_pil(augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args}), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
-        policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels,
-                                 device_id=cuda_device_id(self.shard) if self.device == "gpu" else None)
+        policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels)
         threads = num_threads or num_workers or None  # DataLoader's workers become DALI's threads
         spec = PipelineSpec(self.train, call.batch_size, self.device, decode_device, self.shard, self.seed,
                             self.augment, *fixed_knobs(threads, prefetch_queue_depth), shuffle_buffer, call.shuffle,

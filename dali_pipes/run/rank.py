@@ -18,7 +18,7 @@ from dali_pipes.run.contract import Contract
 from dali_pipes.run.delivery import DeliveryRecord, pack
 from dali_pipes.run.hooks import BatchHook, BatchTiming
 from dali_pipes.run.outage import StoreOutage, network_fault
-from dali_pipes.run.pipeline import PipelineSpec, source_reader
+from dali_pipes.run.pipeline import PipelineSpec, cuda_device_id, source_reader
 from dali_pipes.run.pipeline_run import PipelineRun
 from dali_pipes.run.position import Position
 from dali_pipes.run.recovery import BadSamplePolicy
@@ -179,6 +179,8 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     into a new cache (the remembered or default values run). Damage found while opening (skip_bad) is
     excluded first. `started`: when the loader's construction began (perf_counter), for stats' first_batch_s."""
     clock, outage = LoaderClock(started), StoreOutage(feed.store)
+    if spec.device == "gpu" and policy.device_id is None:  # the bad-sample search decodes on the rank's own GPU
+        policy.device_id = spec.device_id if spec.device_id is not None else cuda_device_id(spec.shard)
     through_cache = source.remote is not None and feed.mode == "cache"
     spec, tuner = tuning.plan(spec, source.kind, clock, tune_threads=tune_threads, tune_depth=tune_depth,
                               online=not through_cache)
