@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, cast, runtime_checkable
 
 import torch
 
@@ -54,6 +54,7 @@ from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
+from dali_pipes.run.sampled import SamplerRead
 from dali_pipes.run.tuning import AUTO
 from dali_pipes.storage import object_store
 
@@ -115,7 +116,6 @@ def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_di
 class DaliLoader(DataLoaderAttributes):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
-    supports_elastic = True
     pipe: RankPipeline | None = None
 
     def __init__(self, dataset: Source | str | os.PathLike | list | Any, batch_size: int | None = 1,
@@ -166,10 +166,12 @@ class DaliLoader(DataLoaderAttributes):
                             None if threads == AUTO else threads, 2 if prefetch_queue_depth == AUTO else
                             prefetch_queue_depth, shuffle_buffer, call.shuffle, max_pixels)
         self.position = Position()
+        read = SamplerRead(call.sampler, generator, persistent_workers and num_workers > 0) if call.drawn else None
+        self.supports_elastic = read is None or read.elastic_refusal() is None  # run/sampled.py
         self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch),
                                   sharding_check=sharding_check, tune_threads=threads == AUTO,
-                                  tune_depth=prefetch_queue_depth == AUTO)
+                                  tune_depth=prefetch_queue_depth == AUTO, sampler=read)
         try:
             self.pipe.build()
         except BaseException:
@@ -211,9 +213,9 @@ class DaliLoader(DataLoaderAttributes):
         return self._cut().batches
 
     def _cut(self) -> EpochCut:
-        pipe = self.pipe
-        return self.contract.epoch_cut(pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run),
-                                       self.num_samples)
+        pipe = cast(RankPipeline, self.pipe)  # a sampler read by drawing: its epoch's order cuts it (run/sampled.py)
+        return pipe.sampled.cut(self.position.epoch) if pipe.sampled else self.contract.epoch_cut(
+            pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run), self.num_samples)
 
     @property
     def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
@@ -253,8 +255,8 @@ class DaliLoader(DataLoaderAttributes):
             self.pipe.build()  # a fresh pipeline: its slice rotation starts at this epoch
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.pipe.begin_epoch(len(self))  # the hooks' epoch: a sampler's draw, clock, tuning, image-size schedule, ...
         cut, at = self._cut(), self.position
-        self.pipe.begin_epoch(cut.batches)  # the hooks' epoch: clock, tuning, image-size schedule, ...
         while at.batch < cut.batches:
             batch = self.pipe.next(cut.size(at.batch))
             if batch is None:

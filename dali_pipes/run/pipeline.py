@@ -6,7 +6,7 @@ new specs in between."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -57,8 +57,15 @@ class PipelineSpec:
         return self if augment is self.augment else replace(self, augment=augment)
 
 
+class Feed(Protocol):
+    """What reads a sampler-driven epoch in place of the source's reader (sampled.OrderFeed)."""
+
+    def dali_nodes(self, max_pixels: int | None) -> tuple:
+        """Inside a pipeline definition: (encoded images, int64 labels, identity rows)."""
+
+
 def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None = None, *, sample_ids: bool = False,
-                   stage: str = "augment", enable_checkpointing: bool = True) -> Pipeline:
+                   stage: str = "augment", enable_checkpointing: bool = True, feed: Feed | None = None) -> Pipeline:
     """An unbuilt DALI pipeline yielding (images, labels) for one rank, at DALI's `checkpoint` if given.
 
     Train: the reader shuffles through a buffer of `shuffle_buffer` samples and moves to the next slice
@@ -70,7 +77,9 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     device="gpu": images and labels come out on the GPU; labels too, as DALI's own examples return them:
     a CPU output of a GPU pipeline arrives in pageable host memory and its copy to the GPU would sync.
     `sample_ids` adds each sample's identity (delivery.py). `stage` "read" (encoded bytes) or "decode"
-    (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone."""
+    (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone.
+    `feed` reads a sampler-driven epoch (sampled.py) instead of the source's reader: exactly the samples it
+    is given, in that order, into the same graph."""
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
     augment, shard, gpu = spec.augment, spec.shard, spec.device == "gpu"
@@ -82,17 +91,22 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
                   # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
                   enable_conditionals=spec.train and augment.auto_augment is not None or augment.png16 == "pil")
     def graph():
-        jpegs, labels = source.dali_reader(
-            name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=spec.shuffled,
-            initial_fill=spec.shuffle_buffer, pad_last_batch=True, stick_to_shard=not spec.shuffled,
-            max_pixels=spec.max_pixels)
+        if feed is not None:
+            jpegs, labels, ids = feed.dali_nodes(spec.max_pixels)
+        else:
+            jpegs, labels = source.dali_reader(
+                name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=spec.shuffled,
+                initial_fill=spec.shuffle_buffer, pad_last_batch=True, stick_to_shard=not spec.shuffled,
+                max_pixels=spec.max_pixels)
         # After a decode error the loader finds the culprit from the reader's position (recovery.py)
         if stage == "read":
             return jpegs, labels
         augment_images = {"augment": train_augment if spec.train else eval_augment, "decode": decode_only}[stage]
         images = augment_images(jpegs, augment, spec.device, spec.decode_device)
         labels = labels.gpu() if gpu else labels
-        return (images, labels, identity_rows(jpegs)) if sample_ids else (images, labels)
+        if not sample_ids:
+            return images, labels
+        return images, labels, ids if feed is not None else identity_rows(jpegs)
 
     return graph(checkpoint=checkpoint) if checkpoint else graph()
 

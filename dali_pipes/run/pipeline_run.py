@@ -3,13 +3,16 @@ checkpoint, its batches, the last good checkpoint to recover to, shutdown."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+
+if TYPE_CHECKING:
+    from dali_pipes.run.sampled import OrderFeed
 
 
 class PipelineRun:
@@ -21,31 +24,41 @@ class PipelineRun:
     `recover(error)` hears every pipeline error: it raises, or excludes the culprits, after which the
     pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
     built, so a bad sample can surface there too. `keep_checkpoints`: take the checkpoint of every batch
-    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data)."""
+    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data).
+
+    With a `feed` (sampled.py) the pipeline reads what the feed gives, not the source's reader: its epoch
+    ends where the feed's does, and the feed's next epoch starts it again (reset, never a rebuild)."""
 
     def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
-                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
+                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool,
+                 feed: OrderFeed | None = None) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
-        self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
-        self.iterator = None
+        self.drop, self.keep_checkpoints, self.feed = drop, keep_checkpoints, feed  # DROP: DALI's full batches only
+        self.iterator: Any = None  # DALIGenericIterator, once built
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
+        self.ended = False  # a fed pipeline read its feed's epoch end
 
     def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
         """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
         graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
         policy = LastBatchPolicy.DROP if self.drop else LastBatchPolicy.FILL
-        self.drain_due = False
+        # A fed pipeline has no reader to size its epochs: the feed ends them, and starts them (_restart)
+        how: dict[str, Any] = dict(reader_name=READER_NAME, last_batch_policy=policy, auto_reset=True) \
+            if self.feed is None else dict(last_batch_policy=LastBatchPolicy.FILL, auto_reset=False,
+                                           prepare_first_batch=False)
+        self.drain_due = self.ended = False
         while True:
             self.close()
             source, spec = self._inputs(checkpoint is None)
-            define = lambda at: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
+            if self.feed is not None:
+                self.feed.bind(source)  # from the loader's position: DALI's checkpoint is the state there
+            define = lambda at: build_pipeline(source, spec, at, sample_ids=True, feed=self.feed)  # noqa: E731
             pipe = None
             try:
                 pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name=READER_NAME,
-                                                    last_batch_policy=policy, auto_reset=True)
+                self.iterator = DALIGenericIterator(pipe, ["images", "labels", "ids"], **how)
             except RuntimeError as error:
                 if pipe is not None:
                     shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
@@ -60,9 +73,11 @@ class PipelineRun:
         """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
         while True:
             before()
+            self._restart()
             try:
                 (batch,) = next(self.iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
+                self.ended = True
                 return None
             except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
                 self._recover(error)
@@ -71,6 +86,12 @@ class PipelineRun:
             # Taken after every batch only when a recovery may need it; else read by checkpoint().
             self.last_good = self.iterator.checkpoints()[0] if self.keep_checkpoints else None
             return batch
+
+    def _restart(self) -> None:
+        """A fed pipeline that read its epoch's end starts the feed's next epoch."""
+        if self.ended and self.feed is not None and self.feed.has_next():
+            self.ended = False
+            self.iterator.reset()
 
     def drain_later(self) -> None:
         """The epoch's last batch is out: DALI's rest of the epoch is read once the loop comes back for more
