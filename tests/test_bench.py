@@ -97,3 +97,18 @@ def test_resolution_bench_quick(tmp_path):
     assert [e["image_size"] for e in ramp["epochs"]] == [32, 48] and [e["image_size"] for e in fixed["epochs"]] == [48, 48]
     assert all(r["final_val_top1"] is not None and len(r["epochs"]) == 2 for r in (fixed, ramp))
     assert "| 48 | 1 |" in (tmp_path / "out" / folder / "resolution.md").read_text()
+
+
+def test_sampler_cost_bench_quick(tmp_path):
+    """dali-pipes bench sampler: both cases, alternating rounds, the summary and the command in its JSON."""
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(8, 8, 8))
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.sampler_cost", "--data", str(data), "--batch-size",
+                          "4", "--image-size", "16", "--threads", "1", "--rounds", "2", "--epochs", "1", "--settle", "0",
+                          "--out", str(tmp_path / "sampler.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(tmp_path / "sampler.json"))
+    assert {name: s["epochs"] for name, s in result["summary"].items()} == {"plain": 2, "WeightedRandomSampler": 2}
+    assert result["batches_per_epoch"] == 6 and result["command"].startswith("dali-pipes bench sampler")
+    assert "cost of the sampler" in run.stdout

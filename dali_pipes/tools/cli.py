@@ -35,6 +35,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "epochs": ("dali_pipes_bench.epochs", "whole epochs: DaliLoader vs DALIGenericIterator on the same graph"),
     "auto": ("dali_pipes_bench.auto_settings", "num_threads=auto vs fixed counts: training and the loader alone"),
     "sharding": ("dali_pipes_bench.sharding_cost", "the sharding check's cost on 1.28 M samples, 2 gloo ranks"),
+    "sampler": ("dali_pipes_bench.sampler_cost", "a WeightedRandomSampler read exactly vs the plain loader, "
+                "alternating"),
 }
 
 
