@@ -38,6 +38,7 @@ from dali_pipes.data.source import Source, open_source, samples_source, with_num
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
     DataLoaderAttributes,
+    DataLoaderCall,
     DatasetView,
     EpochRequests,
     SamplerView,
@@ -166,7 +167,7 @@ class DaliLoader(DataLoaderAttributes):
                             None if threads == AUTO else threads, 2 if prefetch_queue_depth == AUTO else
                             prefetch_queue_depth, shuffle_buffer, call.shuffle, max_pixels)
         self.position = Position()
-        read = SamplerRead(call.sampler, generator, persistent_workers and num_workers > 0) if call.drawn else None
+        read = sampler_read(call, generator, persistent_workers and num_workers > 0, self.shard)
         self.supports_elastic = read is None or read.elastic_refusal() is None  # run/sampled.py
         self.pipe = rank_pipeline(source, spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch),
@@ -291,6 +292,11 @@ class DaliLoader(DataLoaderAttributes):
         """Continue exactly where `state` was taken, images included. Given every old rank's state in rank
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
         resume.restore(self.pipe, self.position, facts_of(self), state)
+
+
+def sampler_read(call: DataLoaderCall, generator: Any, persistent: bool, shard: Shard) -> SamplerRead | None:
+    """The sampler the loader reads by drawing its indices (run/sampled.py), or None: DALI's reader stands in."""
+    return SamplerRead(call.sampler, generator, persistent, shard) if call.drawn else None
 
 
 def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool,

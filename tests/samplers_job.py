@@ -52,6 +52,7 @@ def main(folder: str, out: str) -> None:
     from torch.utils.data import DataLoader
 
     from dali_pipes import DaliLoader
+
     from torchvision_side import import_torchvision
     import_torchvision()
     from torchvision import datasets

@@ -104,8 +104,8 @@ def test_sampler_cost_bench_quick(tmp_path):
     data = tmp_path / "images"
     write_folder(str(data), counts=(8, 8, 8))
     run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.sampler_cost", "--data", str(data), "--batch-size",
-                          "4", "--image-size", "16", "--threads", "1", "--rounds", "2", "--epochs", "1", "--settle", "0",
-                          "--out", str(tmp_path / "sampler.json")], cwd=ROOT, capture_output=True, text=True,
+                          "4", "--image-size", "16", "--threads", "1", "--rounds", "2", "--epochs", "1", "--settle",
+                          "0", "--out", str(tmp_path / "sampler.json")], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.load(open(tmp_path / "sampler.json"))

@@ -18,14 +18,21 @@ import sys
 
 import pytest
 import torch
-from torch.utils.data import (ConcatDataset, DataLoader, DistributedSampler, RandomSampler, Sampler,
-                              SubsetRandomSampler, WeightedRandomSampler)
+from samplers_job import RepeatedAugmentationSampler
+from torch.utils.data import (
+    ConcatDataset,
+    DataLoader,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
 from dali_pipes import DaliLoader, DatasetError
 from dali_pipes.tools.convert import write_tfrecords
 
 from conftest import jpeg_bytes
-from samplers_job import RepeatedAugmentationSampler
 
 N = 22  # images, one per class: 22 is no multiple of the batch (4) nor of the ranks (2)
 JOB = os.path.join(os.path.dirname(__file__), "samplers_job.py")
@@ -242,21 +249,42 @@ def test_elastic_resume_refuses_a_per_rank_sampler_and_replays_any_other(images,
                                          r"num_replicas \(3\).*Resume on 2 ranks"):
         three.load_state_dict(states)
 
-    def weighted(rank):  # read whole by each rank (DataLoader's way); each rank its own generator
-        return WeightedRandomSampler(torch.ones(N), 20, generator=torch.Generator().manual_seed(rank))
+    def weighted(seed):
+        return WeightedRandomSampler(torch.ones(N), 20, generator=torch.Generator().manual_seed(seed))
 
+    dealt = DaliLoader(dataset, batch_size=4, sampler=weighted(0), rank=0, world_size=2)
+    next(iter(dealt))
+    with pytest.raises(ValueError, match=r"WeightedRandomSampler's draw is dealt out over 3 ranks"):
+        DaliLoader(dataset, batch_size=4, sampler=weighted(0), rank=0, world_size=3).load_state_dict(
+            [dealt.state_dict(), dealt.state_dict()])
     states, rests = [], []
-    for rank in range(2):
-        loader = DaliLoader(dataset, batch_size=4, sampler=weighted(rank), rank=rank, world_size=2)
+    for process in range(2):  # two processes, each reading the whole draw (DataLoader's way: no rank given)
+        loader = DaliLoader(dataset, batch_size=4, sampler=weighted(process))
         assert loader.supports_elastic
         it = iter(loader)
         next(it)
         states.append(loader.state_dict())
         rests.append([labels.tolist() for _, labels in it])
-    for rank in range(3):  # three new ranks: each continues old rank (rank mod 2)'s draw
-        loader = DaliLoader(dataset, batch_size=4, sampler=weighted(9), rank=rank, world_size=3)
-        loader.load_state_dict(states)
-        assert [labels.tolist() for _, labels in loader] == rests[rank % 2]
+    resumed = DaliLoader(dataset, batch_size=4, sampler=weighted(9))  # one process now: it goes on with the first's
+    resumed.load_state_dict(states)
+    assert [labels.tolist() for _, labels in resumed] == rests[0]
+
+
+def test_a_sampler_on_ranks_is_dealt_out_as_lightnings_distributed_sampler_wrapper_deals_it(images, tv):
+    """rank=/world_size= (or a Lightning Trainer's distributed strategy, dataloader_args.lightning_shard) with a
+    sampler that knows no ranks: each rank its share of the draw, as Lightning wraps such a DataLoader's sampler."""
+    wrapper = pytest.importorskip("lightning.fabric.utilities.distributed").DistributedSamplerWrapper
+    datasets, T = tv
+    dataset = datasets.ImageFolder(images, train_transform(T))
+
+    def weighted():
+        return WeightedRandomSampler(torch.linspace(1, 2, N), 15, generator=torch.Generator().manual_seed(6))
+
+    for rank in range(2):
+        ours = DaliLoader(dataset, batch_size=4, sampler=weighted(), rank=rank, world_size=2)
+        theirs = DataLoader(dataset, batch_size=4, sampler=wrapper(weighted(), num_replicas=2, rank=rank,
+                                                                    shuffle=False))
+        assert len(ours) == len(theirs) == 2 and epochs(ours) == epochs(theirs)
 
 
 def test_a_bad_image_in_a_drawn_order_is_named_or_excluded(tmp_path, tv):

@@ -155,11 +155,11 @@ def restore(rank: RankPipeline, position: Position, facts: LoaderFacts, state: d
         check_image_sizes(states, facts.image_size)
         if len(states) != world or any(s.get("world_size") != world for s in states):
             return restore_elastic(rank, position, facts, states)
-        state = states[me]
+        one = states[me]
     else:
-        state = flat(state)
-        check_image_sizes([state], facts.image_size)
-    restore_flat(rank, position, facts, state)
+        one = flat(state)
+        check_image_sizes([one], facts.image_size)
+    restore_flat(rank, position, facts, one)
 
 
 def restore_flat(rank: RankPipeline, position: Position, facts: LoaderFacts, state: dict) -> None:

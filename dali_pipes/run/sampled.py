@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 import numpy as np
 
 from dali_pipes.run.contract import Contract, EpochCut
+from dali_pipes.run.dist import Shard
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.run.position import Position
 
@@ -50,23 +51,47 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SamplerRead:
-    """A sampler the loader reads by drawing it (DaliLoader's call): the sampler, and what DataLoader's own
-    iterator draws before it."""
+    """A sampler the loader reads by drawing it (DaliLoader's call): the sampler, what DataLoader's own iterator
+    draws before it, and the rank. A sampler that knows no ranks (no num_replicas) is read whole by a loader of
+    one rank; on a rank of several (rank=/world_size=, or a Lightning Trainer's distributed strategy) each rank
+    reads its share of the draw, as Lightning's DistributedSamplerWrapper deals a sampler's indices out."""
     sampler: Any
     generator: Any = None         # DataLoader's generator=: its iterator's base seed comes from it
     base_seed_once: bool = False  # num_workers > 0 and persistent_workers: DataLoader draws it at the first epoch only
+    shard: Shard = Shard()
 
     @property
     def name(self) -> str:
         return type(self.sampler).__name__
 
+    @property
+    def split(self) -> bool:
+        """The draw is dealt out over the ranks (share)."""
+        return self.shard.world_size > 1 and not hasattr(self.sampler, "num_replicas")
+
+    def count(self, drawn: int) -> int:
+        """This rank's samples of a draw of `drawn` indices."""
+        return -(-drawn // self.shard.world_size) if self.split else drawn
+
+    def share(self, order: np.ndarray) -> np.ndarray:
+        """This rank's indices of a draw: DistributedSamplerWrapper's (shuffle=False, as Lightning makes it for a
+        sampler other than Random- and SequentialSampler): padded from its start to a multiple of the world
+        size, every world_size-th from this rank's place."""
+        if not self.split or not len(order):
+            return order
+        world = self.shard.world_size
+        return np.resize(order, self.count(len(order)) * world)[self.shard.rank::world]
+
     def elastic_refusal(self) -> str | None:
         """Why an interrupted epoch cannot be resumed on another world size, or None when it can."""
-        if not hasattr(self.sampler, "num_replicas"):
-            return None
-        return (f"sampler {self.name} draws each rank's indices from its num_replicas "
-                f"({self.sampler.num_replicas}), so an epoch it drew for one world size cannot be replayed on "
-                f"another")
+        if hasattr(self.sampler, "num_replicas"):
+            return (f"sampler {self.name} draws each rank's indices from its num_replicas "
+                    f"({self.sampler.num_replicas}), so an epoch it drew for one world size cannot be replayed on "
+                    f"another")
+        if self.split:
+            return (f"sampler {self.name}'s draw is dealt out over {self.shard.world_size} ranks, so the rest of an "
+                    f"epoch dealt out on one world size cannot be replayed on another")
+        return None
 
 
 class OrderFeed:
@@ -139,7 +164,7 @@ class SampledEpochs(BatchHook):
         len(loader) and len(loader.sampler) count the same)."""
         if self.order is not None and self.drawn is not None and self.drawn["epoch"] == epoch:
             return len(self.order)
-        return len(self.read.sampler)
+        return self.read.count(len(self.read.sampler))
 
     def cut(self, epoch: int) -> EpochCut:
         n = self.count(epoch)
@@ -173,7 +198,7 @@ class SampledEpochs(BatchHook):
             raise ValueError(f"sampler {self.read.name} drew index {int(order[bad[0]])}, but the dataset has "
                              f"{self.num_samples} samples (0 to {self.num_samples - 1}); build the sampler over "
                              f"the dataset the loader reads")
-        return order
+        return self.read.share(order)
 
     def reach(self, position: int, epoch: int) -> list[Sequence[int]]:
         """What DALI can have read after `position` delivered batches: the order up to the feed's frontier
