@@ -236,6 +236,29 @@ def test_a_resume_between_epochs_and_an_abandoned_epoch_go_on_as_dataloader_does
     assert epochs(ours, count=2) == epochs(theirs, count=2)
 
 
+def test_a_sampler_that_cannot_be_read_is_named(images, tv):
+    """An index past the dataset, a batch where an index belongs, an order that a resume cannot draw again."""
+    datasets, T = tv
+    dataset = datasets.ImageFolder(images, train_transform(T))
+    with pytest.raises(ValueError, match=f"sampler ListSampler drew index {N}, but the dataset has {N} samples"):
+        next(iter(DaliLoader(dataset, batch_size=4, sampler=ListSampler([0, N]))))
+    with pytest.raises(ValueError, match="sampler ListSampler yielded something that is not one dataset index"):
+        next(iter(DaliLoader(dataset, batch_size=4, sampler=ListSampler([[0, 1], [2, 3]]))))
+
+    class Rotating(ListSampler):  # keeps its own state between draws, out of any generator's reach
+        def __iter__(self):
+            self.indices = self.indices[1:] + self.indices[:1]
+            return iter(self.indices)
+
+    loader = DaliLoader(dataset, batch_size=2, sampler=Rotating(list(range(8))))
+    epochs(loader, count=1)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="sampler Rotating drew another order on resume than the interrupted epoch's"):
+        DaliLoader(dataset, batch_size=2, sampler=Rotating(list(range(8)))).load_state_dict(state)
+
+
 def test_elastic_resume_refuses_a_per_rank_sampler_and_replays_any_other(images, tv):
     datasets, T = tv
     dataset = datasets.ImageFolder(images, train_transform(T))

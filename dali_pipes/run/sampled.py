@@ -22,9 +22,13 @@ shuffled through a buffer), so the loader draws the order in Python and feeds it
     own), and the order's length and digest. A resume draws it again from those states (the caller's global
     generators are left as they were) and refuses an order that differs, naming the sampler; DALI's
     checkpoint carries the position in the order and the augmentations' random state;
-  * elastic resume (another world size): a sampler that draws from num_replicas (a per-rank sampler) cannot
-    be replayed on another world size and is refused, naming it; any other sampler is read whole by every
-    rank (DataLoader's way), so each new rank continues old rank (rank mod old world size)'s draw.
+  * ranks: a per-rank sampler (num_replicas and rank, as DeiT's) draws its rank's indices itself; a sampler
+    that knows no ranks is read whole by a loader of one rank (DataLoader's way: every process reads it) and
+    dealt out over the ranks by a loader of several (rank=/world_size=, or a Lightning Trainer's distributed
+    strategy), as Lightning's DistributedSamplerWrapper deals it;
+  * elastic resume (another world size) is refused, naming the sampler, where the draw depends on the world
+    size (a per-rank sampler, a dealt-out draw): it cannot be replayed. A loader of one rank reads the whole
+    draw, and continues the draw of old rank (its rank mod the old world size), exactly.
 
 Image files only (dataset objects, folders, file lists): a sampler over TFRecord or WebDataset shards or
 s3:// data is refused when the loader is built (shards need a reader's index; use DistributedSampler or
@@ -149,10 +153,11 @@ class SampledEpochs(BatchHook):
 
     def __init__(self, read: SamplerRead, source: Source, contract: Contract, position: Position) -> None:
         if source.format.SHARDED or source.remote is not None:
+            what = "s3:// data" if source.remote is not None else f"{source.kind} shards"
             raise ValueError(f"{source.location}: sampler {read.name} is read by drawing its indices and handing DALI "
                              f"the image files they name, which needs image files on this machine (a dataset object, "
-                             f"an image folder or a file list); over {source.kind} shards or s3:// data use a "
-                             f"DistributedSampler or shuffle=True (DALI's reader), or read image files")
+                             f"an image folder or a file list), not {what}; use a DistributedSampler or shuffle=True "
+                             f"there (DALI's reader reads them), or read image files")
         self.read, self.num_samples, self.contract, self.position = read, source.num_samples, contract, position
         self.feed = OrderFeed(contract.batch_size, position)
         self.order: np.ndarray | None = None
