@@ -2,17 +2,18 @@
 
 DaliLoader takes `torch.utils.data.DataLoader`'s arguments with DataLoader's meaning, so that a
 script swaps the class name and nothing else:
-  * the dataset: a torchvision ImageFolder / DatasetFolder (anything with `root` and `samples`), or
-    a Subset of one, is read as its sample list and class mapping (no rescan); its `transform` is
+  * the dataset: a torchvision ImageFolder / DatasetFolder (anything with `root` and `samples`), a
+    Subset or a ConcatDataset of them, is read as its sample list and class mapping (no rescan); its `transform` is
     read as the DALI graph (transforms.py) and its `target_transform` maps the labels once, here.
     What DataLoader would run as Python per sample and DALI cannot is refused, naming it: a `loader=`
     other than torchvision's default, a subclass's own `__getitem__` or `__len__`;
   * images are read as the default loader (PIL's convert("RGB")) reads them: no EXIF rotation, 16-bit
     PNGs as PIL reduces them (read_as_pil; AugmentConfig's exif_orientation and png16 choose otherwise);
-  * `sampler`: a DistributedSampler (or a look-alike with num_replicas and rank) gives the rank, world
-    size, seed, shuffle and drop_last; a RandomSampler or SequentialSampler means shuffle or not;
-    any other sampler, a batch_sampler or a worker_init_fn is refused (DALI batches by itself, and has no
-    worker processes);
+  * `sampler`: a DistributedSampler (its own __iter__) gives the rank, world size, seed, shuffle and
+    drop_last; a RandomSampler or SequentialSampler over the whole dataset means shuffle or not; any other
+    sampler (WeightedRandomSampler, SubsetRandomSampler, a repeated-augmentation sampler, a script's own) is
+    read as DataLoader reads it: its indices drawn every epoch and fed to DALI (run/sampled.py);
+    a batch_sampler or a worker_init_fn is refused (DALI batches by itself, and has no worker processes);
   * `collate_fn`: default_collate, or one that mixes batches (torchvision v2's MixUp / CutMix around
     default_collate, timm's Mixup / FastCollateMixup) is read and the mix applied to DALI's batches
     (run/batch_mix.py), as is `batch_transform=` (any fn(images, labels) -> (images, targets)); any other
@@ -72,6 +73,7 @@ class DataLoaderCall:
     keys: TFRecordKeys | None = None  # a datasets.Dataset's image and label columns
     collate_fn: Any = None     # the user's, kept as DataLoader keeps it (timm's loop sets .mixup_enabled on it)
     batch_transform: BatchTransform | None = None  # what collate_fn or batch_transform= does to each batch
+    drawn: bool = False        # the sampler's indices are drawn every epoch and fed to DALI (run/sampled.py)
 
 
 def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler: Any, batch_sampler: Any,
@@ -84,11 +86,6 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     _refuse_unsupported(batch_sampler, worker_init_fn)
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle (as in DataLoader)")
-    drawn = read_sampler(sampler)
-    if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
-            and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
-        raise ValueError(f"rank={rank}, world_size={world_size} contradict the sampler's rank {drawn['rank']} "
-                         f"of {drawn['world_size']}; pass one of them")
     samples: list | None = None
     classes: list | None = None
     files: Any = None
@@ -101,6 +98,11 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
         else:
             samples, classes, root, transform = read_dataset(dataset)
         augment_args, random_transform = augment_from_transform(transform)
+    drawn = read_sampler(sampler, None if samples is None else len(samples))
+    if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
+            and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
+        raise ValueError(f"rank={rank}, world_size={world_size} contradict the sampler's rank {drawn['rank']} "
+                         f"of {drawn['world_size']}; pass one of them")
     if train is None:  # a transform says train or val; a sampler's default shuffle=True alone does not
         train = bool(shuffle or random_transform) if augment_args else bool(shuffle or drawn.get("shuffle"))
     if augment_args and random_transform != train:
@@ -132,7 +134,8 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     return DataLoaderCall(location, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
                           dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
-                          keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed))
+                          keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed),
+                          bool(drawn.get("drawn")))
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
@@ -200,21 +203,43 @@ def _refuse_unsupported(batch_sampler: Any, worker_init_fn: Any) -> None:
                          f"setup once before building the loader")
 
 
-def read_sampler(sampler: Any) -> dict:
-    """What a sampler says in DaliLoader's terms: rank, world_size, shuffle, seed, drop_last."""
+def read_sampler(sampler: Any, num_samples: int | None = None) -> dict:
+    """What a sampler says in DaliLoader's terms: rank, world_size, shuffle, seed, drop_last; "drawn" for a
+    sampler DALI's reader cannot stand in for, whose indices the loader draws every epoch (run/sampled.py).
+    DALI's reader stands in for a DistributedSampler (the rank's shard), a SequentialSampler and a plain
+    RandomSampler (shuffle=False / True) over the whole dataset of `num_samples`, each of their own class or a
+    subclass that draws no other indices (its __iter__ and __len__ theirs)."""
+    from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
     if sampler is None:
         return {}
-    name = type(sampler).__name__
-    if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):  # DistributedSampler and look-alikes
+    covers = num_samples is None or _len(sampler) == num_samples
+    if _draws_as(sampler, DistributedSampler):  # the rank's shard: DALI's slices of it
         return {"rank": int(sampler.rank), "world_size": int(sampler.num_replicas),
                 "shuffle": bool(getattr(sampler, "shuffle", False)), "seed": int(getattr(sampler, "seed", 0)),
                 "drop_last": bool(getattr(sampler, "drop_last", False))}
-    if name == "SequentialSampler":
+    if _draws_as(sampler, SequentialSampler) and covers:
         return {"shuffle": False}
-    if name == "RandomSampler" and not sampler.replacement and getattr(sampler, "_num_samples", None) is None:
+    if _draws_as(sampler, RandomSampler) and not sampler.replacement and sampler._num_samples is None and covers:
         return {"shuffle": True, "seed": _generator_seed(getattr(sampler, "generator", None))}
-    raise ValueError(f"sampler {name} is not supported: DaliLoader reads each rank's part of the data in DALI; "
-                     f"pass shuffle=True/False, or a torch.utils.data.distributed.DistributedSampler for the rank")
+    if not hasattr(sampler, "__iter__"):
+        raise TypeError(f"sampler {type(sampler).__name__} is not iterable: a sampler yields dataset indices "
+                        f"(torch.utils.data.Sampler), as DataLoader reads it")
+    if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):  # a per-rank sampler: the rank it draws for
+        return {"drawn": True, "rank": int(sampler.rank), "world_size": int(sampler.num_replicas)}
+    return {"drawn": True}
+
+
+def _draws_as(sampler: Any, cls: type) -> bool:
+    """`sampler` is a `cls` whose indices are cls's: neither __iter__ nor __len__ overridden below it."""
+    return isinstance(sampler, cls) and all(getattr(type(sampler), method) is getattr(cls, method)
+                                            for method in ("__iter__", "__len__"))
+
+
+def _len(sampler: Any) -> int | None:
+    try:
+        return len(sampler)
+    except TypeError:  # a sampler without a length
+        return None
 
 
 def _generator_seed(generator: Any) -> int:
@@ -222,21 +247,48 @@ def _generator_seed(generator: Any) -> int:
 
 
 def read_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
-    """([(absolute path, label)], classes, root, transform) of a torchvision image dataset, or of a
-    Subset (nested or not) of one. Labels go through the dataset's target_transform."""
-    indices = None
-    while hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # torch.utils.data.Subset
-        chosen = [int(i) for i in dataset.indices]
-        indices = chosen if indices is None else [chosen[i] for i in indices]
-        dataset = dataset.dataset
+    """([(absolute path, label)], classes, root, transform) of a torchvision image dataset, of a Subset of one,
+    or of a ConcatDataset of them, nested as deep as they come: sample i is the dataset's item i, as DataLoader
+    indexes it. Labels go through each dataset's target_transform. The parts of a ConcatDataset need
+    transforms that read as the same DALI graph (one graph runs for every sample); classes are kept when every
+    part lists the same."""
+    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # torch.utils.data.Subset
+        samples, classes, root, transform = read_dataset(dataset.dataset)
+        try:
+            return [samples[int(i)] for i in dataset.indices], classes, root, transform
+        except IndexError:
+            raise ValueError(f"{root}: a Subset of {type(dataset.dataset).__name__} lists an index past its "
+                             f"{len(samples)} samples") from None
+    if hasattr(dataset, "datasets") and hasattr(dataset, "cumulative_sizes"):  # torch.utils.data.ConcatDataset
+        parts = [read_dataset(part) for part in dataset.datasets]
+        _check_one_graph(parts)
+        classes = parts[0][1] if all(part[1] == parts[0][1] for part in parts) else None
+        return [sample for part in parts for sample in part[0]], classes, parts[0][2], parts[0][3]
+    return _read_image_dataset(dataset)
+
+
+def _check_one_graph(parts: list[tuple[list, list | None, str, Any]]) -> None:
+    """Refuse a ConcatDataset whose parts' transforms read as different DALI graphs, naming both."""
+    first = augment_from_transform(parts[0][3])
+    for _, _, root, transform in parts[1:]:
+        if augment_from_transform(transform) != first:
+            raise ValueError(f"ConcatDataset: {parts[0][2]} has transform {_one_line(parts[0][3])} and {root} has "
+                             f"transform {_one_line(transform)}; DaliLoader runs one DALI graph for every sample, so "
+                             f"the parts need the same transform (give them one, or keep DataLoader for this dataset)")
+
+
+def _one_line(transform: Any) -> str:
+    return " ".join(repr(transform).split())
+
+
+def _read_image_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
     if not (hasattr(dataset, "root") and hasattr(dataset, "samples")):
         raise TypeError(f"DaliLoader cannot read {type(dataset).__name__}: it reads image files in DALI, so it needs a "
-                        f"torchvision ImageFolder / DatasetFolder (anything with .root and .samples), a Subset of "
-                        f"one, or a dataset location (a folder, file list, TFRecord or WebDataset shards)")
+                        f"torchvision ImageFolder / DatasetFolder (anything with .root and .samples), a Subset or "
+                        f"ConcatDataset of them, or a dataset location (a folder, file list, TFRecord or WebDataset "
+                        f"shards)")
     _refuse_python_code(dataset)
     samples = list(dataset.samples)
-    if indices is not None:
-        samples = [samples[i] for i in indices]
     root = str(dataset.root)
     relabel = getattr(dataset, "target_transform", None)
     # torchvision lists root-joined paths; other datasets may list them relative to root: told once, by a sample
@@ -377,10 +429,16 @@ class DataLoaderAttributes:
     multiprocessing_context: Any
     batch_transform: BatchTransform | None  # applied to each batch after DALI (run/batch_mix.py)
     contract: Any  # contract.Contract: the batch size's one home on the loader
+    device: str    # where the loader's batches come out: "gpu" or "cpu"
 
     @property
     def batch_size(self) -> int:
         return self.contract.batch_size
+
+    def pins(self) -> bool:
+        """pin_memory, as DataLoader honours it: CPU batches pinned where a GPU will take them."""
+        import torch
+        return self.pin_memory and self.device == "cpu" and torch.cuda.is_available()
 
     def keep_dataloader_arguments(self, call: DataLoaderCall, num_workers: int, pin_memory: bool, timeout: float,
                                   prefetch_factor: int | None, persistent_workers: bool, generator: Any,

@@ -39,6 +39,7 @@ from dali_pipes.data.source import Source, open_source, samples_source, with_num
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
     DataLoaderAttributes,
+    DataLoaderCall,
     DatasetView,
     EpochRequests,
     SamplerView,
@@ -56,6 +57,7 @@ from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
+from dali_pipes.run.sampled import SamplerRead
 from dali_pipes.run.tuning import AUTO, fixed_knobs
 from dali_pipes.run.val_cache import ValCache
 from dali_pipes.storage import remote
@@ -145,7 +147,6 @@ class BadSampleView:
 class DaliLoader(DataLoaderAttributes, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
-    supports_elastic = True
     pipe: RankPipeline  # set by __init__; absent when it failed before (close() looks first)
 
     def __init__(self, dataset: Source | str | os.PathLike | list | Any, batch_size: int | None = 1,
@@ -183,7 +184,6 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.train, self.seed, self.val_padding = call.train, call.seed, val_padding
         self.device = resolve_device(device)
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
-        self._pin = pin_memory and self.device == "cpu" and torch.cuda.is_available()
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
         store = remote.ClientOptions.of(s3_attempts, s3_timeout)  # this loader's retries, not the process's
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
@@ -201,8 +201,9 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.position, self.val_cache = Position(), ValCache(val_cache_bytes, spec, self.augment)
         self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
-                                  sharding_check=sharding_check, tune_threads=threads == AUTO,
-                                  tune_depth=prefetch_queue_depth == AUTO, started=started)
+                                  sharding_check=sharding_check, tune_threads=threads == AUTO, started=started,
+                                  tune_depth=prefetch_queue_depth == AUTO, sampler=sampler_read(call, self))
+        self.supports_elastic = self.pipe.sampled is None or self.pipe.sampled.read.elastic_refusal() is None
         try:
             self.pipe.build()
         except BaseException:
@@ -239,9 +240,9 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         return self._cut().batches
 
     def _cut(self) -> EpochCut:
-        pipe = self.pipe
-        return self.contract.epoch_cut(pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run),
-                                       self.num_samples)
+        pipe = self.pipe  # a sampler read by drawing: its epoch's order cuts it (run/sampled.py)
+        return pipe.sampled.cut(self.position.epoch) if pipe.sampled else self.contract.epoch_cut(
+            pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run), self.num_samples)
 
     @property
     def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
@@ -281,14 +282,14 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
             self.pipe.build()  # a fresh pipeline: its slice rotation starts at this epoch
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.pipe.begin_epoch(len(self))  # the hooks' epoch: a sampler's draw, clock, tuning, image-size schedule, ...
         cut, at = self._cut(), self.position
-        self.pipe.begin_epoch(cut.batches)  # the hooks' epoch: clock, tuning, image-size schedule, ...
         while at.batch < cut.batches:
             batch = self.val_cache.next(self.pipe, cut, at.batch)  # DALI's; later val epochs' from the cache
             if batch is None:
                 break  # DALI ended the epoch first: never, as contract.py models it
             self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
-            images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self._pin,
+            images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(),
                                        self.batch_transform, (self.shard.rank, at.epoch))
             at.batch += 1
             yield images, labels
@@ -316,6 +317,13 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         """Continue exactly where `state` was taken, images included. Given every old rank's state in rank
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
         resume.restore(self.pipe, self.position, facts_of(self), state)
+
+
+def sampler_read(call: DataLoaderCall, loader: DaliLoader) -> SamplerRead | None:
+    """The sampler the loader reads by drawing its indices (run/sampled.py), or None: DALI's reader stands in.
+    With persistent workers DataLoader draws its base seed at the first epoch only; the draw does the same."""
+    persistent = loader.persistent_workers and loader.num_workers > 0
+    return SamplerRead(call.sampler, loader.generator, persistent, loader.shard) if call.drawn else None
 
 
 def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool, pin: bool,

@@ -151,3 +151,20 @@ def test_recipe_cost_alternates_the_cases_and_summarises_them(jpeg_folder, tmp_p
     assert set(result["rates"]) == set(recipe_cost.CASES) and all(len(r) == 2 for r in result["rates"].values())
     assert {"median", "min", "max", "spread", "cost_percent"} <= set(result["summary"]["mixup+cutmix"])
     assert result["mix_ms"] > 0 and result["command"].startswith("dali-pipes bench recipes")
+
+
+def test_sampler_cost_bench_quick(tmp_path):
+    """dali-pipes bench sampler: both cases, alternating rounds, the summary and the command in its JSON."""
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(8, 8, 8))
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.sampler_cost", "--data", str(data), "--batch-size",
+                          "4", "--image-size", "16", "--threads", "1", "--rounds", "2", "--epochs", "1", "--settle",
+                          "0", "--out", str(tmp_path / "sampler.json")], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(tmp_path / "sampler.json"))
+    assert {name: s["images_per_s"]["n"] for name, s in result["summary"].items()} == \
+        {"plain": 2, "WeightedRandomSampler": 2, "SubsetRandomSampler": 2}
+    assert [len(ratios) for ratios in result["round_ratios"].values()] == [2, 2]
+    assert result["batches_per_epoch"] == 6 and result["command"].startswith("dali-pipes bench sampler")
+    assert "cost of WeightedRandomSampler" in run.stdout

@@ -6,7 +6,7 @@ new specs in between."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, cast
 
 import numpy as np
 
@@ -60,8 +60,15 @@ class PipelineSpec:
         return self if augment is self.augment else replace(self, augment=augment)
 
 
+class Feed(Protocol):
+    """What reads a sampler-driven epoch in place of the source's reader (sampled.OrderFeed)."""
+
+    def dali_nodes(self, max_pixels: int | None) -> tuple:
+        """Inside a pipeline definition: (encoded images, int64 labels, identity rows)."""
+
+
 def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None = None, *, sample_ids: bool = False,
-                   stage: str = "augment", enable_checkpointing: bool = True) -> Pipeline:
+                   stage: str = "augment", enable_checkpointing: bool = True, feed: Feed | None = None) -> Pipeline:
     """An unbuilt DALI pipeline yielding (images, labels) for one rank, at DALI's `checkpoint` if given.
 
     Train: the reader shuffles through a buffer of `shuffle_buffer` samples and moves to the next slice
@@ -73,7 +80,9 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     device="gpu": images and labels come out on the GPU; labels too, as DALI's own examples return them:
     a CPU output of a GPU pipeline arrives in pageable host memory and its copy to the GPU would sync.
     `sample_ids` adds each sample's identity (delivery.py). `stage` "read" (encoded bytes) or "decode"
-    (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone."""
+    (whole images, graph.decode_only) stops the graph early: `dali-pipes profile` times each stage alone.
+    `feed` reads a sampler-driven epoch (sampled.py) instead of the source's reader: exactly the samples it
+    is given, in that order, into the same graph."""
     require_dali()  # a missing DALI is named with the wheel that fits torch
     from nvidia.dali import pipeline_def
     resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
@@ -90,10 +99,14 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
                   # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
                   enable_conditionals=spec.train and augment.auto_augment is not None or augment.png16 == "pil")
     def graph():
-        jpegs, labels, *ids = source.dali_reader(
-            name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=spec.shuffled,
-            initial_fill=spec.shuffle_buffer, pad_last_batch=True, stick_to_shard=not spec.shuffled,
-            max_pixels=spec.max_pixels, with_ids=sample_ids)
+        if feed is not None:
+            jpegs, labels, fed_ids = feed.dali_nodes(spec.max_pixels)
+            ids = [fed_ids] if sample_ids else []
+        else:
+            jpegs, labels, *ids = source.dali_reader(
+                name=READER_NAME, shard_id=shard.rank, num_shards=shard.world_size, random_shuffle=spec.shuffled,
+                initial_fill=spec.shuffle_buffer, pad_last_batch=True, stick_to_shard=not spec.shuffled,
+                max_pixels=spec.max_pixels, with_ids=sample_ids)
         # After a decode error the loader finds the culprit from the reader's position (recovery.py)
         if stage == "read":
             return jpegs, labels

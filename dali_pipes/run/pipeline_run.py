@@ -15,6 +15,8 @@ from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
 if TYPE_CHECKING:
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
+    from dali_pipes.run.sampled import OrderFeed
+
 
 class PipelineRun:
     """One rank's DALI pipeline and its iterator, over a run of rebuilds: build it fresh or at a DALI
@@ -25,31 +27,39 @@ class PipelineRun:
     `recover(error)` hears every pipeline error: it raises, or excludes the culprits, after which the
     pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
     built, so a bad sample can surface there too. `keep_checkpoints`: take the checkpoint of every batch
-    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data)."""
+    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data).
+
+    With a `feed` (sampled.py) the pipeline reads what the feed gives, not the source's reader: its epoch
+    ends where the feed's does, and the feed's next epoch starts it again (reset, never a rebuild)."""
 
     def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
-                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
+                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool,
+                 feed: OrderFeed | None = None) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
-        self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
+        self.drop, self.keep_checkpoints, self.feed = drop, keep_checkpoints, feed  # DROP: DALI's full batches only
         self.iterator: DALIGenericIterator | None = None  # None: not built, or closed
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
+        self.ended = False  # a fed pipeline read its feed's epoch end
         self._length: int | None = None  # batches per epoch of a Python-fed source (no reader to ask)
 
     def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
         """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
         graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
         require_dali()
-        self.drain_due = False
+        self.drain_due = self.ended = False
         while True:
             self.close()
             source, spec = self._inputs(checkpoint is None)
+            if self.feed is not None:
+                self.feed.bind(source)  # from the loader's position: DALI's checkpoint is the state there
             # source and spec bound now: restored_pipeline calls `define` within this turn only
-            define = lambda at, source=source, spec=spec: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
+            define = lambda at, source=source, spec=spec: build_pipeline(  # noqa: E731
+                source, spec, at, sample_ids=True, feed=self.feed)
             pipe = None
             try:
                 pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                iterator, self._length = dali_iterator(pipe, source, spec, self.drop)
+                iterator, self._length = dali_iterator(pipe, source, spec, self.drop, fed=self.feed is not None)
                 self.iterator = iterator
             except RuntimeError as error:
                 if pipe is not None:
@@ -65,10 +75,12 @@ class PipelineRun:
         """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
         while True:
             before()
+            self._restart()
             iterator = self._built()
             try:
                 (batch,) = next(iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
+                self.ended = True
                 return None
             except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
                 self._recover(error)
@@ -77,6 +89,12 @@ class PipelineRun:
             # Taken after every batch only when a recovery may need it; else read by checkpoint().
             self.last_good = iterator.checkpoints()[0] if self.keep_checkpoints else None
             return batch
+
+    def _restart(self) -> None:
+        """A fed pipeline that read its epoch's end starts the feed's next epoch."""
+        if self.ended and self.feed is not None and self.feed.has_next():
+            self.ended = False
+            self._built().reset()
 
     def drain_later(self) -> None:
         """The epoch's last batch is out: DALI's rest of the epoch is read once the loop comes back for more
@@ -123,13 +141,17 @@ class PipelineRun:
             del pipes
 
 
-def dali_iterator(pipe, source: Source, spec: PipelineSpec,
-                 drop: bool) -> tuple[DALIGenericIterator, int | None]:
+def dali_iterator(pipe, source: Source, spec: PipelineSpec, drop: bool,
+                 fed: bool = False) -> tuple[DALIGenericIterator, int | None]:
     """(DALI's iterator over `pipe`, its batches per epoch where its length cannot tell them). A DALI reader's
     metadata gives the iterator its epoch; a Python-fed source (PYTHON_FED: Parquet) ends each epoch itself
-    with StopIteration after whole batches, as many as ReaderModel.batches counts for the policy."""
+    with StopIteration after whole batches, as many as ReaderModel.batches counts for the policy. A pipeline
+    `fed` a sampler's order (sampled.py) has neither: the feed ends its epochs and starts them (_restart)."""
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     names = ["images", "labels", "ids"]
+    if fed:
+        return DALIGenericIterator(pipe, names, last_batch_policy=LastBatchPolicy.FILL, auto_reset=False,
+                                   prepare_first_batch=False), None
     if source.format.PYTHON_FED:
         length = reader_model(spec, source.num_samples, False).batches(drop)
         return DALIGenericIterator(pipe, names, last_batch_policy=LastBatchPolicy.FILL, auto_reset=True), length

@@ -23,6 +23,7 @@ from dali_pipes.run.pipeline_run import PipelineRun
 from dali_pipes.run.position import Position
 from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.remote_feed import RemoteFeed
+from dali_pipes.run.sampled import SampledEpochs, SamplerRead
 from dali_pipes.run.schedule import SizeSchedule
 from dali_pipes.run.sharding import ShardingCheck
 from dali_pipes.run.stats import LoaderClock
@@ -46,13 +47,15 @@ class RankPipeline:
                  feed: RemoteFeed, hooks: list[BatchHook], *, drop: bool, clock: LoaderClock, outage: StoreOutage):
         self.source, self.spec, self.position, self.policy, self.feed = source, spec, position, policy, feed
         self.hooks, self.clock, self.outage = hooks, clock, outage
+        self.sampled = next((h for h in hooks if isinstance(h, SampledEpochs)), None)  # a sampler's epochs, if drawn
         self.record = DeliveryRecord(source.num_samples)
         self.remainder: elastic.Remainder | None = None
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
         self.built: PipelineSpec | None = None  # the spec of the pipeline running now
         self.first_epoch, self._pending = 0, False  # the loader epoch DALI's slices rotate from; a rebuild due
         self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover),
-                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None)  # for rebuilds
+                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None,  # for rebuilds
+                               feed=self.sampled.feed if self.sampled is not None else None)
 
     @property
     def pipeline_epoch(self) -> int:  # the loader's epoch as the current pipeline counts it (ReaderModel.shard_of)
@@ -69,9 +72,7 @@ class RankPipeline:
         if not now:
             return
         started = time.perf_counter()
-        if self.spec.device == "gpu":
-            import torch
-            torch.cuda.current_stream().synchronize()  # the last batch's copy out of DALI's buffers is done
+        copies_done(self.spec)
         self.build(self.run.checkpoint())
         self.clock.event("rebuild", started, time.perf_counter(),
                          settings=f"num_threads={spec.num_threads} prefetch_queue_depth={spec.prefetch_queue_depth}")
@@ -146,8 +147,8 @@ class RankPipeline:
         if network_fault(error, self.source):
             return self.outage.wait(error, self.source)
         try:
-            self.source = self.policy.handle_failure(error, self.source, self.reader(), self.position.batch,
-                                                     self.pipeline_epoch)
+            self.source = self.policy.handle_failure(error, self.source, self.sampled or self.reader(),
+                                                     self.position.batch, self.pipeline_epoch)
         except DatasetError as failure:
             self.failure = failure
             raise
@@ -158,6 +159,13 @@ class RankPipeline:
     def close(self) -> None:
         self.run.close()
         self.feed.close()
+
+
+def copies_done(spec: PipelineSpec) -> None:
+    """On the GPU, before a pipeline is replaced: the last batch's copy out of DALI's buffers is done."""
+    if spec.device == "gpu":
+        import torch
+        torch.cuda.current_stream().synchronize()
 
 
 @dataclass(frozen=True)
@@ -172,12 +180,14 @@ class FeedOptions:
 
 def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy, *,
                   contract: Contract, feed: FeedOptions, sharding_check: bool, tune_threads: bool,
-                  tune_depth: bool, started: float | None = None) -> RankPipeline:
+                  tune_depth: bool, started: float | None = None, sampler: SamplerRead | None = None) -> RankPipeline:
     """The rank's pipeline with its hooks, in the order they run: the clock (the tuner judges its figures),
-    online tuning of the knobs left "auto", the image-size schedule, the sharding check, the outage handler.
-    s3:// data read through the shard cache is not tuned online: a rebuild would replay the epoch's shards
-    into a new cache (the remembered or default values run). Damage found while opening (skip_bad) is
-    excluded first. `started`: when the loader's construction began (perf_counter), for stats' first_batch_s."""
+    online tuning of the knobs left "auto", the image-size schedule, the sharding check, the outage handler;
+    with a `sampler` read by drawing it, its epochs (sampled.py) first, and no sharding check (the sampler
+    decides what each rank reads). s3:// data read through the shard cache is not tuned online: a rebuild
+    would replay the epoch's shards into a new cache (the remembered or default values run). Damage found
+    while opening (skip_bad) is excluded first. `started`: when the loader's construction began
+    (perf_counter), for stats' first_batch_s."""
     clock, outage = LoaderClock(started), StoreOutage(feed.store)
     if spec.device == "gpu" and policy.device_id is None:  # the bad-sample search decodes on the rank's own GPU
         policy.device_id = spec.device_id if spec.device_id is not None else cuda_device_id(spec.shard)
@@ -189,7 +199,8 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     remote = RemoteFeed(feed.mode, deepest, cache_dir=feed.cache_dir, cache_bytes=feed.cache_bytes,
                         cache_prefetch=feed.cache_prefetch, options=feed.store)
     every_sample = not (contract.drop_last or contract.sampler_drop_last)  # val promises full cover
-    hooks: list[BatchHook] = [clock, *([tuner] if tuner else []), SizeSchedule(),
-                              ShardingCheck(sharding_check, every_sample=every_sample), outage]
+    drawn = [SampledEpochs(sampler, source, contract, position)] if sampler is not None else []
+    hooks: list[BatchHook] = [*drawn, clock, *([tuner] if tuner else []), SizeSchedule(),
+                              ShardingCheck(sharding_check and not drawn, every_sample=every_sample), outage]
     return RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, drop=contract.dali_drop,
                         clock=clock, outage=outage)

@@ -27,7 +27,7 @@ import io
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 from PIL import Image
@@ -36,7 +36,6 @@ from dali_pipes.data.formats import image_files, read_sample
 from dali_pipes.data.image_check import check_image, oversized
 from dali_pipes.data.indexes import INDEX_SUFFIX
 from dali_pipes.data.labels import check_label, label_bound
-from dali_pipes.data.reader import ReaderModel
 from dali_pipes.data.samples import PADDING_LABEL, SampleRef, required
 from dali_pipes.data.source import Source
 from dali_pipes.errors import DatasetError, LabelError
@@ -44,6 +43,13 @@ from dali_pipes.run.decode_probe import dali_decodes
 from dali_pipes.storage.files import atomic_write, cache_root
 
 SHOWN = 5  # bad samples named in a message; the rest are counted
+
+
+class ReadReach(Protocol):
+    """What a pipeline can have read when a batch fails: reader.ReaderModel, or a sampler's drawn order."""
+
+    def reach(self, position: int, epoch: int) -> list[Sequence[int]]: ...
+    def window(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -90,10 +96,11 @@ class BadSamplePolicy:
         self.bad_samples: list[BadSample] = []   # excluded so far, in order
         self.excluded: list[list[SampleRef]] = []  # refs excluded by each event (re-applied on resume)
 
-    def handle_failure(self, error: RuntimeError, source: Source, reader: ReaderModel, position: int,
+    def handle_failure(self, error: RuntimeError, source: Source, reader: ReadReach, position: int,
                        epoch: int) -> Source:
         """`handle` for a batch that failed after `position` delivered batches of the pipeline's epoch
-        `epoch`: the samples the reader can have read then (reader.py's model) are searched."""
+        `epoch`: the samples the reader can have read then (reader.py's model; a sampler-driven epoch's
+        order, sampled.py) are searched."""
         return self.handle(error, source, reader.reach(position, epoch), reader.window())
 
     def handle(self, error: RuntimeError, source: Source, reach: list[Sequence[int]], window: int) -> Source:

@@ -40,6 +40,7 @@ from dali_pipes.run.delivery import unpack
 if TYPE_CHECKING:
     from dali_pipes.run.position import Position
     from dali_pipes.run.rank import RankPipeline
+    from dali_pipes.run.sampled import SamplerRead
 
 STATE_VERSION = 3
 RELEASE = f"dali_pipes {__version__}"  # in each state: an error about an old state can name its release
@@ -166,6 +167,12 @@ def restore(rank: RankPipeline, position: Position, facts: LoaderFacts, state: d
     else:
         mine = flat(state)
         check_image_sizes([mine], facts.image_size)
+    restore_flat(rank, position, facts, mine)
+
+
+def restore_flat(rank: RankPipeline, position: Position, facts: LoaderFacts, mine: dict) -> None:
+    """Put a loader where one flat state `mine`, taken on this world size, was taken."""
+    world, me = facts.identity["world_size"], facts.identity["rank"]
     check_data(mine, rank.source)
     check_fits(mine, facts.identity, facts.contract)
     base, n = mine.get("elastic_base"), facts.identity["num_samples"]
@@ -179,6 +186,15 @@ def restore(rank: RankPipeline, position: Position, facts: LoaderFacts, state: d
     rank.build(checkpoint=mine["dali"], written_by=written_by(mine))
 
 
+def replayed_draw(read: SamplerRead, states: list[dict], identity: dict) -> dict:
+    """The flat state a rank of a new world size resumes a drawn sampler's epoch from (restore_elastic)."""
+    refusal = read.elastic_refusal()
+    if refusal is not None:
+        raise ValueError(f"elastic resume refused: {refusal}. Resume on {states[0].get('world_size')} ranks (the "
+                         f"world size the states were taken on), or start the next epoch without the loader state")
+    return {**states[identity["rank"] % len(states)], "rank": identity["rank"], "world_size": identity["world_size"]}
+
+
 def written_by(state: dict) -> str:
     """The release that wrote a flat state, as far as the state tells."""
     if state.get("written_by"):
@@ -188,7 +204,11 @@ def written_by(state: dict) -> str:
 
 def restore_elastic(rank: RankPipeline, position: Position, facts: LoaderFacts, states: list[dict]) -> None:
     """Resume the old ranks' interrupted epoch on this world size (elastic.py): this rank's share of
-    what they had not delivered, then this world's own pipeline from the next epoch."""
+    what they had not delivered, then this world's own pipeline from the next epoch. A loader whose sampler
+    is drawn (sampled.py) instead continues old rank (rank mod old world size)'s draw, where the sampler's
+    draw does not depend on the world size; else the resume is refused, naming the sampler."""
+    if rank.sampled is not None:
+        return restore_flat(rank, position, facts, replayed_draw(rank.sampled.read, states, facts.identity))
     for state in states:
         check_data(state, rank.source)
     identity = facts.identity

@@ -40,6 +40,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "val-cache": ("dali_pipes_bench.val_cache", "val epochs decoded every epoch vs given from the val cache"),
     "startup": ("dali_pipes_bench.startup", "GPU: first-batch seconds and GPU memory per decoder preallocation"),
     "recipes": ("dali_pipes_bench.recipe_cost", "mixup + cutmix (each recipe extra) vs the plain loader, alternating"),
+    "sampler": ("dali_pipes_bench.sampler_cost", "a WeightedRandomSampler read exactly vs the plain loader, "
+                "alternating"),
 }
 
 

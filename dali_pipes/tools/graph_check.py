@@ -196,12 +196,16 @@ class GraphVariant:
 
 
 def _variant(name: str, source: Source, train: bool, decoder: str = "mixed", *, batch_size: int, device_id: int = 0,
-             sample_ids: bool = False, stage: str = "augment", **spec_args) -> GraphVariant:
-    """One graph as the loader builds it on a GPU: `spec_args` are PipelineSpec fields."""
+             sample_ids: bool = False, stage: str = "augment", fed: bool = False, **spec_args) -> GraphVariant:
+    """One graph as the loader builds it on a GPU: `spec_args` are PipelineSpec fields; `fed`: a sampler's
+    drawn order read through sampled.OrderFeed instead of the source's reader."""
     from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+    from dali_pipes.run.position import Position
+    from dali_pipes.run.sampled import OrderFeed
     spec = PipelineSpec(train, batch_size, "gpu", num_threads=1, device_id=device_id, shuffle_buffer=4, **spec_args)
+    feed = OrderFeed(batch_size, Position()) if fed else None
     return GraphVariant(f"{name} ({'train' if train else 'val'})",
-                        lambda: build_pipeline(source, spec, sample_ids=sample_ids, stage=stage), decoder)
+                        lambda: build_pipeline(source, spec, sample_ids=sample_ids, stage=stage, feed=feed), decoder)
 
 
 def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> list[GraphVariant]:
@@ -219,7 +223,13 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
             out.append(replace(loader_graph, host_outputs=(2,)))
         out.append(replace(variant(f"{kind} as DaliLoader builds it, hybrid", source, True, "cpu",
                                    decode_device="cpu", sample_ids=True, max_pixels=100_000_000), host_outputs=(2,)))
-    return out + _variants_of(next(iter(sources.values())), variant, batch_size)
+    # A sampler other than DistributedSampler (sampled.py): its drawn order's files read by fn.io.file.read
+    first = next(iter(sources.values()))
+    for train, decoder in ((True, "mixed"), (False, "mixed"), (True, "cpu")):
+        out.append(replace(variant(f"a sampler's drawn order{', hybrid' if decoder == 'cpu' else ''}", first, train,
+                                   decoder, sample_ids=True, fed=True, max_pixels=100_000_000,
+                                   decode_device="cpu" if decoder == "cpu" else None), host_outputs=(2,)))
+    return out + _variants_of(first, variant, batch_size)
 
 
 def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size: int) -> list[GraphVariant]:
