@@ -17,7 +17,7 @@ from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.tools.sample_data import make_sample_dataset
-from dali_pipes_bench.cli import command, configs, run_main
+from dali_pipes_bench.cli import command, configs, run_main, write_json
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -65,12 +65,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"format": name, **read_epoch(location, args.batch_size, augment, loader_cfg)})
         print(f"{name:>12}: one epoch of {rows[-1]['samples']} images on DALI {loader_cfg.device} in "
               f"{rows[-1]['seconds']:.2f} s = {rows[-1]['images_per_s']:.0f} images/s", flush=True)
-    result = json.dumps({"command": command("formats", argv), "results": rows,
-                         "configs": configs(augment=augment, loader=loader_cfg)})
-    print(result)
+    result = {"command": command("formats", argv), "results": rows,
+              "configs": configs(augment=augment, loader=loader_cfg)}
+    print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(result + "\n")
+        write_json(args.out, result)
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
 from dali_pipes.data.source import Source
 from dali_pipes.options import add_arguments, from_args
-from dali_pipes_bench.cli import command, configs, run_main
+from dali_pipes_bench.cli import command, configs, run_main, write_json
 from dali_pipes_bench.formats import format_copies
 
 CASES = ("TFRecord", "Parquet")
@@ -137,12 +137,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{rows['Parquet'][what]['min']:.0f}-{rows['Parquet'][what]['max']:.0f}), TFRecord "
               f"{rows['TFRecord'][what]['median']:.0f} ({rows['TFRecord'][what]['min']:.0f}-"
               f"{rows['TFRecord'][what]['max']:.0f}): {ratios[what]:.2f}x")
-    result = json.dumps({"command": command("parquet", argv), "samples": train.num_samples, "results": rows,
-                         "parquet_over_tfrecord": ratios, "configs": configs(augment=augment, loader=loader_cfg)})
-    print(result)
+    result = {"command": command("parquet", argv), "samples": train.num_samples, "results": rows,
+              "parquet_over_tfrecord": ratios, "configs": configs(augment=augment, loader=loader_cfg)}
+    print(json.dumps(result))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(result + "\n")
+        write_json(args.out, result)
     return 0
 
 

@@ -148,6 +148,14 @@ def numbered(request, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def folder(request, tmp_path_factory) -> str:
+    """An image folder, ROOT/<class>/<i>.jpg, with the test module's COUNTS images per class (else write_folder's)."""
+    root = tmp_path_factory.mktemp("folder") / "images"
+    write_folder(str(root), **({"counts": request.module.COUNTS} if hasattr(request.module, "COUNTS") else {}))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
 def numbered_source(numbered):
     """`numbered` opened as a Source."""
     from dali_pipes import open_source

@@ -30,18 +30,9 @@ from dali_pipes.run.batch_mix import (
     read_collate,
 )
 
-from conftest import write_folder
-
 COUNTS = (5, 4, 6)  # 15 images, 3 classes
 MODULE_MIXER = None  # a script's module-level mixer, named by a module-level lambda (a global, not a closure)
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mix") / "images"
-    write_folder(str(root), counts=COUNTS)
-    return str(root)
 
 
 @pytest.fixture

@@ -19,18 +19,9 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from dali_pipes import DaliLoader, open_source
 
-from conftest import write_folder
-
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 COUNTS = (5, 4, 6)  # 15 images: not a multiple of the batches used below
 N = sum(COUNTS)
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("swap") / "images"
-    write_folder(str(root), counts=COUNTS)
-    return str(root)
 
 
 @pytest.fixture

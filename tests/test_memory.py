@@ -15,19 +15,14 @@ import pytest
 
 from dali_pipes import DaliLoader
 
-from conftest import jpeg_bytes, write_folder
+from conftest import jpeg_bytes
 from s3_server import S3Bucket
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
 
 KW = dict(batch_size=4, device="cpu", image_size=16, num_threads=1)
 
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("memory") / "images"
-    write_folder(str(root), counts=(12, 12, 12))
-    return str(root)
+COUNTS = (12, 12, 12)  # the `folder` fixture's images per class (conftest.py)
 
 
 @pytest.fixture

@@ -8,14 +8,9 @@ import torch
 from dali_pipes import DaliLoader
 from dali_pipes.graph.transforms import TransformError, augment_from_transform, is_random
 
-from conftest import EvalPreset, TrainPreset, write_folder
+from conftest import EvalPreset, TrainPreset
 
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("transforms") / "images"
-    write_folder(str(root), counts=(2, 2, 2))
-    return str(root)
+COUNTS = (2, 2, 2)  # the `folder` fixture's images per class (conftest.py)
 
 
 @pytest.fixture
