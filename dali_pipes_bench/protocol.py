@@ -37,25 +37,31 @@ class ProtocolConfig:
     """How long and how often each case is timed; every field is also a flag (add_protocol_arguments)."""
     min_seconds: float = 30.0  # per case, all its windows together
     min_epochs: float = 3.0    # whole epochs per case, all its windows together
+    min_units: int = 1         # units (batches, epochs) per window at least
     rounds: int = MIN_ROUNDS   # alternating rounds; fewer than MIN_ROUNDS are never ranked
     warmup: int = 1            # units run untimed before a case's first window (a pipeline fills its queue)
     max_spread: float = NOISY  # (max - min) / median between a case's rounds above this: not ranked
     cold: bool = False         # drop each case's files from the page cache before each window and epoch
 
     def __post_init__(self) -> None:
-        if self.rounds < 1 or self.min_seconds < 0 or self.min_epochs < 0 or self.warmup < 0:
-            raise ValueError(f"need rounds >= 1 and min_seconds, min_epochs, warmup >= 0; got {self}")
+        if self.rounds < 1 or self.min_units < 1 or self.min_seconds < 0 or self.min_epochs < 0 or self.warmup < 0:
+            raise ValueError(f"need rounds >= 1, min_units >= 1 and min_seconds, min_epochs, warmup >= 0; got {self}")
 
 
 @dataclass
 class Case:
     """One thing to time. `step()` runs one unit (a batch, or a whole epoch) and returns the images it
-    delivered; `units_per_epoch` of them make an epoch. `files`: the data it reads (for `cold`)."""
+    delivered; `units_per_epoch` of them make an epoch. `files`: the data it reads (for `cold`).
+    `prepare()` runs before the case's warm-up and before each of its windows, `release()` after each (both
+    untimed): a case that builds its pipeline per window, so that only one is alive at a time. `close()`
+    runs once all rounds are done."""
     name: str
     step: Callable[[], int]
     units_per_epoch: int = 1
     files: Sequence[str] = ()
     close: Callable[[], None] | None = None
+    prepare: Callable[[], None] | None = None
+    release: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,19 +197,32 @@ class Runner:
             check_cold([f for case in cases for f in case.files])
         results = [CaseResult(case.name) for case in cases]
         for case in cases:
-            for _ in range(self.config.warmup):
-                case.step()
+            self._around(case, self.warm_up)
         for round_ in range(self.config.rounds):
             for case, result in zip(cases, results):
                 if self.progress is not None:
                     self.progress(f"{case.name}, round {round_ + 1}/{self.config.rounds}")
-                result.windows.append(self.window(case))
+                result.windows.append(self._around(case, self.window))
         return Comparison(results, self.config)
+
+    def warm_up(self, case: Case) -> None:
+        for _ in range(self.config.warmup):
+            case.step()
+
+    @staticmethod
+    def _around(case: Case, run: Callable[[Case], Any]) -> Any:
+        if case.prepare is not None:
+            case.prepare()
+        try:
+            return run(case)
+        finally:
+            if case.release is not None:
+                case.release()
 
     def window_size(self, case: Case) -> tuple[float, int]:
         """(seconds, units) a window of `case` lasts at least: its share of min_seconds and min_epochs."""
         rounds = self.config.rounds
-        units = max(1, math.ceil(self.config.min_epochs * case.units_per_epoch / rounds - 1e-9))
+        units = max(self.config.min_units, math.ceil(self.config.min_epochs * case.units_per_epoch / rounds - 1e-9))
         return self.config.min_seconds / rounds, units
 
     def window(self, case: Case) -> Window:
@@ -226,7 +245,8 @@ class Runner:
                 paused, paused_cpu = paused + self.clock() - t, paused_cpu + self.cpu_clock() - c
         self.sync()  # the GPU work this window queued is done before its time is read
         seconds, cpu = self.clock() - start - paused, self.cpu_clock() - cpu_start - paused_cpu
-        return Window(images, done, seconds, cpu, {name: read() - counted[name] for name, read in self.counters.items()})
+        changes = {name: read() - counted[name] for name, read in self.counters.items()}
+        return Window(images, done, seconds, cpu, changes)
 
     def _drop(self, case: Case) -> None:
         (self.drop or drop_page_cache)(case.files)

@@ -55,19 +55,23 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     data = tmp_path / "images"
     write_folder(str(data), counts=(24, 24, 24))
     env = {**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")}
-    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "profile", str(data), "--rounds", "1", "--batches",
-                          "2", "--batch-size", "8", "--image-size", "32", "--device", "cpu", "--out",
-                          str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    # 3 rounds, each window 2 batches; a spread of up to 1000% still ranked (a test machine is noisy)
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "profile", str(data), "--rounds", "3", "--batches",
+                          "2", "--min-seconds", "0", "--min-epochs", "0", "--max-spread", "10", "--batch-size", "8",
+                          "--image-size", "32", "--device", "cpu", "--out", str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.load(open(tmp_path / "out" / "profile.json"))
     cores = default_threads()
     levels = sorted({1, max(1, cores // 2), cores})
     assert [(r["stage"], r["threads"]) for r in result["rows"]] == [
         (stage, t) for t in levels for stage in ("read", "decode", "augment", "iterator")]
-    assert all(r["images_per_s"] > 0 and r["cpu_cores"] >= 0 for r in result["rows"])
-    assert result["binding_stage"].split(" ")[0] in ("read", "decode", "augment", "into")
+    assert all(r["images_per_s"] > 0 and r["cpu_cores"] >= 0 and r["min"] <= r["images_per_s"] <= r["max"] and
+               [w["units"] for w in r["windows"]] == [2, 2, 2] for r in result["rows"])
+    assert result["binding_stage"] is None or result["binding_stage"].split(" ")[0] in ("read", "decode", "augment")
+    assert set(result["stage_images_per_s"]) == {"read", "decode", "augment", "iterator"}
     threads = result["recommended"]["num_threads"]
-    assert threads in levels and f"--num-threads {threads}" in run.stdout and "binding stage:" in run.stdout
+    assert threads in levels and f"--num-threads {threads}" in run.stdout and "binding: " in run.stdout
     assert "Not measured without a GPU pipeline" in (tmp_path / "out" / "profile.md").read_text()
     assert (tmp_path / "out" / "profile.png").stat().st_size > 0
     monkeypatch.setenv("DALI_PIPES_CACHE", env["DALI_PIPES_CACHE"])
@@ -75,6 +79,29 @@ def test_profile_measures_every_stage_recommends_and_seeds_auto(tmp_path, monkey
     tuned = loader.stats()["tuned"]
     assert tuned["remembered"] and tuned["start"]["num_threads"] == threads
     loader.close()
+
+
+def test_profile_names_a_binding_stage_only_below_the_need():
+    """Issue 28: "binding stage: read" while the reader alone ran at 17-38k images/s, faster than the whole
+    graph (13-15k). A stage binds only if its own rate is below the need (the model's, or the whole path's
+    within 10%); the earliest such stage; else no single stage binds, and the rest is per-batch host cost."""
+    from dali_pipes.run.stats import Spread
+    from dali_pipes_bench.profile import binding
+    issue = {"read": Spread.of([17_000, 25_000, 38_000]), "decode": Spread.of([14_600, 14_800, 15_200]),
+             "augment": Spread.of([14_300, 14_500, 14_900]), "iterator": Spread.of([13_000, 14_000, 15_000])}
+    found = binding(issue, "iterator", 64, None)
+    assert found.stage == "decode" and "alone it gives 14,800 [14,600, 15,200] images/s" in found.text
+    assert binding(issue, "iterator", 64, need=14_700).stage == "augment"  # decode alone gives more than 14,700
+    fast = binding(issue, "iterator", 64, need=10_000)
+    assert fast.stage is None and fast.text.startswith("no stage binds: the whole path gives 14,000")
+    # every stage alone well above the whole path: the loss is the iterator's per-batch host cost
+    host = {"read": Spread.of([30_000] * 3), "decode": Spread.of([20_000] * 3), "augment": Spread.of([16_000] * 3),
+            "iterator": Spread.of([12_800] * 3)}
+    found = binding(host, "iterator", 64, None)
+    assert found.stage is None and found.text.startswith("no single stage binds: each alone is faster")
+    assert "1.00 ms per batch" in found.text  # 64 * (1/12,800 - 1/16,000) s
+    assert binding(host, "iterator", 64, None, "not ranked: spread 30% between rounds (read)").text == \
+        "not named: spread 30% between rounds (read)"
 
 
 def test_resolution_bench_quick(tmp_path):

@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable
 
+from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
+
 NOISY = 0.10  # a spread above this between repeats of one figure: too noisy to rank it against another
 
 
@@ -56,8 +58,6 @@ class Spread:
         """"1,234 [1,200, 1,260]": median [min, max], each times `scale`."""
         show = lambda v: f"{v * scale:,.{digits}f}"
         return f"{show(self.median)} [{show(self.low)}, {show(self.high)}]"
-
-from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 
 
 @dataclass

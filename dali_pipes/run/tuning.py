@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable
 
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.run.machine import default_threads, usable_cpus
+from dali_pipes.run.stats import Spread
 from dali_pipes.storage.files import atomic_write, locked
 
 if TYPE_CHECKING:
@@ -190,7 +191,10 @@ def entry_problem(entry) -> str | None:
     checks = {"num_threads": (lambda v: _is_int(v) and 1 <= v <= cores, f"an int in 1..{cores} (usable CPUs)"),
               "prefetch_queue_depth": (lambda v: _is_int(v) and v in DEPTHS, f"one of the depths searched {DEPTHS}"),
               "hw_decoder_load": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-              **{name: (lambda v: isinstance(v, str), "a string") for name in ("source", "date", "binding_stage")}}
+              **{name: (lambda v: isinstance(v, str), "a string") for name in ("source", "date", "binding_stage")},
+              "stage_images_per_s": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_number(r)
+                                                                            for k, r in v.items()),
+                                     "an object of stage names and images/s")}
     for name, (ok, expected) in checks.items():
         if name in entry and not ok(entry[name]):
             return f"{name} {entry[name]!r} is not {expected}"
@@ -229,6 +233,7 @@ class Trial:
     wall: float = 0.0   # seconds from one batch to the next
     cpu: float = 0.0    # process CPU seconds over the same spans
     started: float = field(default_factory=time.perf_counter)
+    walls: list[float] = field(default_factory=list)  # each measured batch's, for the log line's spread
 
     def per_batch(self) -> tuple[float, float, float]:
         n = max(1, self.measured)
@@ -236,8 +241,8 @@ class Trial:
 
     def describe(self) -> str:
         wait, wall, cpu = self.per_batch()
-        return (f"{self.settings}: waits {wait * 1e3:.1f} ms of {wall * 1e3:.1f} ms per batch, "
-                f"{cpu / max(wall, 1e-9):.2f} cores busy")
+        return (f"{self.settings}: waits {wait * 1e3:.1f} ms of {wall * 1e3:.1f} ms per batch (median [min, max] "
+                f"{Spread.of(self.walls).text(1e3, 1)} ms), {cpu / max(wall, 1e-9):.2f} cores busy")
 
 
 @dataclass
@@ -256,6 +261,7 @@ class Tuner:
     window: int = 0       # measured batches per trial
     max_trials: int = 0
     rank: int = 0
+    loader: str = "train"  # which loader the log lines are about: "train" or "val"
     on_trial: Callable[[Trial], None] | None = None  # hears each trial once it is measured
 
     @property
@@ -283,9 +289,10 @@ class Tuner:
             return None
         trial.measured += 1
         trial.wait, trial.wall, trial.cpu = trial.wait + wait, trial.wall + wall, trial.cpu + cpu
+        trial.walls.append(wall)
         if trial.measured < self.window:
             return None
-        log.info("tuning rank %d: trial %d: %s", self.rank, len(self.trials), trial.describe())
+        log.info("tuning rank %d, %s loader: trial %d: %s", self.rank, self.loader, len(self.trials), trial.describe())
         if self.on_trial is not None:
             self.on_trial(trial)
         following = self._next() if len(self.trials) < self.max_trials else None
@@ -346,7 +353,7 @@ class Tuner:
 
     def _finish(self, settings: Settings, why: str) -> None:
         self.done, self.chosen = True, settings
-        log.info("tuning rank %d: chose %s (%s)", self.rank, settings, why)
+        log.info("tuning rank %d, %s loader: chose %s (%s)", self.rank, self.loader, settings, why)
 
     def tuned_values(self) -> dict:
         """The chosen values of the knobs this tuner searched (a value the user fixed is not remembered)."""
@@ -369,16 +376,21 @@ def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, tune_threads: boo
     entry = recall(key) or {}
     start = Settings(entry.get("num_threads", cores) if tune_threads else spec.num_threads or cores,
                      entry.get("prefetch_queue_depth", 2) if tune_depth else spec.prefetch_queue_depth)
-    spec, rank = dataclasses.replace(spec, **dataclasses.asdict(start)), spec.shard.rank
+    spec, rank, role = dataclasses.replace(spec, **dataclasses.asdict(start)), spec.shard.rank, loader_role(spec)
     if not online:
-        log.info("tuning rank %d: not tuned online here (s3:// through the shard cache); running %s%s", rank, start,
-                 " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
+        log.info("tuning rank %d, %s loader: not tuned online here (s3:// through the shard cache); running %s%s",
+                 rank, role, start, " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
         return spec, None
-    tuner = Tuner(start, tune_threads, tune_depth, cores, remembered=bool(entry), rank=rank)
+    tuner = Tuner(start, tune_threads, tune_depth, cores, remembered=bool(entry), rank=rank, loader=role)
     if entry:
-        log.info("tuning rank %d: starting from the remembered %s (%s, %s)", rank, start, entry.get("source"),
-                 entry.get("date"))
+        log.info("tuning rank %d, %s loader: starting from the remembered %s (%s, %s)", rank, role, start,
+                 entry.get("source"), entry.get("date"))
     return spec, OnlineTuning(tuner, clock, key if spec.shard.local_rank == 0 else None)
+
+
+def loader_role(spec: PipelineSpec) -> str:
+    """"train" or "val": which loader a log line is about (a training job runs both, each tuning its own)."""
+    return "train" if spec.train else "val"
 
 
 class OnlineTuning(BatchHook):
