@@ -124,3 +124,34 @@ def test_resolution_bench_quick(tmp_path):
     assert [e["image_size"] for e in ramp["epochs"]] == [32, 48] and [e["image_size"] for e in fixed["epochs"]] == [48, 48]
     assert all(r["final_val_top1"] is not None and len(r["epochs"]) == 2 for r in (fixed, ramp))
     assert "| 48 | 1 |" in (tmp_path / "out" / folder / "resolution.md").read_text()
+
+
+def test_bench_epochs_alternates_whole_epochs_under_the_protocol_and_reads_cold(tmp_path):
+    """dali-pipes bench epochs: DaliLoader and DALIGenericIterator on the same graph, windows of whole epochs
+    back to back, alternated over 3 rounds, each window's images counted exactly; --cold drops the data
+    files from the page cache before each window and epoch (here: that it runs; a test cannot see the cache)."""
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(8, 8, 8))  # 24 images: 3 train batches of 8 an epoch
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "bench", "epochs", "--data", str(data),
+                          "--batch-size", "8", "--image-size", "32", "--threads", "1", "--step", "0", "--epochs", "6",
+                          "--rounds", "3", "--min-seconds", "0", "--cold", "--out", str(tmp_path / "epochs.json")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = json.load(open(tmp_path / "epochs.json"))["rows"]
+    assert row["protocol"]["cold"] and row["batches_per_epoch"] == 3
+    assert [r["case"] for r in row["rows"]] == ["DaliLoader", "DALIGenericIterator"]
+    for side in row["rows"]:  # 6 epochs over 3 rounds: windows of 2 epochs of 24 images
+        assert [(w["units"], w["images"]) for w in side["windows"]] == [(2, 48)] * 3
+        assert side["min"] <= side["images_per_s"] <= side["max"]
+    assert "DaliLoader / DALIGenericIterator:" in run.stdout and "page faults per epoch" in run.stdout
+
+
+def test_bench_loaders_tables_rank_nothing_whose_passes_spread_more_than_ten_percent():
+    from dali_pipes_bench.harness import Measurement, markdown_table
+    steady = Measurement("DALI cpu", "loaders", "train", {}, images_per_s=[100.0, 102.0, 101.0, 99.0, 100.0],
+                         first_batch_s=1.0, cpu_cores=1.9, host_peak_mb=500.0)
+    noisy = Measurement("DataLoader+PIL 2 workers", "loaders", "train", {}, images_per_s=[50.0, 80.0, 60.0, 55.0, 58.0],
+                        first_batch_s=1.0, cpu_cores=1.9, host_peak_mb=500.0)
+    table = markdown_table([steady.row(), noisy.row()], "DALI cpu")
+    assert "| DALI cpu | train | 100 [99, 102] | 1.00x |" in table
+    assert "| DataLoader+PIL 2 workers | train | 58 [50, 80] | not ranked: spread 52% between passes |" in table

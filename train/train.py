@@ -202,11 +202,13 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
     bar = tqdm(total=total, desc=f"epoch {epoch}", unit="step", disable=not run.is_main, leave=False)
     loss_sum = torch.zeros((), device=run.device)
     wait, samples, first_step = 0.0, 0, run.step
+    batches: list[tuple[float, float]] = []  # (asked, got) of each batch: the verdict's waits by kind
     compiles = CompileCounter() if run.args.compile else None
     start = tick = time.perf_counter()
     for images, labels in loader:
         got = time.perf_counter()
         wait += got - tick
+        batches.append((tick, got))
         run.trace.span("wait", tick, got)
         if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
             run.first_batch_s = got - run.loaders_built_at
@@ -243,7 +245,8 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
     if loader.next_batch[0] > epoch:
         run.epoch_start_step = run.step  # the epoch's training is done: the next one starts here
     seen = loader.stats() if hasattr(loader, "stats") else {}  # the DataLoader baseline has none
-    ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, seen))
+    ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, seen,
+                                                batches))
     run.trace.flush(seen.get("events", ()))
     stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
              "images_per_s": sum_over_ranks(samples) / seconds,
@@ -251,7 +254,7 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log) -> di
              "first_batch_s": run.first_batch_s, "image_size": size, **(compiles.stats() if compiles else {}),
              "partial": before > 0, **({"steps_before_resume": before} if before else {})}
     if ranks is not None:  # rank 0: every rank's figures and the verdict
-        stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.binding_stage(loader)))
+        stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.profiled_rates(loader)))
     return stats
 
 

@@ -95,7 +95,7 @@ class PeakSampler:
         self.sample()
 
 
-_TRIM_EVERY = 100  # trim at most once per this many times the last trim's cost: the cost stays under 1%
+_TRIM_EVERY = 200  # trim at most once per this many times the last trim's cost: the cost stays under 0.5%
 REFAULT_S = 2e-6  # CPU seconds to fault a released page back in (a minor fault and 4 KB zeroed: 1.5 us measured)
 _last_trim = {"at": float("-inf"), "cost": 0.0}
 
@@ -105,7 +105,7 @@ def release_free_memory_now_and_then(clock: Callable[[], float] = time.perf_coun
     must not pay a trim each: its cost is its own duration (it cost up to 5% of a 60 ms epoch on an H100)
     *and* the pages it released, which DALI's threads fault back in as they allocate again (1.5 us each;
     14,000 of them per 13-batch epoch on CPU, issue 28: with a trim each epoch the loader ran at 0.93x of
-    DALI's own iterator over short epochs). A trim waits 100 times its last cost; long epochs trim each."""
+    DALI's own iterator over short epochs). A trim waits 200 times its last cost; long epochs trim each."""
     now = clock()
     if now - _last_trim["at"] < _TRIM_EVERY * _last_trim["cost"]:
         return False
