@@ -21,9 +21,11 @@ import time
 from typing import Any, Sequence
 
 from dali_pipes import AugmentConfig, open_source
+from dali_pipes.run.stats import Spread
 from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
 from dali_pipes_bench.harness import LoaderOverhead
 from dali_pipes_bench.protocol import (
+    CaseResult,
     Comparison,
     ProtocolConfig,
     add_protocol_arguments,
@@ -58,12 +60,24 @@ def run(data: str, *, batch_size: int, image_size: int, threads: int, step: floa
 
 
 def summary(result: Comparison, **conditions: Any) -> dict:
-    rows = [{**r.row(), **{f"{name}_per_epoch": r.per_unit(name).row() for name in COUNTERS}} for r in result.results]
-    per_epoch = [f"{r.name}: the loop's thread {r.per_unit('main_thread_cpu_s').text(1e3, 1)} ms CPU, "
-                 f"{r.per_unit('minor_faults').text()} page faults per epoch" for r in result.results]
+    rows = [{**r.row(), "images_per_cpu_s": per_cpu_second(r).row(),
+             **{f"{name}_per_epoch": r.per_unit(name).row() for name in COUNTERS}} for r in result.results]
+    per_epoch = [f"{r.name}: {per_cpu_second(r).text()} images per CPU second; the loop's thread "
+                 f"{r.per_unit('main_thread_cpu_s').text(1e3, 1)} ms CPU, {r.per_unit('minor_faults').text()} page "
+                 f"faults per epoch" for r in result.results]
+    loader, bare = (per_cpu_second(result[side]).median for side in SIDES)
+    per_epoch.append(f"per CPU second, DaliLoader / DALIGenericIterator: {loader / max(bare, 1e-12):.3f}x (what "
+                     f"the wall-clock ratio is on a machine of its own: CPU-bound, every core busy)")
     return {**conditions, "protocol": vars(result.config), "rows": rows, "per_epoch": per_epoch,
+            "ratio_per_cpu_s": loader / max(bare, 1e-12),
             "median_images_per_s": {r["case"]: r["images_per_s"] for r in rows},
             "ratio": result.ratio(*SIDES), "ranking": result.ranking_text(), "lines": result.lines()}
+
+
+def per_cpu_second(result: CaseResult) -> Spread:
+    """Images per CPU second of the process, each window: on a shared machine, where the wall clock measures
+    the neighbours too, the work a side costs (every thread: DALI's and the loop's)."""
+    return Spread.of(w.images / w.cpu_seconds for w in result.windows if w.cpu_seconds > 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from train.observe import rank_figures, verdict, wait_parts
+from train.observe import Waits, rank_figures, verdict, wait_parts
 
 
 def epoch(waits: list[float], step: float = 0.015, start: float = 100.0) -> list[tuple[float, float]]:
@@ -19,10 +19,11 @@ def epoch(waits: list[float], step: float = 0.015, start: float = 100.0) -> list
 
 
 def figures(batches, events=(), rank: int = 0, images_per_batch: int = 256) -> dict:
-    wait = sum(got - asked for asked, got in batches)
+    waits = Waits()
+    for asked, got in batches:
+        waits.add(asked, got)
     seconds = batches[-1][1] - batches[0][0] + 0.015
-    return rank_figures(rank, wait, seconds, len(batches), images_per_batch * len(batches), {"events": list(events)},
-                        batches)
+    return rank_figures(rank, waits, seconds, len(batches), images_per_batch * len(batches), {"events": list(events)})
 
 
 def test_the_tuners_rebuild_and_the_start_up_are_not_input_bound():

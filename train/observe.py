@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch.distributed as dist
@@ -61,18 +62,33 @@ def wait_parts(batches: Sequence[tuple[float, float]], events: Sequence = ()) ->
             "host_s_per_batch": floor, "short_wait_fraction": beyond / steady_wall if steady_wall else 0.0}
 
 
-def rank_figures(rank: int, wait: float, seconds: float, steps: int, images: int, stats: dict,
-                 batches: Sequence[tuple[float, float]] = ()) -> dict:
+@dataclass
+class Waits:
+    """The loop's waits for data over one epoch, on time.perf_counter's clock: each batch's (asked, got), and
+    the total with the loop's last next() (the epoch's end: DALI's drain, once the sharding check)."""
+    batches: list[tuple[float, float]] = field(default_factory=list)
+    total: float = 0.0
+
+    def add(self, asked: float, got: float) -> None:
+        self.batches.append((asked, got))
+        self.total += got - asked
+
+    def end(self, asked: float, ended: float) -> None:
+        self.total += ended - asked
+
+
+def rank_figures(rank: int, waits: Waits, seconds: float, steps: int, images: int, stats: dict) -> dict:
     """This rank's epoch: wait fraction, seconds inside next() per batch, step rate, delivered and
     model rates (the model's: images per second of the epoch not spent waiting); from the loader's
     `stats` (DaliLoader.stats(); {} for a loader without), its threads and prefetch depth; from each
     batch's (asked, got), the waits by kind (wait_parts: start-up, rebuilds, tuning, steady state)."""
+    wait = waits.total
     figures = {"rank": rank, "data_wait_fraction": wait / seconds if seconds else 0.0,
                "next_s_per_batch": wait / steps if steps else 0.0, "steps_per_s": steps / seconds if seconds else 0.0,
                "images_per_s": images / seconds if seconds else 0.0,
                "model_images_per_s": images / (seconds - wait) if seconds > wait else 0.0}
     figures.update({k: stats[k] for k in ("num_threads", "prefetch_queue_depth", "cpu_cores") if k in stats})
-    return {**figures, **wait_parts(batches, stats.get("events", ()))}
+    return {**figures, **wait_parts(waits.batches, stats.get("events", ()))}
 
 
 def gather(figures: dict) -> list[dict] | None:
