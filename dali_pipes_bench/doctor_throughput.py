@@ -88,6 +88,7 @@ class LoaderRun:
         self.nvml = NvmlSampler().__enter__()
 
     def step(self) -> int:
+        assert self.batches is not None, "prepare() runs before each window"  # the protocol's order
         images, labels = next(self.batches)
         images.to("cuda", non_blocking=True)
         return len(labels)
@@ -122,7 +123,7 @@ def throughput(train_dir: str, protocol: ProtocolConfig) -> tuple[str, list[dict
     source = open_source(train_dir)
     files = source_files(source) if protocol.cold else []
     runs = {name: LoaderRun(make) for name, make in makers.items()}
-    cases = [Case(name, run.step, source.num_samples // BATCH, files, prepare=run.prepare, release=run.release)
+    cases = [Case(name, run.step, max(1, source.num_samples // BATCH), files, prepare=run.prepare, release=run.release)
              for name, run in runs.items()]
     result = compare(cases, protocol, progress=lambda what: print(f"             {what}", flush=True))
     rows = [{**result[name].row(), **run.summary()} for name, run in runs.items()]

@@ -18,7 +18,7 @@ import argparse
 import resource
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from dali_pipes import AugmentConfig, open_source
 from dali_pipes.run.stats import Spread
@@ -53,10 +53,18 @@ def run(data: str, *, batch_size: int, image_size: int, threads: int, step: floa
     files = source_files(source) if protocol.cold else ()
     batches = len(pair.bare)
     cases = [epoch_case(SIDES[0], pair.loader, each=each, files=files),
-             epoch_case(SIDES[1], pair.bare.iterator, each=each, files=files, close=pair.close)]
+             epoch_case(SIDES[1], dali_iterator(pair), each=each, files=files, close=pair.close)]
     result = compare(cases, protocol, progress=progress, counters=COUNTERS)
     return summary(result, data=data, device=device, batch_size=batch_size, image_size=image_size, threads=threads,
                    step_s=step, batches_per_epoch=batches)
+
+
+def dali_iterator(pair: LoaderOverhead) -> Iterable:
+    """The bare side: DALI's own DALIGenericIterator over the loader's graph, as DALI's examples drive it."""
+    iterator = pair.bare.iterator
+    if iterator is None:
+        raise RuntimeError("the bare DALI side has no iterator (closed?)")
+    return iterator
 
 
 def summary(result: Comparison, **conditions: Any) -> dict:

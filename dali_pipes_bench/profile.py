@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
@@ -78,30 +78,34 @@ class StageRun:
 
     def __init__(self, stage: str, source, spec: PipelineSpec, warmup: int, nvml: bool) -> None:
         self.stage, self.source, self.spec, self.warmup, self.nvml = stage, source, spec, warmup, nvml
-        self.pipe = self.run_one = self.sampler = None
+        self.pipe: Any = None  # a DALI pipeline while a window runs
+        self.run_one: Callable[[], Any] | None = None
+        self.sampler: NvmlSampler | None = None
         self.jpeg_use: list[dict] = []  # NVML's summary of each window (GPU runs)
 
     def prepare(self) -> None:
         from dali_pipes.run.pipeline import build_pipeline
         graph_stage = self.stage if self.stage in ("read", "decode") else "augment"
-        self.pipe = build_pipeline(self.source, self.spec, stage=graph_stage)
+        pipe = self.pipe = build_pipeline(self.source, self.spec, stage=graph_stage)
+        run_one: Callable[[], Any] = pipe.run
         if self.stage in ("iterator", "copy"):
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
             from dali_pipes.run.pipeline import READER_NAME
-            batches = forever(DALIGenericIterator(self.pipe, ["images", "labels"], reader_name=READER_NAME,
+            batches = forever(DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME,
                                                   auto_reset=True))
             copy = self.stage == "copy"
-            self.run_one = lambda: next(batches)[0]["images"].cuda(non_blocking=True) if copy else next(batches)
+            run_one = lambda: next(batches)[0]["images"].cuda(non_blocking=True) if copy else next(batches)
         else:
-            self.pipe.build()
-            self.run_one = self.pipe.run
+            pipe.build()
+        self.run_one = run_one
         for _ in range(self.warmup):
-            self.run_one()
+            run_one()
         if self.nvml:  # the hardware decoder's use over the window
             self.sampler = NvmlSampler().__enter__()
 
     def step(self) -> int:
+        assert self.run_one is not None, "prepare() runs before each window"  # the protocol's order, not user input
         self.run_one()
         return self.spec.batch_size
 

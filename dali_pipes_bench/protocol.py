@@ -63,6 +63,11 @@ class Case:
     prepare: Callable[[], None] | None = None
     release: Callable[[], None] | None = None
 
+    def __post_init__(self) -> None:
+        if self.units_per_epoch < 1:
+            raise ValueError(f"case {self.name!r}: units_per_epoch must be at least 1, got {self.units_per_epoch} "
+                             f"(a dataset smaller than one batch?)")
+
 
 @dataclass(frozen=True)
 class Window:
