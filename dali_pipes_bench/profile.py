@@ -8,8 +8,9 @@ Stages, each a pipeline of its own, cumulative (each adds one step to the one be
   iterator  + into torch tensors through DALIGenericIterator, as DaliLoader reads it
   copy      + the copy to the GPU (a CPU pipeline on a GPU machine; a GPU pipeline's outputs are there)
 each timed at 1, half and all usable cores (num_threads), under the measurement protocol (protocol.py):
-every case at least 30 s and 3 epochs in all, in at least 3 rounds that alternate every case (each window
-on a pipeline built afresh and warmed up), so a machine that slows down mid-run slows every case alike.
+every case at least 30 s in all (--min-epochs adds whole epochs), in at least 3 rounds that alternate every
+case (each window on a pipeline built afresh and warmed up), so a machine that slows down mid-run slows every
+case alike.
 Per case: images/s median [min, max] over the rounds, the spread, and the CPU cores busy (process CPU
 seconds per wall second). On a GPU also: the full graph at hw_decoder_load 0, 0.65 and 0.99, the hybrid
 decode (decode_device="cpu"), and the hardware JPEG decoder's use through NVML (extra [doctor]).
@@ -61,6 +62,9 @@ from dali_pipes_bench.protocol import (
 )
 
 CPU_STAGES = ("read", "decode", "augment", "iterator")
+# 30 s a case; no whole epochs asked: the stages run batch after batch, and 3 epochs of ImageNet a case (19 cases
+# on a GPU) would take hours. --min-epochs 3 asks for them on a small dataset (or for --cold: every file read).
+DEFAULTS = ProtocolConfig(min_epochs=0)
 STAGE_NAMES = {"read": "read", "decode": "decode", "augment": "augment (the rest of the graph)",
                "iterator": "into torch tensors (the iterator)", "copy": "the copy to the GPU"}
 HW_LOADS = (0.0, 0.65, 0.99)
@@ -270,7 +274,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--need", type=float, default=None, help="images/s the training step takes (say, from python -m "
                    "train's model_images_per_s): a stage binds only below it (default: the whole path's rate)")
     p.add_argument("--out", default="", help="results folder (default: $DALI_PIPES_CACHE/profile/<time>)")
-    add_protocol_arguments(p)
+    add_protocol_arguments(p, DEFAULTS)
     add_arguments(p, LoaderConfig, "the DALI loader (as DaliLoader takes them)")
     add_arguments(p, AugmentConfig, "decoding and augmentation", defaults={"channels_last": None})
     add_arguments(p, SourceConfig, "reading DATA")

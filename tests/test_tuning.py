@@ -217,7 +217,8 @@ def test_a_memory_that_is_not_one_is_absent_with_one_warning_and_replaced(tmp_pa
     ({"num_threads": 5000}, "num_threads 5000"), ({"num_threads": 1, "prefetch_queue_depth": 0},
                                                   "prefetch_queue_depth 0"),
     ({"prefetch_queue_depth": 100000}, "prefetch_queue_depth 100000"), ({"prefetch_queue_depth": 2.0}, "2.0"),
-    ({"num_threads": 1, "hw_decoder_load": 1.5}, "hw_decoder_load 1.5"), ({"source": 7}, "source 7")])
+    ({"num_threads": 1, "hw_decoder_load": 1.5}, "hw_decoder_load 1.5"), ({"source": 7}, "source 7"),
+    ({"num_threads": 1, "stage_images_per_s": {"read": "fast"}}, "stage_images_per_s")])
 def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, entry, problem):
     """Issue 24: 5,000 remembered threads were used as the start (and written back as the best); depth 0 or
     a string of threads gave a traceback naming no file. Now: absent, one warning naming the file."""
