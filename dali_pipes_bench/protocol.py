@@ -34,7 +34,7 @@ MIN_ROUNDS = 3
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    """How long and how often each case is timed; every field is also a flag (add_protocol_arguments)."""
+    """How long and how often each case is timed (add_protocol_arguments: a flag for each but min_units, warmup)."""
     min_seconds: float = 30.0  # per case, all its windows together
     min_epochs: float = 3.0    # whole epochs per case, all its windows together
     min_units: int = 1         # units (batches, epochs) per window at least
@@ -155,7 +155,7 @@ class Comparison:
         return self[name].median / max(self[reference].median, 1e-12)
 
     def ranking_text(self) -> str:
-        """"ranking: A > B (1.12x) > C (1.40x)", or why there is none."""
+        """"ranking: A > B (1.12x slower) > C (1.40x slower)", or why there is none."""
         ranked = self.ranked()
         if ranked is None:
             return str(self.unranked_because())
