@@ -299,8 +299,8 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         if remainder_done:  # a resumed epoch's rest is done: this world's own pipeline now
             self.pipe.build()
         if self.pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
-            log.warning("rank %d: %d bad samples excluded after epoch %d", self.shard.rank, len(self.bad_samples),
-                        at.epoch - 1)
+            log.warning("rank %d, %s loader: %d bad samples excluded after epoch %d", self.shard.rank,
+                        "train" if self.train else "val", len(self.bad_samples), at.epoch - 1)
         release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
 
     def stats(self) -> dict:

@@ -21,7 +21,9 @@ import tempfile
 import time
 from typing import Sequence
 
+from dali_pipes.run.stats import Spread
 from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
+from dali_pipes_bench.protocol import MIN_ROUNDS
 
 
 def train_run(data: str, threads: str, args: argparse.Namespace) -> dict:
@@ -64,10 +66,17 @@ def loader_run(data: str, threads: str, args: argparse.Namespace) -> dict:
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict:
-    second = {case: statistics.median(r["images_per_s"][1] for r in rs) for case, rs in runs.items()}
+    """Medians over the rounds, and why the cases may not be ranked: fewer than 3 rounds, or a case whose
+    rounds spread by more than 10% (the protocol's rule, protocol.py)."""
+    spreads = {case: Spread.of(r["images_per_s"][1] for r in rs) for case, rs in runs.items()}
+    second = {case: spread.median for case, spread in spreads.items()}
     first = {case: statistics.median(r["images_per_s"][0] for r in rs) for case, rs in runs.items()}
     best = max((c for c in second if c != "auto"), key=second.get)
+    rounds, noisy = min(len(rs) for rs in runs.values()), max(spreads.items(), key=lambda kv: kv[1].spread)
+    unranked = (f"not ranked: {rounds} rounds (at least {MIN_ROUNDS} are needed)" if rounds < MIN_ROUNDS else
+                f"not ranked: spread {noisy[1].spread:.0%} between rounds ({noisy[0]})" if noisy[1].noisy else None)
     return {"second_epoch_images_per_s": second, "first_epoch_images_per_s": first, "best_fixed": best,
+            "second_epoch_spread": {case: spread.spread for case, spread in spreads.items()}, "unranked": unranked,
             "auto_over_best_fixed": second["auto"] / second[best],
             "auto_first_epoch_over_best_fixed": first["auto"] / first[best]}
 
@@ -80,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--threads", nargs="+", default=["1", "2", "4"], help="the fixed counts")
-    p.add_argument("--rounds", type=int, default=2, help="alternating rounds of every case")
+    p.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="alternating rounds of every case (fewer than "
+                   f"{MIN_ROUNDS} are not ranked)")
     p.add_argument("--skip-training", action="store_true", help="the loader alone only")
     p.add_argument("--out", default="", help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -99,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = result[name]
         print(f"{name}: auto {s['second_epoch_images_per_s']['auto']:.1f} images/s in epoch 2, best fixed "
               f"({s['best_fixed']} threads) {s['second_epoch_images_per_s'][s['best_fixed']]:.1f}: "
-              f"{s['auto_over_best_fixed']:.3f}x; epoch 1 (the search): {s['auto_first_epoch_over_best_fixed']:.3f}x")
+              f"{s['auto_over_best_fixed']:.3f}x; epoch 1 (the search): {s['auto_first_epoch_over_best_fixed']:.3f}x"
+              + (f"; {s['unranked']}" if s["unranked"] else ""))
     if args.out:
         write_json(args.out, result)
     return 0

@@ -46,6 +46,7 @@ from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import usable_cpus
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
 from dali_pipes.run.procfs import PeakSampler, cpu_seconds
+from dali_pipes.run.stats import NOISY, Spread
 
 _DEFAULT_AUGMENT = AugmentConfig()  # frozen: one shared default is safe
 
@@ -561,8 +562,14 @@ def dataset_info(source: Source, sample: int = 500) -> dict:
             "mean_bytes": int(np.mean(sizes)), "mean_pixels": int(np.mean(pixels)), "measured_on": len(picks)}
 
 
+def spread_of(row: dict) -> float:
+    """(max - min) / median of a row's passes, the bare pipeline's too (loader_overhead)."""
+    return max(Spread.of(row["images_per_s"]).spread, Spread.of(row.get("reference_images_per_s") or []).spread)
+
+
 def markdown_table(rows: list[dict], baseline: str) -> str:
-    """One table per group and mode; each row's ratio is to `baseline` in the same mode."""
+    """One table per group and mode; each row's ratio is to `baseline` in the same mode, or "not ranked" when
+    its passes spread by more than 10% (protocol.py)."""
     base = {r["mode"]: r["median"] for r in rows if r["name"] == baseline and r["group"] == "loaders"}
     lines = []
     for group in dict.fromkeys(r["group"] for r in rows):
@@ -577,6 +584,9 @@ def markdown_table(rows: list[dict], baseline: str) -> str:
             if r.get("ratio") is not None:  # loader_overhead: to the bare pipeline, in the same run
                 bare = r["reference_images_per_s"]
                 versus = f"{r['ratio']:.3f}x of bare DALI ({float(np.median(bare)):.0f} images/s)"
+            noisy = spread_of(r) if spread_of(r) > NOISY else 0.0
+            if noisy:  # the protocol's rule (protocol.py): passes this far apart rank nothing
+                versus = f"not ranked: spread {noisy:.0%} between passes"
             gpu = f"{r['gpu_peak_mb']:.0f}" if r["gpu_peak_mb"] else "-"
             lines.append(f"| {r['name']} | {r['mode']} | {r['median']:.0f} [{r['min']:.0f}, {r['max']:.0f}] | "
                          f"{versus} | {r['first_batch_s']:.2f} | {r['cpu_cores']:.2f} | "

@@ -59,3 +59,20 @@ def test_missing_photographs_name_the_extra(tmp_path, monkeypatch):
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match="need"):
         SampleDatasetConfig(**bad)
+
+
+def test_sample_writes_any_size_as_a_folder_and_as_tfrecord_shards(tmp_path):
+    """dali-pipes sample --train-per-class N --tfrecord-shards K (issue 28: benchmark-scale data; tiny N here):
+    the same images, bytes and labels, as an image folder and as indexed TFRecord shards, for each split."""
+    from dali_pipes.data.formats import read_sample
+    from dali_pipes.tools.cli import main
+    out = tmp_path / "bench"
+    assert main(["sample", str(out), "--classes", "3", "--train-per-class", "5", "--val-per-class", "2",
+                 "--tfrecord-shards", "4", "--workers", "2"]) == 0
+    for split, count, shards in (("train", 15, 4), ("val", 6, 4)):
+        folder, records = open_source(str(out / split)), open_source(str(out / "tfrecord" / split))
+        assert (folder.kind, records.kind) == ("folder", "tfrecord")
+        assert folder.num_samples == records.num_samples == count and len(records.files) == shards
+        assert all(os.path.basename(f).startswith(f"{split}-") for f in records.files)
+        samples = lambda source: sorted((s.label, s.data) for s in map(read_sample, source.refs()))
+        assert samples(folder) == samples(records)

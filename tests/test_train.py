@@ -480,7 +480,8 @@ def check_observed(workdir, stdout, history):
     for h in history:
         assert [r["rank"] for r in h["ranks"]] == [0, 1]
         assert all(0 <= r["data_wait_fraction"] < 1 and r["steps_per_s"] > 0 for r in h["ranks"])
-        assert h["verdict"].startswith(f"epoch {h['epoch']}: ") and ("input-bound" in h["verdict"])
+        assert h["verdict"].startswith(f"epoch {h['epoch']}, train loader: ") and ("input-bound" in h["verdict"])
+        assert all(r["steady_batches"] + r["rebuilds"] <= h["steps"] for r in h["ranks"])
         assert h["verdict"] in stdout.splitlines()
     text = open(workdir / "trace.json").read()
     assert text.startswith("[")

@@ -156,6 +156,25 @@ def test_a_short_first_epoch_is_not_tuned_and_says_why(numbered_source, caplog):
     assert tuned(loader)["done"] and not tuned(loader)["trials"] and "too few" in caplog.text
 
 
+def test_the_tuning_lines_name_the_loader_they_are_about(numbered, caplog):
+    """Issue 28: a training job runs a train and a val loader, each tuning its own knobs; each line names which."""
+    caplog.set_level(logging.INFO, logger="dali_pipes")
+    for train in (True, False):
+        loader = DaliLoader(numbered, **{**KW, "batch_size": 16, "train": train})
+        epochs(loader, count=1)
+        loader.close()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tuning rank")]
+    assert [line.split(":")[0] for line in lines] == ["tuning rank 0, train loader", "tuning rank 0, val loader"]
+    assert all("too few" in line for line in lines)
+
+
+def test_a_trials_line_gives_its_steps_as_median_min_max():
+    trial = tuning.Trial(tuning.Settings(2, 2), measured=3, wait=0.003, wall=0.030, cpu=0.045,
+                         walls=[0.009, 0.010, 0.011])
+    assert trial.describe() == ("num_threads=2 prefetch_queue_depth=2: waits 1.0 ms of 10.0 ms per batch (median "
+                                "[min, max] 10.0 [9.0, 11.0] ms), 1.50 cores busy")
+
+
 def test_the_flag_takes_auto_or_a_count():
     assert auto_or_count("auto") == "auto" and auto_or_count("AUTO") == "auto" and auto_or_count("4") == 4
     with pytest.raises(argparse.ArgumentTypeError, match="'auto' or a count of at least 1"):
@@ -212,7 +231,8 @@ def test_a_memory_that_is_not_one_is_absent_with_one_warning_and_replaced(tmp_pa
     ({"num_threads": 5000}, "num_threads 5000"), ({"num_threads": 1, "prefetch_queue_depth": 0},
                                                   "prefetch_queue_depth 0"),
     ({"prefetch_queue_depth": 100000}, "prefetch_queue_depth 100000"), ({"prefetch_queue_depth": 2.0}, "2.0"),
-    ({"num_threads": 1, "hw_decoder_load": 1.5}, "hw_decoder_load 1.5"), ({"source": 7}, "source 7")])
+    ({"num_threads": 1, "hw_decoder_load": 1.5}, "hw_decoder_load 1.5"), ({"source": 7}, "source 7"),
+    ({"num_threads": 1, "stage_images_per_s": {"read": "fast"}}, "stage_images_per_s")])
 def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, entry, problem):
     """Issue 24: 5,000 remembered threads were used as the start (and written back as the best); depth 0 or
     a string of threads gave a traceback naming no file. Now: absent, one warning naming the file."""

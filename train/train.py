@@ -164,12 +164,12 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log: IO[st
     total, size = len(loader) - loader.next_batch[1], loader.image_size  # fewer when resumed mid-epoch
     bar = tqdm(total=total, desc=f"epoch {epoch}", unit="step", disable=not run.is_main, leave=False)
     loss_sum = torch.zeros((), device=run.device)
-    wait, samples, first_step = 0.0, 0, run.step
+    waits, samples, first_step = observe.Waits(), 0, run.step  # each batch's (asked, got): the verdict's
     compiles = CompileCounter() if run.args.compile else None
     start = tick = time.perf_counter()
     for images, labels in loader:
         got = time.perf_counter()
-        wait += got - tick
+        waits.add(tick, got)
         run.trace.span("wait", tick, got)
         if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
             run.first_batch_s = got - run.loaders_built_at
@@ -197,7 +197,7 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log: IO[st
         run.trace.span("step", got, tick, step=run.step)
         if run.preemption.stop_now():
             break  # every rank after this same step: checkpointed there by main()
-    wait += time.perf_counter() - tick  # the loop's last next(): the epoch's end and, once, the sharding check
+    waits.end(tick, time.perf_counter())  # the loop's last next(): the epoch's end and, once, the sharding check
     bar.close()
     if run.device.type == "cuda":
         torch.cuda.synchronize()  # sync point: the epoch's GPU work is done before its time is read
@@ -206,15 +206,15 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log: IO[st
     if loader.next_batch[0] > epoch:
         run.epoch_start_step = run.step  # the epoch's training is done: the next one starts here
     seen = loader.stats() if hasattr(loader, "stats") else {}  # the DataLoader baseline has none
-    ranks = observe.gather(observe.rank_figures(run.shard.rank, wait, seconds, run.step - first_step, samples, seen))
+    ranks = observe.gather(observe.rank_figures(run.shard.rank, waits, seconds, run.step - first_step, samples, seen))
     run.trace.flush(seen.get("events", ()))
     stats = {"train_loss": mean_over_ranks(loss_sum.item() / steps), "steps": bar.n,
              "images_per_s": sum_over_ranks(samples) / seconds,
-             "data_wait_fraction": mean_over_ranks(wait / seconds), "epoch_seconds": seconds,
+             "data_wait_fraction": mean_over_ranks(waits.total / seconds), "epoch_seconds": seconds,
              "first_batch_s": run.first_batch_s, "image_size": size, **(compiles.stats() if compiles else {}),
              "partial": before > 0, **({"steps_before_resume": before} if before else {})}
     if ranks is not None:  # rank 0: every rank's figures and the verdict
-        stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.binding_stage(loader)))
+        stats.update(ranks=ranks, verdict=observe.verdict(epoch, ranks, observe.profiled_rates(loader)))
     return stats
 
 

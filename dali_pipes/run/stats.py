@@ -3,14 +3,61 @@
 Timed where the loop feels it: the seconds the loop spends inside next() (its wait for data), and
 the seconds from one batch to the next (the loop's step, wait included). Also the loader's own
 events on the same clock (time.perf_counter): pipeline rebuilds and tuning trials, for a trace.
+
+`Spread` is how every repeated figure of the project is reported, median [min, max] and the spread
+between them: the tuner's trials here, the benchmarks' rounds (dali_pipes_bench/protocol.py).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Iterable
 
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
+
+NOISY = 0.10  # a spread above this between repeats of one figure: too noisy to rank it against another
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Repeats of one figure (rounds of a benchmark, batches of a tuning trial): the median, the lowest,
+    the highest, and the spread (highest - lowest) / median."""
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Spread":
+        return cls(tuple(values))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else 0.0
+
+    @property
+    def low(self) -> float:
+        return min(self.values, default=0.0)
+
+    @property
+    def high(self) -> float:
+        return max(self.values, default=0.0)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median; 0 for fewer than two values."""
+        return (self.high - self.low) / self.median if len(self.values) > 1 and self.median else 0.0
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY
+
+    def row(self) -> dict:
+        return {"median": self.median, "min": self.low, "max": self.high, "spread": self.spread}
+
+    def text(self, scale: float = 1.0, digits: int = 0) -> str:
+        """"1,234 [1,200, 1,260]": median [min, max], each times `scale`."""
+        show = lambda v: f"{v * scale:,.{digits}f}"
+        return f"{show(self.median)} [{show(self.low)}, {show(self.high)}]"
 
 
 @dataclass

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Callable
 from dali_pipes.graph.augment import AUTO_LOAD, DEFAULT_HW_LOAD, resolve_decode_device
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.run.machine import default_threads, usable_cpus
+from dali_pipes.run.stats import Spread
 from dali_pipes.storage.files import atomic_write, locked
 
 if TYPE_CHECKING:
@@ -248,7 +249,10 @@ def entry_problem(entry) -> str | None:
     checks = {"num_threads": (lambda v: _is_int(v) and 1 <= v <= cores, f"an int in 1..{cores} (usable CPUs)"),
               "prefetch_queue_depth": (lambda v: _is_int(v) and v in DEPTHS, f"one of the depths searched {DEPTHS}"),
               "hw_decoder_load": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-              **{name: (lambda v: isinstance(v, str), "a string") for name in ("source", "date", "binding_stage")}}
+              **{name: (lambda v: isinstance(v, str), "a string") for name in ("source", "date", "binding_stage")},
+              "stage_images_per_s": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_number(r)
+                                                                            for k, r in v.items()),
+                                     "an object of stage names and images/s")}
     for name, (ok, expected) in checks.items():
         if name in entry and not ok(entry[name]):
             return f"{name} {entry[name]!r} is not {expected}"
@@ -325,8 +329,8 @@ class Trial:
         wait, wall, cpu = self.per_batch()
         discarded = f", {self.discarded} window(s) discarded for a transient step" if self.discarded else ""
         return (f"{self.settings}: waits {wait * 1e3:.1f} ms (standard error {self.wait_error() * 1e3:.1f} ms) of "
-                f"{wall * 1e3:.1f} ms per batch over {self.measured} batches, {cpu / max(wall, 1e-9):.2f} cores "
-                f"busy{discarded}")
+                f"{wall * 1e3:.1f} ms per batch (median [min, max] {Spread.of(self.walls).text(1e3, 1)} ms) over "
+                f"{self.measured} batches, {cpu / max(wall, 1e-9):.2f} cores busy{discarded}")
 
 
 def wait_deviation(trials: list[Trial]) -> float:
@@ -412,6 +416,7 @@ class Tuner:
     steps: list[float] = field(default_factory=list)  # the loop's own recent step times (wall - wait)
     axis: int = 0         # the knob being searched (_next: hw_decoder_load, threads, depth)
     rank: int = 0
+    loader: str = "train"  # which loader the log lines are about: "train" or "val"
     on_trial: Callable[[Trial], None] | None = None  # hears each trial once it is measured
 
     @property
@@ -444,8 +449,8 @@ class Tuner:
         trial = self.trials[-1]
         trial.seen, self.used = trial.seen + 1, self.used + 1
         if transient:
-            log.info("tuning rank %d: trial %d: a step of %.0f ms (median %.0f ms): its window is measured again",
-                     self.rank, len(self.trials), step * 1e3, median * 1e3)
+            log.info("tuning rank %d, %s loader: trial %d: a step of %.0f ms (median %.0f ms): its window is "
+                     "measured again", self.rank, self.loader, len(self.trials), step * 1e3, median * 1e3)
             trial.discard(skip=trial.settings.prefetch_queue_depth)
         elif trial.skip:
             trial.skip -= 1
@@ -468,13 +473,13 @@ class Tuner:
         self.warmup += 1
         self.steady = steady(self.steps)
         if self.steady or self.warmup >= self.warmup_cap:
-            log.info("tuning rank %d: trials start after %d batches (%s)", self.rank, self.warmup,
-                     "steady steps" if self.steady else "steps not steady by the warm-up's cap; transient steps "
-                     "are still measured again")
+            log.info("tuning rank %d, %s loader: trials start after %d batches (%s)", self.rank, self.loader,
+                     self.warmup, "steady steps" if self.steady else "steps not steady by the warm-up's cap; "
+                     "transient steps are still measured again")
             self.trials.append(Trial(self.start, skip=0))  # its pipeline has run: nothing to settle
 
     def _trial_done(self, trial: Trial) -> Settings | None:
-        log.info("tuning rank %d: trial %d: %s", self.rank, len(self.trials), trial.describe())
+        log.info("tuning rank %d, %s loader: trial %d: %s", self.rank, self.loader, len(self.trials), trial.describe())
         if self.on_trial is not None:
             self.on_trial(trial)
         room = len(self.trials) < self.max_trials and self.used + SETTLE + self.window <= self.budget
@@ -543,7 +548,7 @@ class Tuner:
 
     def _finish(self, settings: Settings, why: str) -> None:
         self.done, self.chosen, self.decision = True, settings, f"chose {settings}: {why}"
-        log.info("tuning rank %d: %s", self.rank, self.decision)
+        log.info("tuning rank %d, %s loader: %s", self.rank, self.loader, self.decision)
 
     def searched(self) -> tuple[str, ...]:
         """The knobs this tuner searches (the others are the user's, or not searched on this decoder)."""
@@ -576,17 +581,22 @@ def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, tune_threads: boo
     start = Settings(entry.get("num_threads", cores) if tune_threads else spec.num_threads or cores,
                      entry.get("prefetch_queue_depth", 2) if tune_depth else spec.prefetch_queue_depth,
                      entry.get("hw_decoder_load", DEFAULT_HW_LOAD) if tune_hw else None)
-    spec, rank = start.apply(spec), spec.shard.rank
+    spec, rank, role = start.apply(spec), spec.shard.rank, loader_role(spec)
     if not online:
-        log.info("tuning rank %d: not tuned online here (s3:// through the shard cache); running %s%s", rank, start,
-                 " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
+        log.info("tuning rank %d, %s loader: not tuned online here (s3:// through the shard cache); running %s%s",
+                 rank, role, start, " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
         return spec, None
-    tuner = Tuner(start, tune_threads, tune_depth, cores, tune_hw=tune_hw, rank=rank)
+    tuner = Tuner(start, tune_threads, tune_depth, cores, tune_hw=tune_hw, rank=rank, loader=role)
     tuner.remembered = bool(entry) and all(k in entry for k in tuner.searched())  # else a search from the part
     if entry:
-        log.info("tuning rank %d: starting from the remembered %s (%s, %s)", rank, start, entry.get("source"),
-                 entry.get("date"))
+        log.info("tuning rank %d, %s loader: starting from the remembered %s (%s, %s)", rank, role, start,
+                 entry.get("source"), entry.get("date"))
     return spec, OnlineTuning(tuner, clock, key if spec.shard.local_rank == 0 else None)
+
+
+def loader_role(spec: PipelineSpec) -> str:
+    """"train" or "val": which loader a log line is about (a training job runs both, each tuning its own)."""
+    return "train" if spec.train else "val"
 
 
 class OnlineTuning(BatchHook):

@@ -1,5 +1,9 @@
 """The built-in ImageNet-like dataset, made from real photographs that ship inside PyPI packages.
 
+At benchmark scale (issue 28: epochs that last seconds on a GPU), `dali-pipes sample OUT --classes 1000
+--train-per-class 50 --tfrecord-shards 64` writes 50,000 train images (and val) as a folder and, with
+`write_tfrecord_copy`, as TFRecord shards.
+
 Why not noise or flat colours: decoders and augmentations run at realistic speed only on
 realistic JPEGs (photographic content, ImageNet-like sizes and qualities). Each class is one
 source photograph (classes beyond the number of photographs get a distinct colour cast), and
@@ -158,3 +162,22 @@ def make_sample_dataset(root: str, cfg: SampleDatasetConfig = SampleDatasetConfi
                           unit="img", file=sys.stderr, disable=None if progress else True))
     return {"images": len(sizes), "train": cfg.classes * cfg.train_per_class,
             "val": cfg.classes * cfg.val_per_class, "mean_bytes": int(np.mean(sizes)) if sizes else 0}
+
+
+def write_tfrecord_copy(root: str, shards: int, *, workers: int | None = None, progress: bool = True) -> dict:
+    """The dataset at ROOT (train/ and val/ image folders) also as TFRecord shards with their indexes:
+    ROOT/tfrecord/train/train-*-of-*.tfrecord and ROOT/tfrecord/val/val-*, `shards` each at most (one per
+    sample at least), through the converter (convert.py: parallel, with a progress bar). Returns
+    {split: ConvertStats}. A copy made before is replaced."""
+    from dali_pipes.data.source import open_source
+    from dali_pipes.tools.convert import write_tfrecords
+    out = {}
+    for split in ("train", "val"):
+        folder = os.path.join(root, split)
+        if not os.path.isdir(folder) or not os.listdir(folder):
+            continue
+        source = open_source(folder)
+        out[split] = write_tfrecords(source, os.path.join(root, "tfrecord", split), prefix=split,
+                                     shards=max(1, min(shards, source.num_samples)), workers=workers,
+                                     progress=progress, overwrite=True)
+    return out
