@@ -120,11 +120,12 @@ def test_ranged_reads_whole_reads_and_checked_downloads(store, tmp_path):
 
 def test_missing_bucket_and_missing_object_are_named(store):
     if store.scheme != "http":
-        word = "bucket" if store.scheme == "gs" else "container"
-        with pytest.raises(FileNotFoundError, match=f"{word} 'no-such-bucket' does not exist at http://127.0.0.1"):
-            remote.list_objects(f"{store.scheme}://no-such-bucket/train/")
-        with pytest.raises(FileNotFoundError, match=f"{word} 'no-such-bucket' does not exist"):
-            remote.head(f"{store.scheme}://no-such-bucket/train/a.tfrecord")
+        word, bucket = {"gs": ("bucket", "no-such-bucket"), "az": ("container", "no-such-bucket"),
+                        "hf": ("repository", "datasets/org/no-such-repo")}[store.scheme]
+        with pytest.raises(FileNotFoundError, match=f"{word} '{bucket}' does not exist at http://127.0.0.1"):
+            remote.list_objects(f"{store.scheme}://{bucket}/train/")
+        with pytest.raises(FileNotFoundError, match=f"{word} '{bucket}' does not exist"):
+            remote.head(f"{store.scheme}://{bucket}/train/a.tfrecord")
     with pytest.raises(FileNotFoundError, match="no such object"):
         remote.head(store.url("train/missing.tfrecord"))
 
@@ -356,3 +357,59 @@ def test_verify_reads_an_http_file_list_and_names_a_bad_image_by_its_url(http_st
     write_folder(str(tmp_path / "images"))
     with pytest.raises(SystemExit, match="http.*read-only"):  # one line, no traceback
         main(["convert", "tfrecord", str(tmp_path / "images"), http_store.url("out/"), "--workers", "1"])
+
+
+def located_tfrecord_set(store) -> str:
+    """The 209-record set of tfrecord_set on `store`, as the location a command takes: its prefix, or on http
+    (never listed) a list file of its shards."""
+    shards = tfrecord_set(store.put)
+    if store.scheme != "http":
+        return store.url("tf/")
+    return store.put("tf/shards.txt", "\n".join(remote.basename(u) for u in shards).encode())
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az", "http", "hf"])
+def test_index_builds_and_lists_each_remote_shards_count(scheme, request, tmp_path, monkeypatch, capsys):
+    from dali_pipes.tools.cli import main
+
+    from store_servers import SCHEME_FIXTURES
+    store = request.getfixturevalue(SCHEME_FIXTURES[scheme])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    location = located_tfrecord_set(store)
+    assert main(["index", location]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0] for line in lines] == [store.url(f"tf/train-{s:05d}-of-00005") for s in range(5)]
+    assert [int(line.split(": ")[1].split()[0]) for line in lines] == [42, 42, 42, 42, 41]
+    assert all(line.split(" index ")[1].startswith(str(tmp_path / "cache")) for line in lines)
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az", "http", "hf"])
+def test_profile_runs_on_each_scheme(scheme, request, tmp_path, monkeypatch):
+    import json
+
+    from store_servers import SCHEME_FIXTURES
+    store = request.getfixturevalue(SCHEME_FIXTURES[scheme])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    location = located_tfrecord_set(store)
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "profile", location, "--rounds", "1",
+                          "--batches", "2", "--warmup", "1", "--batch-size", "8", "--image-size", "16", "--device",
+                          "cpu", "--val", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(out / "profile.json"))
+    assert result["kind"] == "tfrecord" and result["rows"] and all(r["images_per_s"] > 0 for r in result["rows"])
+
+
+def test_train_from_gs(gcs, tmp_path):
+    import json
+    numbered_shards(gcs, "train", 32, 2)
+    cmd = [sys.executable, "-m", "train", "--data", gcs.url("train/"), "--device", "cpu", "--arch", "resnet10",
+           "--width", "8", "--image-size", "16", "--batch-size", "8", "--epochs", "1", "--workdir", str(tmp_path / "run"),
+           "--threads", "1", "--val-data", gcs.url("train/"), "--cache-prefetch", "2", "--num-classes", "32"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(),
+                              "DALI_PIPES_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert lines and lines[-1]["epoch"] == 0
