@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from tqdm import tqdm
 
@@ -40,6 +41,8 @@ from dali_pipes.run import tuning
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import PipelineSpec
+from dali_pipes.run.remote_feed import RemoteFeed
+from dali_pipes.storage.remote import ClientOptions
 from dali_pipes_bench.cli import data_or_builtin, run_main
 from dali_pipes_bench.doctor_throughput import NvmlSampler
 from dali_pipes_bench.harness import forever
@@ -56,27 +59,36 @@ def thread_levels(cores: int) -> list[int]:
     return sorted({1, max(1, cores // 2), cores})
 
 
-def measure(stage: str, source, spec: PipelineSpec, batches: int, warmup: int) -> dict:
-    """One case: images/s and CPU cores busy over `batches` batches after `warmup`."""
+def measure(stage: str, source, spec: PipelineSpec, batches: int, warmup: int, feed: RemoteFeed | None = None) -> dict:
+    """One case: images/s and CPU cores busy over `batches` batches after `warmup`. A remote source is read
+    through `feed` as DaliLoader reads it (remote_feed.py: the shard cache kept ahead of the reader, or DALI's
+    own reader), from the start of an epoch: a read stage then includes the fetches it waits for."""
     import torch
 
     from dali_pipes.graph._dali import shutdown_pipeline
     from dali_pipes.run.pipeline import READER_NAME, build_pipeline
     graph_stage = stage if stage in ("read", "decode") else "augment"
-    pipe = build_pipeline(source, spec, stage=graph_stage)
+    fed = source if feed is None else feed.dali_source(source, epoch=0, position=0, fresh=True)
+    pipe = build_pipeline(fed, spec, stage=graph_stage)
+    taken = itertools.count()
     try:
         if stage in ("iterator", "copy"):
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
             batches_of = forever(DALIGenericIterator(pipe, ["images", "labels"], reader_name=READER_NAME,
                                                      auto_reset=True))
 
-            def step():
+            def run_one():
                 (batch,) = next(batches_of)
                 if stage == "copy":
                     batch["images"].cuda(non_blocking=True)
         else:
             pipe.build()
-            step = pipe.run
+            run_one = pipe.run
+
+        def step():
+            if feed is not None:
+                feed.advance(0, next(taken))  # the files the reader reaches before the next batch are local
+            run_one()
         for _ in range(warmup):
             step()
         wall, cpu = time.perf_counter(), time.process_time()
@@ -125,11 +137,12 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
                         else loader.prefetch_queue_depth, max_pixels=loader.max_pixels)
     todo = cases(device, cores, augment)
     rates: dict[str, list[dict]] = {case_name(*c): [] for c in todo}
-    with tqdm(total=rounds * len(todo), desc="profile", unit="case", disable=not sys.stderr.isatty()) as bar:
+    with remote_feed(source, base, loader) as feed, \
+            tqdm(total=rounds * len(todo), desc="profile", unit="case", disable=not sys.stderr.isatty()) as bar:
         for _ in range(rounds):
             for stage, threads, extra in todo:
                 with NvmlSampler() if device == "gpu" else nullcontext() as nvml:  # hardware decoder use
-                    one = measure(stage, source, replace(base, **extra, num_threads=threads), batches, warmup)
+                    one = measure(stage, source, replace(base, **extra, num_threads=threads), batches, warmup, feed)
                 rates[case_name(stage, threads, extra)].append({**one, **(nvml.summary() if nvml else {})})
                 bar.update()
     rows = [{"case": case_name(stage, threads, extra), "stage": stage, "threads": threads,
@@ -142,6 +155,22 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
             for stage, threads, extra in todo]
     return {"data": data, "kind": source.kind, "device": device, "batch_size": batch_size, "train": train,
             "cores": cores, "rows": rows, "pipeline_args": base, **recommend(rows, device, cores)}
+
+
+@contextmanager
+def remote_feed(source, spec: PipelineSpec, loader: LoaderConfig) -> Iterator[RemoteFeed | None]:
+    """How a remote source reaches the reader, with the loader's flags (--remote-feed, --cache-*, --s3-*);
+    None for a local one. Its cache is closed (and its folder deleted) at the end."""
+    if source.remote is None:
+        yield None
+        return
+    feed = RemoteFeed(loader.remote_feed, spec, cache_dir=loader.cache_dir, cache_bytes=loader.cache_bytes,
+                      cache_prefetch=loader.cache_prefetch,
+                      options=ClientOptions.of(loader.s3_attempts, loader.s3_timeout))
+    try:
+        yield feed
+    finally:
+        feed.close()
 
 
 def _jpeg_use(rounds: list[dict]) -> dict:

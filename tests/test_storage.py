@@ -363,17 +363,18 @@ def located_tfrecord_set(store) -> str:
     """The 209-record set of tfrecord_set on `store`, as the location a command takes: its prefix, or on http
     (never listed) a list file of its shards."""
     shards = tfrecord_set(store.put)
-    if store.scheme != "http":
+    if not remote.scheme_of(store.url()).startswith("http"):
         return store.url("tf/")
     return store.put("tf/shards.txt", "\n".join(remote.basename(u) for u in shards).encode())
 
 
-@pytest.mark.parametrize("scheme", ["gs", "az", "http", "hf"])
+COMMAND_FIXTURES = {"s3": "s3", "gs": "gcs", "az": "azure", "http": "http_store", "hf": "hub"}
+
+
+@pytest.mark.parametrize("scheme", list(COMMAND_FIXTURES))
 def test_index_builds_and_lists_each_remote_shards_count(scheme, request, tmp_path, monkeypatch, capsys):
     from dali_pipes.tools.cli import main
-
-    from store_servers import SCHEME_FIXTURES
-    store = request.getfixturevalue(SCHEME_FIXTURES[scheme])
+    store = request.getfixturevalue(COMMAND_FIXTURES[scheme])
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     location = located_tfrecord_set(store)
     assert main(["index", location]) == 0
@@ -383,12 +384,10 @@ def test_index_builds_and_lists_each_remote_shards_count(scheme, request, tmp_pa
     assert all(line.split(" index ")[1].startswith(str(tmp_path / "cache")) for line in lines)
 
 
-@pytest.mark.parametrize("scheme", ["gs", "az", "http", "hf"])
+@pytest.mark.parametrize("scheme", list(COMMAND_FIXTURES))
 def test_profile_runs_on_each_scheme(scheme, request, tmp_path, monkeypatch):
     import json
-
-    from store_servers import SCHEME_FIXTURES
-    store = request.getfixturevalue(SCHEME_FIXTURES[scheme])
+    store = request.getfixturevalue(COMMAND_FIXTURES[scheme])
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     location = located_tfrecord_set(store)
     out = tmp_path / "out"
