@@ -28,6 +28,8 @@ CLEARED = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "AZURE_STOR
            "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CLIENT_ID",
            "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
            "https_proxy", "HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
+# What remote.prepare_native sets for DALI's own gs:// reader, where unset
+SET_BY_THE_LIBRARY = ("DALI_GCS_ENDPOINT_URL", "DALI_GCS_ANONYMOUS", "DALI_GCS_REQUEST_TIMEOUT_SEC")
 
 
 @dataclass
@@ -71,6 +73,9 @@ def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
     from s3_server import keep_s3_options
     for name in CLEARED:
         monkeypatch.delenv(name, raising=False)
+    for name in SET_BY_THE_LIBRARY:  # unset now and again after the test (monkeypatch restores in reverse)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setenv("NO_GCE_CHECK", "true")  # gcsfs/google-auth: never ask a metadata server
     keep_s3_options(monkeypatch)

@@ -285,6 +285,43 @@ def test_the_same_sets_read_exactly_through_every_scheme(store, local_sets, tmp_
     assert read_val(tf_location, world_size)[0] == list(range(TF_SET))
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_native_gs_reads_exactly_what_the_cache_reads(gcs, local_sets, tmp_path, monkeypatch, world_size):
+    """DALI's own GCS reader, pointed at the emulator from STORAGE_EMULATOR_HOST (remote.prepare_native)."""
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    tfrecord_set(gcs.put)
+    native = DaliLoader(gcs.url("tf/"), batch_size=8, train=False, remote_feed="native", **KW)
+    assert native.stats().get("shard_cache") is None  # DALI read the gs:// URLs itself
+    native.close()
+    assert read_val(gcs.url("tf/"), world_size, remote_feed="native") == read_val(local_sets[0], world_size)
+    assert read_val(gcs.url("tf/"), world_size, remote_feed="native")[0] == list(range(TF_SET))
+    assert (os.environ["DALI_GCS_ENDPOINT_URL"], os.environ["DALI_GCS_ANONYMOUS"]) == (gcs.endpoint, "1")
+
+
+NATIVE_GS_JOB = """
+import sys
+from dali_pipes import DaliLoader
+try:
+    list(DaliLoader(sys.argv[1], batch_size=8, train=False, remote_feed="native", s3_attempts=2, s3_timeout=2,
+                    image_size=16, device="cpu", num_threads=1))
+except Exception as error:
+    print(type(error).__name__, error)
+"""
+
+
+def test_native_gs_whose_dali_endpoint_is_unreachable_ends_in_one_connection_error(gcs, tmp_path):
+    """The store answers (the layer lists it) but DALI's reader cannot reach it (DALI_GCS_ENDPOINT_URL): a network
+    fault, not a bad sample, ending after the loader's attempts. In a process of its own: DALI keeps the GCS
+    endpoint of its first use for the life of a process."""
+    tfrecord_set(gcs.put)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "DALI_PIPES_CACHE": str(tmp_path / "cache"),
+           "DALI_GCS_ENDPOINT_URL": closed_endpoint()}
+    run = subprocess.run([sys.executable, "-c", NATIVE_GS_JOB, gcs.url("tf/")], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.stdout.startswith("UnreachableError ") and "DALI's reader failed 3 times in a row on network errors" \
+        in run.stdout and "DALI_GCS_ENDPOINT_URL" in run.stdout, run.stdout + run.stderr[-2000:]
+
+
 def test_native_feed_on_a_scheme_dali_cannot_read_says_so(azure, tmp_path, monkeypatch):
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     tfrecord_set(azure.put)

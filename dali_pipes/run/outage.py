@@ -19,11 +19,13 @@ from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import ClientOptions
 
-# What DALI's S3 reader (libcurl under the AWS SDK) says when the store, not a sample, failed.
+# What DALI's S3 reader (libcurl under the AWS SDK) and GCS reader (google-cloud-cpp: "[UNAVAILABLE] Retry
+# policy exhausted ... CURL error [7]=Could not connect to server") say when the store, not a sample, failed.
 NETWORK_MESSAGE = re.compile(
     r"curlCode: \d+|could not connect|couldn't connect|failed to connect|connection (refused|reset|timed out)|"
-    r"timeout was reached|couldn't resolve host|network_connection|unable to connect|RequestTimeout|SlowDown|"
-    r"ServiceUnavailable|InternalError|response code: 5\d\d", re.IGNORECASE)
+    r"timeout was reached|couldn't resolve host|could not resolve host|network_connection|unable to connect|"
+    r"RequestTimeout|SlowDown|ServiceUnavailable|InternalError|response code: 5\d\d|\[UNAVAILABLE\]|"
+    r"\[DEADLINE_EXCEEDED\]", re.IGNORECASE)
 REMOTE_URL = re.compile(r"(?:%s)://[^\s'\"]+" % "|".join(remote.SCHEMES))
 S3_URL = REMOTE_URL  # its earlier name
 

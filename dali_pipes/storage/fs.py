@@ -19,6 +19,7 @@ import asyncio
 import email.utils
 import errno
 import functools
+import math
 import os
 import posixpath
 from typing import Any, Iterator
@@ -207,7 +208,8 @@ class GcsBackend(FsspecBackend):
     credentials), else Google's default chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, the
     metadata server). Reads are pinned to the listed generation."""
     service = "GCS"
-    endpoint_hint = "check STORAGE_EMULATOR_HOST (an emulator) or the network, and that the server is up"
+    endpoint_hint = ("check STORAGE_EMULATOR_HOST (an emulator; DALI_GCS_ENDPOINT_URL for DALI's own reader) or "
+                     "the network, and that the server is up")
     permission_hint = "the credentials in use need storage.objects.list and storage.objects.get on the bucket"
 
     def make_fs(self, options: ClientOptions) -> Any:
@@ -231,6 +233,18 @@ class GcsBackend(FsspecBackend):
 
     def pin(self, info: ObjectInfo) -> dict:
         return {"generation": info.generation} if info.generation else {}
+
+    def native_environment(self) -> dict[str, str]:
+        """What DALI 2.4's own GCS reader (google-cloud-cpp, configured by DALI_GCS_* variables alone) needs to
+        reach the store gcsfs reaches: an emulator's endpoint, without credentials; and a deadline per read of
+        the loader's timeout (DALI_GCS_REQUEST_TIMEOUT_SEC, which bounds its retries: else about 90 s of them
+        before an unreachable store fails a read, checked on DALI 2.4)."""
+        wanted = {"DALI_GCS_REQUEST_TIMEOUT_SEC": str(max(1, math.ceil(self.options.read_timeout)))}
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator:
+            wanted.update(DALI_GCS_ENDPOINT_URL=emulator if "://" in emulator else f"http://{emulator}",
+                          DALI_GCS_ANONYMOUS="1")
+        return wanted
 
     def credentials_error(self, error: BaseException, url: str) -> Exception | None:
         if type(error).__module__.startswith("google.auth"):
