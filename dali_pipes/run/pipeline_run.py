@@ -10,6 +10,13 @@ from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
+from dali_pipes.storage import remote
+from dali_pipes.storage.remote import ClientOptions
+
+
+# What a pipeline raises that a rebuild may get past: DALI's errors (RuntimeError), and the storage layer's
+# ConnectionError raised in a Python-fed source's reads (Parquet), which DALI passes on as it is.
+PIPELINE_ERRORS = (RuntimeError, ConnectionError)
 
 
 class PipelineRun:
@@ -18,15 +25,18 @@ class PipelineRun:
 
     `inputs(fresh)` gives what to build, (source, spec), each time (the source may have
     changed: bad samples excluded, a remote feed's cache paths); `cleanup()` runs after each attempt.
-    `recover(error)` hears every pipeline error: it raises, or excludes the culprits, after which the
-    pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
+    `recover(error)` hears every pipeline error (PIPELINE_ERRORS): it raises, or excludes the culprits or
+    waits out a network fault, after which the pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
     built, so a bad sample can surface there too. `keep_checkpoints`: take the checkpoint of every batch
-    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data)."""
+    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data). `options`: the
+    loader's retries and timeouts, in force while a pipeline is defined (a Python-fed source's reads keep them)."""
 
     def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
-                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool) -> None:
+                 recover: Callable[[Exception], None], *, drop: bool, keep_checkpoints: bool,
+                 options: ClientOptions | None = None) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
         self.drop, self.keep_checkpoints = drop, keep_checkpoints  # DROP: DALI's full batches only
+        self.options = options
         self.iterator = None
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
@@ -42,9 +52,10 @@ class PipelineRun:
             define = lambda at: build_pipeline(source, spec, at, sample_ids=True)  # noqa: E731
             pipe = None
             try:
-                pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                self.iterator, self._length = dali_iterator(pipe, source, spec, self.drop)
-            except RuntimeError as error:
+                with remote.options_in_force(self.options):
+                    pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
+                    self.iterator, self._length = dali_iterator(pipe, source, spec, self.drop)
+            except PIPELINE_ERRORS as error:
                 if pipe is not None:
                     shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
                 self._recover(error)  # raises, or excludes the culprits: then build again
@@ -62,7 +73,7 @@ class PipelineRun:
                 (batch,) = next(self.iterator)  # one pipeline per rank -> one dict per step
             except StopIteration:
                 return None
-            except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
+            except PIPELINE_ERRORS as error:  # the iterator is unusable now
                 self._recover(error)
                 self.build(checkpoint=self.last_good)  # and back to the last good batch
                 continue
