@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 
 import pytest
@@ -47,20 +48,21 @@ class Store:
         return f"{self.scheme}://{self.bucket}/{key}"
 
     def file(self, key: str, revision: str = "main") -> str:
-        """Where a served folder (http, hf) keeps `key`."""
+        """Where a served folder (http, hf: of that revision) keeps `key`."""
         if self.scheme == "hf":
-            return os.path.join(str(self.admin), *self.bucket.split("/"), revision, key)
+            return os.path.join(str(self.admin), *self.bucket.split("/"), urllib.parse.quote(revision, safe=""), key)
         return os.path.join(str(self.admin), self.bucket, key)
 
-    def put(self, key: str, data: bytes) -> str:
+    def put(self, key: str, data: bytes, revision: str = "main") -> str:
+        """Store `data` at `key` (of `revision`, on the Hub mirror); its URL (naming a revision other than main)."""
         if self.scheme in ("http", "hf"):
-            path = self.file(key)
+            path = self.file(key, revision)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.write(data)
         else:
             self.admin.pipe_file(f"{self.bucket}/{key}", data)
-        return self.url(key)
+        return self.url(key) if revision == "main" else f"{self.scheme}://{self.bucket}@{revision}/{key}"
 
     def delete(self, key: str) -> None:
         if self.scheme in ("http", "hf"):
@@ -149,7 +151,7 @@ def hub_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hub_endpoint(hub_root):
     pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: pip install 'dali_pipes[hf]'")
-    with HubMirror(str(hub_root)) as server:
+    with HubMirror(str(hub_root), page_size=5) as server:  # listings of more than 5 entries come in pages
         yield server.endpoint
 
 

@@ -1,8 +1,8 @@
 """The shared storage layer (storage/remote.py, storage/fs.py) against real servers on 127.0.0.1, one per
-scheme: gcp-storage-emulator (gs://), Azurite (az://), a Range-capable HTTP file server (http://); S3 is
-tests/test_object_store.py's (moto). Faults a healthy server does not make (503s, slow replies) come from
-the latency proxy in front of a server. hf:// is not tested against a server here (no Hub on loopback):
-its URL parsing is, and its backend is the same FsspecBackend code the others run."""
+scheme: gcp-storage-emulator (gs://), Azurite (az://), a Range-capable HTTP file server (http://), a Hub
+mirror (hf://: store_servers.HubMirror answers the Hub API routes huggingface_hub's HfFileSystem uses, so
+the real HfFileSystem runs against it); S3 is tests/test_object_store.py's (moto). Faults a healthy server
+does not make (503s, slow replies) come from the latency proxy in front of a server."""
 
 import os
 import subprocess
@@ -330,6 +330,91 @@ def test_native_feed_on_a_scheme_dali_cannot_read_says_so(azure, tmp_path, monke
 
 
 # ---------------------------------------------------------------------------------------------
+# hf:// through huggingface_hub's HfFileSystem, against a local Hub mirror (store_servers.HubMirror)
+# ---------------------------------------------------------------------------------------------
+
+def test_hub_repos_are_listed_and_globbed_through_hffilesystem(hub):
+    import hashlib
+    names = ["README.md", "data/test-00000-of-00001.parquet", "data/train-00000-of-00002.parquet",
+             "data/train-00001-of-00002.parquet", "images/cat/0.jpg", "images/dog/sub/1.jpg"]
+    for name in names:
+        hub.put(name, name.encode())
+    assert keys(remote.list_objects(hub.url())) == names  # 11 entries: three pages of the mirror's 5
+    assert keys(remote.list_objects(hub.url("data/"))) == names[1:4]
+    assert keys(remote.list_objects(hub.url("data/train-*-of-00002.parquet"))) == names[2:4]
+    assert keys(remote.list_objects(hub.url("images/*/0.jpg"))) == ["images/cat/0.jpg"]
+    (info,) = remote.list_objects(hub.url("data/train-00001-of-00002.parquet"))
+    data = names[3].encode()
+    assert (info.size, info.etag) == (len(data), hashlib.sha256(data).hexdigest())  # its LFS id: the content
+    assert info == remote.head(info.url) and remote.read_range(info, 5, 10) == data[5:15]
+    with pytest.raises(FileNotFoundError, match="no objects match"):
+        remote.list_objects(hub.url("val/"))
+
+
+def test_a_revision_in_the_url_reads_that_revision(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    tfrecord_set(hub.put)  # main: 209 records
+    for revision, n in (("v1.0", 20), ("refs/convert/parquet", 30)):
+        for s in range(2):
+            hub.put(f"tf/train-{s:05d}-of-00002", b"".join(tfrecord.frame_record(tfrecord.encode_example(
+                {"image/encoded": jpeg_bytes(i), "image/class/label": i})) for i in range(s, n, 2)), revision)
+    assert RemoteUrl.parse(f"hf://{hub.bucket}@refs/convert/parquet/tf/a") == \
+        RemoteUrl("hf", f"{hub.bucket}@refs/convert/parquet", "tf/a")
+    assert read_val(hub.url("tf/"), 1)[0] == list(range(TF_SET))
+    assert read_val(f"hf://{hub.bucket}@v1.0/tf/", 2)[0] == list(range(20))
+    assert read_val(f"hf://{hub.bucket}@refs/convert/parquet/tf/", 2)[0] == list(range(30))
+    assert remote.list_objects(f"hf://{hub.bucket}@v1.0/tf/")[0].url == f"hf://{hub.bucket}@v1.0/tf/train-00000-of-00002"
+    with pytest.raises(FileNotFoundError, match=f"revision 'v9' of {hub.bucket} does not exist at http://127.0.0.1"):
+        remote.list_objects(f"hf://{hub.bucket}@v9/tf/")
+
+
+def test_hf_token_goes_as_a_bearer_header_and_each_refusal_is_one_line_not_retried(tmp_path, monkeypatch, caplog):
+    """A mirror where every repo is private to one token (and one is gated): read exactly with HF_TOKEN; without
+    it, with a wrong one, a missing repo, a gated file: each a one-line error, raised at once (no retries)."""
+    from dali_pipes.tools.cli import main
+
+    from store_servers import HubMirror, Store, point_hf_at
+    root = tmp_path / "hub"
+    private, gated = (Store("hf", f"datasets/org/{name}", "", root) for name in ("private", "gated"))
+    tfrecord_set(private.put)
+    gated.put("tf/a.tfrecord", b"x" * 16)
+    with HubMirror(str(root), token="hf_secret", gated=(gated.bucket,)) as server:
+        point_hf_at(monkeypatch, server.endpoint, str(tmp_path / "hf-home"))
+        monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+        refusals = []
+        with pytest.raises(PermissionError, match="answered 401 to a request without a token: the repository is "
+                                                  "private or gated, or does not exist; set HF_TOKEN") as error:
+            remote.list_objects(private.url("tf/"))
+        refusals.append(error.value)
+        with pytest.raises(SystemExit, match="error: .*set HF_TOKEN"):  # dali-pipes and python -m train alike
+            main(["index", private.url("tf/")])
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+        with pytest.raises(PermissionError, match=r"refused HF_TOKEN \(401\)") as error:
+            remote.list_objects(private.url("tf/"))
+        refusals.append(error.value)
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")  # the mirror answers nothing without it
+        assert read_val(private.url("tf/"), 2)[0] == list(range(TF_SET))
+        with pytest.raises(FileNotFoundError, match="repository 'datasets/org/missing' does not exist") as error:
+            remote.list_objects("hf://datasets/org/missing/tf/")
+        refusals.append(error.value)
+        (info,) = remote.list_objects(gated.url("tf/"))  # a gated repo's files are listed, not read
+        with pytest.raises(PermissionError, match=r"access denied by http://127.0.0.1:\d+ \(403\); .*gated") as error:
+            remote.read_range(info, 0, 4)
+        refusals.append(error.value)
+    assert all("\n" not in str(e) for e in refusals)
+    assert not [r for r in caplog.records if "trying again" in r.getMessage()]
+
+
+def test_converting_to_hf_is_refused_in_one_line(hub, tmp_path):
+    from dali_pipes.tools.cli import main
+
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    with pytest.raises(SystemExit, match="hf:// locations are read-only here.*hf upload"):
+        main(["convert", "tfrecord", str(tmp_path / "images"), hub.url("out/"), "--workers", "1"])
+
+
+# ---------------------------------------------------------------------------------------------
 # Outages: as S3's (a short one ridden out with the same batches, a long one a ConnectionError)
 # ---------------------------------------------------------------------------------------------
 
@@ -441,8 +526,9 @@ def test_train_from_gs(gcs, tmp_path):
     import json
     numbered_shards(gcs, "train", 32, 2)
     cmd = [sys.executable, "-m", "train", "--data", gcs.url("train/"), "--device", "cpu", "--arch", "resnet10",
-           "--width", "8", "--image-size", "16", "--batch-size", "8", "--epochs", "1", "--workdir", str(tmp_path / "run"),
-           "--threads", "1", "--val-data", gcs.url("train/"), "--cache-prefetch", "2", "--num-classes", "32"]
+           "--width", "8", "--image-size", "16", "--batch-size", "8", "--epochs", "1", "--workdir",
+           str(tmp_path / "run"), "--threads", "1", "--val-data", gcs.url("train/"), "--cache-prefetch", "2",
+           "--num-classes", "32"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(),
                               "DALI_PIPES_CACHE": str(tmp_path / "cache")})

@@ -50,6 +50,8 @@ class StoreOutage(BatchHook):
         self.options = options  # the loader's retries; None: the process's default
 
     def wait(self, error: BaseException, source: Source) -> None:
+        if not network_fault(error, source):
+            raise error  # not the network's (a ConnectionError of a local source): not this handler's to wait out
         options = self.options or remote.current_options()
         named = [u for u in REMOTE_URL.findall(str(error)) if any(u == o.url for o in source.remote)]
         url = named[0] if named else source.remote[0].url

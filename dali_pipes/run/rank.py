@@ -52,8 +52,7 @@ class RankPipeline:
         self.first_epoch, self.built = 0, None  # first_epoch: the loader epoch DALI's slice rotation counts from
         self._pending = False  # a rebuild with self.spec asked for, before the next batch
         self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover),
-                               drop=drop, keep_checkpoints=policy.skip or source.remote is not None,  # rebuilt after
-                               options=feed.options)
+                               drop=drop, keep_checkpoints=policy.skip or bool(source.remote), options=feed.options)
 
     @property
     def pipeline_epoch(self) -> int:  # the loader's epoch as the current pipeline counts it (ReaderModel.shard_of)
@@ -144,10 +143,8 @@ class RankPipeline:
 
     def _recover(self, error: Exception) -> None:
         """A network fault waits for the store (outage.py), never a culprit search; else the bad-sample policy."""
-        if network_fault(error, self.source):
+        if network_fault(error, self.source) or not isinstance(error, RuntimeError):  # wait raises the latter
             return self.outage.wait(error, self.source)
-        if not isinstance(error, RuntimeError):
-            raise error  # not DALI's own error, nor a remote source's network fault: not a bad sample either
         try:
             self.source = self.policy.handle_failure(error, self.source, self.reader(), self.position.batch,
                                                      self.pipeline_epoch)
