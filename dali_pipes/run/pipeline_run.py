@@ -13,7 +13,6 @@ from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import ClientOptions
 
-
 # What a pipeline raises that a rebuild may get past: DALI's errors (RuntimeError), and the storage layer's
 # ConnectionError raised in a Python-fed source's reads (Parquet), which DALI passes on as it is.
 PIPELINE_ERRORS = (RuntimeError, ConnectionError)
@@ -26,10 +25,11 @@ class PipelineRun:
     `inputs(fresh)` gives what to build, (source, spec), each time (the source may have
     changed: bad samples excluded, a remote feed's cache paths); `cleanup()` runs after each attempt.
     `recover(error)` hears every pipeline error (PIPELINE_ERRORS): it raises, or excludes the culprits or
-    waits out a network fault, after which the pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
-    built, so a bad sample can surface there too. `keep_checkpoints`: take the checkpoint of every batch
-    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data). `options`: the
-    loader's retries and timeouts, in force while a pipeline is defined (a Python-fed source's reads keep them)."""
+    waits out a network fault, after which the pipeline is built again at the last good checkpoint. The
+    iterator runs the first batch while it is built, so a bad sample can surface there too.
+    `keep_checkpoints`: take the checkpoint of every batch (only where an error may need a rebuild there:
+    skip_bad, network faults of remote data). `options`: the loader's retries and timeouts, in force while a
+    pipeline is defined (a Python-fed source's reads keep them)."""
 
     def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
                  recover: Callable[[Exception], None], *, drop: bool, keep_checkpoints: bool,

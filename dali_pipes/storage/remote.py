@@ -334,7 +334,7 @@ def prepare_native(url: str, options: ClientOptions | None = None) -> dict[str, 
     """Set, where unset, the variables DALI's own reader of `url`'s scheme needs to reach the store this layer
     reaches (a backend's `native_environment`: gs:// DALI_GCS_*); DALI is configured by nothing else, and reads
     them when its client is first made in a process. Returns those set now."""
-    wanted = getattr(backend_for(url, options), "native_environment", dict)()
+    wanted: dict[str, str] = getattr(backend_for(url, options), "native_environment", dict)()
     added = {name: value for name, value in wanted.items() if name not in os.environ}
     os.environ.update(added)
     if added:
