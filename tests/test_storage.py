@@ -145,12 +145,13 @@ def test_object_changed_or_deleted_after_listing_is_an_error(store, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("scheme", ["gs", "az", "http"])
-def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monkeypatch):
-    from store_servers import _clear
-    _clear(monkeypatch)
+@pytest.mark.parametrize("scheme", ["gs", "az", "http", "hf"])
+def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monkeypatch, tmp_path):
+    from store_servers import point_hf_at
     closed = closed_endpoint()
-    url = {"gs": "gs://any-bucket/train/", "az": "az://any/train/", "http": f"{closed}/train/a.tfrecord"}[scheme]
+    point_hf_at(monkeypatch, closed, str(tmp_path / "hf-home"))
+    url = {"gs": "gs://any-bucket/train/", "az": "az://any/train/", "http": f"{closed}/train/a.tfrecord",
+           "hf": "hf://datasets/org/any/train/"}[scheme]
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", closed)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
                        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
