@@ -82,12 +82,14 @@ class LoaderConfig:
 
 
 def run_cli(main: Callable[[_Args], _Result], args: _Args) -> _Result:
-    """Run a command's main; bad data ends it with the one-line message, not a traceback."""
+    """Run a command's main; bad data, missing credentials or access (PermissionError) and a store that stays
+    unreachable after its retries end it with the one-line message, not a traceback."""
     from dali_pipes.errors import DatasetError
     from dali_pipes.storage.files import DiskFullError
+    from dali_pipes.storage.remote import UnreachableError
     try:
         return main(args)
-    except (DatasetError, FileNotFoundError, DiskFullError) as e:
+    except (DatasetError, FileNotFoundError, PermissionError, UnreachableError, DiskFullError) as e:
         sys.exit(f"error: {e}")
 
 

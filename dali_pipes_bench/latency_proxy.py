@@ -47,12 +47,14 @@ class Fault:
     """Requests whose path contains `path_contains` (and whose method is `method`, if given) fail:
     with `status` they are answered with that HTTP status and an S3 error body, not forwarded; with
     `truncate_at` they are forwarded but the response body stops after that many bytes and the
-    connection closes. `times` limits how many requests it hits (None: all)."""
+    connection closes. `times` limits how many requests it hits (None: all); `cleared_by` (a method,
+    "HEAD") ends it at the first such request on a matching path: a store that is back once probed."""
     path_contains: str
     method: str | None = None
     status: int | None = None
     truncate_at: int | None = None
     times: int | None = None
+    cleared_by: str | None = None
 
     def matches(self, method: str, path: str) -> bool:
         return (self.times is None or self.times > 0) and self.path_contains in path \
@@ -128,6 +130,8 @@ class LatencyProxy:
         with self._lock:
             self._counts[method] += 1
             for fault in self._faults:
+                if fault.cleared_by == method and fault.path_contains in path:
+                    fault.times = 0
                 if fault.matches(method, path):
                     if fault.times is not None:
                         fault.times -= 1

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tqdm import tqdm
 
@@ -47,7 +49,9 @@ from dali_pipes.run import tuning
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import PipelineSpec
+from dali_pipes.run.remote_feed import RemoteFeed
 from dali_pipes.run.stats import NOISY, Spread
+from dali_pipes.storage.remote import ClientOptions
 from dali_pipes_bench.cli import data_or_builtin, run_main
 from dali_pipes_bench.doctor_throughput import NvmlSampler
 from dali_pipes_bench.harness import forever
@@ -78,10 +82,14 @@ def thread_levels(cores: int) -> list[int]:
 
 class StageRun:
     """One case of the profile as the protocol times it: its pipeline built before each window (then
-    `warmup` batches run untimed, so its queue is full) and shut down after, so one is alive at a time."""
+    `warmup` batches run untimed, so its queue is full) and shut down after, so one is alive at a time. A
+    remote source is read through `feed` as DaliLoader reads it (remote_feed.py: the shard cache kept ahead of
+    the reader, or DALI's own reader), from the start of an epoch: a read stage then includes the fetches."""
 
-    def __init__(self, stage: str, source, spec: PipelineSpec, warmup: int, nvml: bool) -> None:
+    def __init__(self, stage: str, source, spec: PipelineSpec, warmup: int, nvml: bool,
+                 feed: RemoteFeed | None = None) -> None:
         self.stage, self.source, self.spec, self.warmup, self.nvml = stage, source, spec, warmup, nvml
+        self.feed, self.taken = feed, itertools.count()
         self.pipe: Any = None  # a DALI pipeline while a window runs
         self.run_one: Callable[[], Any] | None = None
         self.sampler: NvmlSampler | None = None
@@ -90,7 +98,10 @@ class StageRun:
     def prepare(self) -> None:
         from dali_pipes.run.pipeline import build_pipeline
         graph_stage = self.stage if self.stage in ("read", "decode") else "augment"
-        pipe = self.pipe = build_pipeline(self.source, self.spec, stage=graph_stage)
+        fed, self.taken = self.source, itertools.count()
+        if self.feed is not None:  # a fresh pipeline reads from the epoch's start
+            fed = self.feed.dali_source(self.source, epoch=0, position=0, fresh=True)
+        pipe = self.pipe = build_pipeline(fed, self.spec, stage=graph_stage)
         run_one: Callable[[], Any] = pipe.run
         if self.stage in ("iterator", "copy"):
             from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -104,13 +115,18 @@ class StageRun:
             pipe.build()
         self.run_one = run_one
         for _ in range(self.warmup):
-            run_one()
+            self._one()
         if self.nvml:  # the hardware decoder's use over the window
             self.sampler = NvmlSampler().__enter__()
 
-    def step(self) -> int:
+    def _one(self) -> None:
         assert self.run_one is not None, "prepare() runs before each window"  # the protocol's order, not user input
+        if self.feed is not None:
+            self.feed.advance(0, next(self.taken))  # the files the reader reaches before the next batch are local
         self.run_one()
+
+    def step(self) -> int:
+        self._one()
         return self.spec.batch_size
 
     def release(self) -> None:
@@ -160,11 +176,13 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
                         prefetch_queue_depth=2 if loader.prefetch_queue_depth == tuning.AUTO
                         else loader.prefetch_queue_depth, max_pixels=loader.max_pixels)
     todo = cases(device, cores, augment)
-    runs = [StageRun(stage, source, replace(base, **extra, num_threads=threads), warmup, device == "gpu")
-            for stage, threads, extra in todo]
     per_epoch = -(-source.num_samples // batch_size)  # the reader pads the last batch
     files = source_files(source) if protocol.cold else []
-    with tqdm(total=protocol.rounds * len(todo), desc="profile", unit="case", disable=not sys.stderr.isatty()) as bar:
+    quiet = not sys.stderr.isatty()
+    with remote_feed(source, base, loader) as feed, \
+            tqdm(total=protocol.rounds * len(todo), desc="profile", unit="case", disable=quiet) as bar:
+        runs = [StageRun(stage, source, replace(base, **extra, num_threads=threads), warmup, device == "gpu", feed)
+                for stage, threads, extra in todo]
         result = compare([run.case(case_name(*c), per_epoch, files) for run, c in zip(runs, todo)], protocol,
                          progress=lambda _: bar.update())
     rows = [{**result[case_name(stage, threads, extra)].row(), "stage": stage, "threads": threads,
@@ -174,6 +192,22 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
     return {"data": data, "kind": source.kind, "device": device, "batch_size": batch_size, "train": train,
             "cores": cores, "rows": rows, "pipeline_args": base, "protocol": vars(protocol),
             "ranking": result.ranking_text(), **recommend(result, rows, cores, batch_size, need)}
+
+
+@contextmanager
+def remote_feed(source, spec: PipelineSpec, loader: LoaderConfig) -> Iterator[RemoteFeed | None]:
+    """How a remote source reaches the reader, with the loader's flags (--remote-feed, --cache-*, --s3-*);
+    None for a local one. Its cache is closed (and its folder deleted) at the end."""
+    if source.remote is None:
+        yield None
+        return
+    feed = RemoteFeed(loader.remote_feed, spec, cache_dir=loader.cache_dir, cache_bytes=loader.cache_bytes,
+                      cache_prefetch=loader.cache_prefetch,
+                      options=ClientOptions.of(loader.s3_attempts, loader.s3_timeout))
+    try:
+        yield feed
+    finally:
+        feed.close()
 
 
 def _jpeg_use(rounds: list[dict]) -> dict:

@@ -16,7 +16,7 @@ from dali_pipes.errors import LabelError
 
 from conftest import jpeg_bytes
 
-pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
+pytest_plugins = ["s3_server", "store_servers"]  # fixtures: s3 (a bucket on a local moto server), hub (a Hub mirror)
 
 datasets = pytest.importorskip("datasets", reason="the tests write Parquet with Hugging Face datasets")
 pa = pytest.importorskip("pyarrow")
@@ -348,6 +348,41 @@ def test_an_s3_parquet_dataset_resumes_exactly(s3_parquet):
     resumed = DaliLoader(s3_parquet, train=True, **KW)
     resumed.load_state_dict(stopped.state_dict())
     assert same(batches(resumed, 2), whole[1:])
+
+
+@pytest.fixture
+def hub_parquet(hf, request, tmp_path, monkeypatch):
+    """The datasets-written files in a dataset repo of the Hub mirror, in the Hub's layout (data/train-0000k-of-
+    00002.parquet, a test split beside them, a README at the root); the glob of the train split."""
+    hub = request.getfixturevalue("hub")
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    for name in sorted(os.listdir(hf)):
+        if name.endswith(".parquet"):
+            with open(os.path.join(hf, name), "rb") as f:
+                hub.put(f"data/{name}", f.read())
+    hub.put("data/test-00000-of-00001.parquet", open(write_plain_parquet(tmp_path / "test.parquet", 5), "rb").read())
+    hub.put("README.md", b"---\nlicense: mit\n---\n")
+    return hub.url("data/train-*.parquet")
+
+
+def test_a_hub_parquet_dataset_reads_exactly_on_one_and_two_ranks(hub_parquet):
+    """The Hub's main use: an image dataset published as Parquet, read through HfFileSystem's URL handling."""
+    source = open_source(hub_parquet)
+    assert source.kind == "parquet" and source.remote is not None and len(source.files) == 2
+    assert source.classes == [f"c{i:03d}" for i in range(N)]
+    assert [(s.data, s.label) for s in source.iter_samples()] == [(image(i), i) for i in range(N)]
+    assert epoch(ranks(hub_parquet, 1, False, val_padding="none")) == [list(range(N))]
+    per_rank = epoch(ranks(hub_parquet, 2, False, val_padding="none"))
+    assert per_rank[0] + per_rank[1] == list(range(N))
+    train = epoch(ranks(hub_parquet, 2, True))
+    assert len(train[0] + train[1]) == len(set(train[0] + train[1])) == 2 * (N // 2 // BATCH) * BATCH
+
+
+def test_a_hub_repo_root_names_where_its_parquet_files_are(hub_parquet):
+    root = hub_parquet.split("data/")[0]
+    with pytest.raises(DatasetError, match=r"no images found.*3 shards are in subfolders \(data/test-00000-of-00001"
+                                           r"\.parquet ...\): point at them, e.g. .*data/, or at one split's files"):
+        open_source(root)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,11 +40,11 @@ def test_train_file_list_from_s3_through_a_small_cache(s3, tmp_path, monkeypatch
 
 
 # ---------------------------------------------------------------------------------------------
-# Network faults are not bad samples: an outage of the store mid-epoch, in both feeds
+# Network faults are not bad samples: an outage of the store mid-epoch, in both feeds and in Parquet's
 # ---------------------------------------------------------------------------------------------
 # DALI's S3 reader keeps the endpoint it first used for the life of the process, so each case runs in
 # a process of its own (tests/s3_outage_job.py), with a proxy in front of this session's moto server
-# that the job stops and starts.
+# that the job stops and starts (or, for Parquet, makes fail until probed).
 
 def outage_job(s3, moto_endpoint, tmp_path, feed: str, outage: str) -> dict:
     import json
@@ -59,7 +59,7 @@ def outage_job(s3, moto_endpoint, tmp_path, feed: str, outage: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("feed", ["cache", "native"])
+@pytest.mark.parametrize("feed", ["cache", "native", "parquet"])
 def test_a_2_s_outage_mid_epoch_is_ridden_out_with_the_same_batches(s3, moto_endpoint, tmp_path, feed):
     for attempt in range(4):  # DALI's reader sometimes has what it needs before the outage: then again
         result = outage_job(s3, moto_endpoint, tmp_path / str(attempt), feed, "2s")
@@ -73,10 +73,21 @@ def test_a_2_s_outage_mid_epoch_is_ridden_out_with_the_same_batches(s3, moto_end
     assert result["bad_samples"] == [] and result["state_bad_samples"] == {"bad_samples": [], "excluded": []}
 
 
-@pytest.mark.parametrize("feed", ["cache", "native"])
+@pytest.mark.parametrize("feed", ["cache", "native", "parquet"])
 def test_a_long_outage_is_a_connection_error_that_excludes_no_sample(s3, moto_endpoint, tmp_path, feed):
     result = outage_job(s3, moto_endpoint, tmp_path, feed, "long")
     assert result["error_type"] == "UnreachableError"
     assert re.search(f"s3://{s3.bucket}/train/train-.*cannot reach the S3 endpoint http://127.0.0.1:\\d+ "
                      f"after 2 attempts.*--s3-attempts", result["error"]), result["error"]
+    assert result["bad_samples"] == [] and result["state_bad_samples"] == {"bad_samples": [], "excluded": []}
+
+
+def test_a_parquet_read_failing_past_the_layers_retries_is_waited_out_with_the_same_batches(s3, moto_endpoint,
+                                                                                              tmp_path):
+    """Every GET of the data fails (503) until the outage handler probes the object: the feed's reads give up
+    after their 2 attempts, the handler waits for the store and rebuilds at the last good batch."""
+    result = outage_job(s3, moto_endpoint, tmp_path, "parquet", "probed")
+    assert result["error"] is None
+    assert result["got"] == result["expected"] and len(result["got"]) == 24
+    assert any("a network fault, not a bad sample" in m for m in result["met"])
     assert result["bad_samples"] == [] and result["state_bad_samples"] == {"bad_samples": [], "excluded": []}

@@ -1,8 +1,8 @@
 """The shared storage layer (storage/remote.py, storage/fs.py) against real servers on 127.0.0.1, one per
-scheme: gcp-storage-emulator (gs://), Azurite (az://), a Range-capable HTTP file server (http://); S3 is
-tests/test_object_store.py's (moto). Faults a healthy server does not make (503s, slow replies) come from
-the latency proxy in front of a server. hf:// is not tested against a server here (no Hub on loopback):
-its URL parsing is, and its backend is the same FsspecBackend code the others run."""
+scheme: gcp-storage-emulator (gs://), Azurite (az://), a Range-capable HTTP file server (http://), a Hub
+mirror (hf://: store_servers.HubMirror answers the Hub API routes huggingface_hub's HfFileSystem uses, so
+the real HfFileSystem runs against it); S3 is tests/test_object_store.py's (moto). Faults a healthy server
+does not make (503s, slow replies) come from the latency proxy in front of a server."""
 
 import os
 import subprocess
@@ -120,11 +120,12 @@ def test_ranged_reads_whole_reads_and_checked_downloads(store, tmp_path):
 
 def test_missing_bucket_and_missing_object_are_named(store):
     if store.scheme != "http":
-        word = "bucket" if store.scheme == "gs" else "container"
-        with pytest.raises(FileNotFoundError, match=f"{word} 'no-such-bucket' does not exist at http://127.0.0.1"):
-            remote.list_objects(f"{store.scheme}://no-such-bucket/train/")
-        with pytest.raises(FileNotFoundError, match=f"{word} 'no-such-bucket' does not exist"):
-            remote.head(f"{store.scheme}://no-such-bucket/train/a.tfrecord")
+        word, bucket = {"gs": ("bucket", "no-such-bucket"), "az": ("container", "no-such-bucket"),
+                        "hf": ("repository", "datasets/org/no-such-repo")}[store.scheme]
+        with pytest.raises(FileNotFoundError, match=f"{word} '{bucket}' does not exist at http://127.0.0.1"):
+            remote.list_objects(f"{store.scheme}://{bucket}/train/")
+        with pytest.raises(FileNotFoundError, match=f"{word} '{bucket}' does not exist"):
+            remote.head(f"{store.scheme}://{bucket}/train/a.tfrecord")
     with pytest.raises(FileNotFoundError, match="no such object"):
         remote.head(store.url("train/missing.tfrecord"))
 
@@ -144,12 +145,13 @@ def test_object_changed_or_deleted_after_listing_is_an_error(store, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("scheme", ["gs", "az", "http"])
-def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monkeypatch):
-    from store_servers import _clear
-    _clear(monkeypatch)
+@pytest.mark.parametrize("scheme", ["gs", "az", "http", "hf"])
+def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monkeypatch, tmp_path):
+    from store_servers import point_hf_at
     closed = closed_endpoint()
-    url = {"gs": "gs://any-bucket/train/", "az": "az://any/train/", "http": f"{closed}/train/a.tfrecord"}[scheme]
+    point_hf_at(monkeypatch, closed, str(tmp_path / "hf-home"))
+    url = {"gs": "gs://any-bucket/train/", "az": "az://any/train/", "http": f"{closed}/train/a.tfrecord",
+           "hf": "hf://datasets/org/any/train/"}[scheme]
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", closed)
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
                        f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
@@ -284,11 +286,133 @@ def test_the_same_sets_read_exactly_through_every_scheme(store, local_sets, tmp_
     assert read_val(tf_location, world_size)[0] == list(range(TF_SET))
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_native_gs_reads_exactly_what_the_cache_reads(gcs, local_sets, tmp_path, monkeypatch, world_size):
+    """DALI's own GCS reader, pointed at the emulator from STORAGE_EMULATOR_HOST (remote.prepare_native)."""
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    tfrecord_set(gcs.put)
+    native = DaliLoader(gcs.url("tf/"), batch_size=8, train=False, remote_feed="native", **KW)
+    assert native.stats().get("shard_cache") is None  # DALI read the gs:// URLs itself
+    native.close()
+    assert read_val(gcs.url("tf/"), world_size, remote_feed="native") == read_val(local_sets[0], world_size)
+    assert read_val(gcs.url("tf/"), world_size, remote_feed="native")[0] == list(range(TF_SET))
+    assert (os.environ["DALI_GCS_ENDPOINT_URL"], os.environ["DALI_GCS_ANONYMOUS"]) == (gcs.endpoint, "1")
+
+
+NATIVE_GS_JOB = """
+import sys
+from dali_pipes import DaliLoader
+try:
+    list(DaliLoader(sys.argv[1], batch_size=8, train=False, remote_feed="native", s3_attempts=2, s3_timeout=2,
+                    image_size=16, device="cpu", num_threads=1))
+except Exception as error:
+    print(type(error).__name__, error)
+"""
+
+
+def test_native_gs_whose_dali_endpoint_is_unreachable_ends_in_one_connection_error(gcs, tmp_path):
+    """The store answers (the layer lists it) but DALI's reader cannot reach it (DALI_GCS_ENDPOINT_URL): a network
+    fault, not a bad sample, ending after the loader's attempts. In a process of its own: DALI keeps the GCS
+    endpoint of its first use for the life of a process."""
+    tfrecord_set(gcs.put)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "DALI_PIPES_CACHE": str(tmp_path / "cache"),
+           "DALI_GCS_ENDPOINT_URL": closed_endpoint()}
+    run = subprocess.run([sys.executable, "-c", NATIVE_GS_JOB, gcs.url("tf/")], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.stdout.startswith("UnreachableError ") and "DALI's reader failed 3 times in a row on network errors" \
+        in run.stdout and "DALI_GCS_ENDPOINT_URL" in run.stdout, run.stdout + run.stderr[-2000:]
+
+
 def test_native_feed_on_a_scheme_dali_cannot_read_says_so(azure, tmp_path, monkeypatch):
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     tfrecord_set(azure.put)
     with pytest.raises(ValueError, match=r"remote_feed='native' but DALI reads only s3://, gs:// .*'cache'"):
         DaliLoader(azure.url("tf/"), batch_size=8, train=False, remote_feed="native", **KW)
+
+
+# ---------------------------------------------------------------------------------------------
+# hf:// through huggingface_hub's HfFileSystem, against a local Hub mirror (store_servers.HubMirror)
+# ---------------------------------------------------------------------------------------------
+
+def test_hub_repos_are_listed_and_globbed_through_hffilesystem(hub):
+    import hashlib
+    names = ["README.md", "data/test-00000-of-00001.parquet", "data/train-00000-of-00002.parquet",
+             "data/train-00001-of-00002.parquet", "images/cat/0.jpg", "images/dog/sub/1.jpg"]
+    for name in names:
+        hub.put(name, name.encode())
+    assert keys(remote.list_objects(hub.url())) == names  # 11 entries: three pages of the mirror's 5
+    assert keys(remote.list_objects(hub.url("data/"))) == names[1:4]
+    assert keys(remote.list_objects(hub.url("data/train-*-of-00002.parquet"))) == names[2:4]
+    assert keys(remote.list_objects(hub.url("images/*/0.jpg"))) == ["images/cat/0.jpg"]
+    (info,) = remote.list_objects(hub.url("data/train-00001-of-00002.parquet"))
+    data = names[3].encode()
+    assert (info.size, info.etag) == (len(data), hashlib.sha256(data).hexdigest())  # its LFS id: the content
+    assert info == remote.head(info.url) and remote.read_range(info, 5, 10) == data[5:15]
+    with pytest.raises(FileNotFoundError, match="no objects match"):
+        remote.list_objects(hub.url("val/"))
+
+
+def test_a_revision_in_the_url_reads_that_revision(hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    tfrecord_set(hub.put)  # main: 209 records
+    for revision, n in (("v1.0", 20), ("refs/convert/parquet", 30)):
+        for s in range(2):
+            hub.put(f"tf/train-{s:05d}-of-00002", b"".join(tfrecord.frame_record(tfrecord.encode_example(
+                {"image/encoded": jpeg_bytes(i), "image/class/label": i})) for i in range(s, n, 2)), revision)
+    assert RemoteUrl.parse(f"hf://{hub.bucket}@refs/convert/parquet/tf/a") == \
+        RemoteUrl("hf", f"{hub.bucket}@refs/convert/parquet", "tf/a")
+    assert read_val(hub.url("tf/"), 1)[0] == list(range(TF_SET))
+    assert read_val(f"hf://{hub.bucket}@v1.0/tf/", 2)[0] == list(range(20))
+    assert read_val(f"hf://{hub.bucket}@refs/convert/parquet/tf/", 2)[0] == list(range(30))
+    assert remote.list_objects(f"hf://{hub.bucket}@v1.0/tf/")[0].url == f"hf://{hub.bucket}@v1.0/tf/train-00000-of-00002"
+    with pytest.raises(FileNotFoundError, match=f"revision 'v9' of {hub.bucket} does not exist at http://127.0.0.1"):
+        remote.list_objects(f"hf://{hub.bucket}@v9/tf/")
+
+
+def test_hf_token_goes_as_a_bearer_header_and_each_refusal_is_one_line_not_retried(tmp_path, monkeypatch, caplog):
+    """A mirror where every repo is private to one token (and one is gated): read exactly with HF_TOKEN; without
+    it, with a wrong one, a missing repo, a gated file: each a one-line error, raised at once (no retries)."""
+    from dali_pipes.tools.cli import main
+
+    from store_servers import HubMirror, Store, point_hf_at
+    root = tmp_path / "hub"
+    private, gated = (Store("hf", f"datasets/org/{name}", "", root) for name in ("private", "gated"))
+    tfrecord_set(private.put)
+    gated.put("tf/a.tfrecord", b"x" * 16)
+    with HubMirror(str(root), token="hf_secret", gated=(gated.bucket,)) as server:
+        point_hf_at(monkeypatch, server.endpoint, str(tmp_path / "hf-home"))
+        monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+        refusals = []
+        with pytest.raises(PermissionError, match="answered 401 to a request without a token: the repository is "
+                                                  "private or gated, or does not exist; set HF_TOKEN") as error:
+            remote.list_objects(private.url("tf/"))
+        refusals.append(error.value)
+        with pytest.raises(SystemExit, match="error: .*set HF_TOKEN"):  # dali-pipes and python -m train alike
+            main(["index", private.url("tf/")])
+        monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+        with pytest.raises(PermissionError, match=r"refused HF_TOKEN \(401\)") as error:
+            remote.list_objects(private.url("tf/"))
+        refusals.append(error.value)
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")  # the mirror answers nothing without it
+        assert read_val(private.url("tf/"), 2)[0] == list(range(TF_SET))
+        with pytest.raises(FileNotFoundError, match="repository 'datasets/org/missing' does not exist") as error:
+            remote.list_objects("hf://datasets/org/missing/tf/")
+        refusals.append(error.value)
+        (info,) = remote.list_objects(gated.url("tf/"))  # a gated repo's files are listed, not read
+        with pytest.raises(PermissionError, match=r"access denied by http://127.0.0.1:\d+ \(403\); .*gated") as error:
+            remote.read_range(info, 0, 4)
+        refusals.append(error.value)
+    assert all("\n" not in str(e) for e in refusals)
+    assert not [r for r in caplog.records if "trying again" in r.getMessage()]
+
+
+def test_converting_to_hf_is_refused_in_one_line(hub, tmp_path):
+    from dali_pipes.tools.cli import main
+
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    with pytest.raises(SystemExit, match="hf:// locations are read-only here.*hf upload"):
+        main(["convert", "tfrecord", str(tmp_path / "images"), hub.url("out/"), "--workers", "1"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,3 +480,59 @@ def test_verify_reads_an_http_file_list_and_names_a_bad_image_by_its_url(http_st
     write_folder(str(tmp_path / "images"))
     with pytest.raises(SystemExit, match="http.*read-only"):  # one line, no traceback
         main(["convert", "tfrecord", str(tmp_path / "images"), http_store.url("out/"), "--workers", "1"])
+
+
+def located_tfrecord_set(store) -> str:
+    """The 209-record set of tfrecord_set on `store`, as the location a command takes: its prefix, or on http
+    (never listed) a list file of its shards."""
+    shards = tfrecord_set(store.put)
+    if not remote.scheme_of(store.url()).startswith("http"):
+        return store.url("tf/")
+    return store.put("tf/shards.txt", "\n".join(remote.basename(u) for u in shards).encode())
+
+
+COMMAND_FIXTURES = {"s3": "s3", "gs": "gcs", "az": "azure", "http": "http_store", "hf": "hub"}
+
+
+@pytest.mark.parametrize("scheme", list(COMMAND_FIXTURES))
+def test_index_builds_and_lists_each_remote_shards_count(scheme, request, tmp_path, monkeypatch, capsys):
+    from dali_pipes.tools.cli import main
+    store = request.getfixturevalue(COMMAND_FIXTURES[scheme])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    location = located_tfrecord_set(store)
+    assert main(["index", location]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0] for line in lines] == [store.url(f"tf/train-{s:05d}-of-00005") for s in range(5)]
+    assert [int(line.split(": ")[1].split()[0]) for line in lines] == [42, 42, 42, 42, 41]
+    assert all(line.split(" index ")[1].startswith(str(tmp_path / "cache")) for line in lines)
+
+
+@pytest.mark.parametrize("scheme", list(COMMAND_FIXTURES))
+def test_profile_runs_on_each_scheme(scheme, request, tmp_path, monkeypatch):
+    import json
+    store = request.getfixturevalue(COMMAND_FIXTURES[scheme])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    location = located_tfrecord_set(store)
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "profile", location, "--rounds", "1",
+                          "--min-seconds", "0", "--min-epochs", "0", "--batches", "2", "--warmup", "1",
+                          "--batch-size", "8", "--image-size", "16", "--device", "cpu", "--val", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(out / "profile.json"))
+    assert result["kind"] == "tfrecord" and result["rows"] and all(r["images_per_s"] > 0 for r in result["rows"])
+
+
+def test_train_from_gs(gcs, tmp_path):
+    import json
+    numbered_shards(gcs, "train", 32, 2)
+    cmd = [sys.executable, "-m", "train", "--data", gcs.url("train/"), "--device", "cpu", "--arch", "resnet10",
+           "--width", "8", "--image-size", "16", "--batch-size", "8", "--epochs", "1", "--workdir",
+           str(tmp_path / "run"), "--threads", "1", "--val-data", gcs.url("train/"), "--cache-prefetch", "2",
+           "--num-classes", "32"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd(),
+                              "DALI_PIPES_CACHE": str(tmp_path / "cache")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert lines and lines[-1]["epoch"] == 0

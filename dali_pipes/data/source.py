@@ -27,7 +27,15 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from dali_pipes.data import fingerprint, indexes, manifest
-from dali_pipes.data.formats import Format, ShardedFormat, format_of, image_files, read_sample, sharded_format_of
+from dali_pipes.data.formats import (
+    Format,
+    ShardedFormat,
+    format_of,
+    image_files,
+    read_sample,
+    shard_kind_by_name,
+    sharded_format_of,
+)
 from dali_pipes.data.labels import check_label, label_bound, offset_fix
 from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote
 from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys
@@ -171,16 +179,27 @@ def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: T
                   classes=_classes_json_beside_object(infos[0].url), keys=keys, label_ext=label_ext, remote=infos)
 
 
+def _nested_shards_fix(prefix: str, listed: list[ObjectInfo]) -> str:
+    """Where the shards below a prefix are, when they sit in subfolders (a Hub repo: data/train-*.parquet)."""
+    nested = [remote.relative_to(o.url, prefix) for o in listed if shard_kind_by_name(o.url)]
+    if not nested:
+        return ""
+    folder = posixpath.dirname(nested[0])
+    return (f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at them, e.g. {prefix}{folder}/, or at "
+            f"one split's files with a glob such as {prefix}{folder}/train-*")
+
+
 def remote_folder_source(prefix: str) -> Source:
     """An image folder below an s3:// prefix: the class of an object is the first key segment
     below the prefix (s3://b/train/<class>/<image>.jpg), classes sorted as locally."""
     prefix = prefix.rstrip("/") + "/"
-    images = [o for o in remote.list_objects(prefix)
+    listed = remote.list_objects(prefix)
+    images = [o for o in listed
               if "/" in remote.relative_to(o.url, prefix) and o.url.lower().endswith(image_files.IMAGE_EXTENSIONS)
               and not remote.relative_to(o.url, prefix).startswith(".")]
     if not images:
-        raise DatasetError(prefix, f"no images found; expected {prefix}<class name>/<image>.jpg "
-                           f"(extensions: {' '.join(image_files.IMAGE_EXTENSIONS)})")
+        raise DatasetError(prefix, f"no images found; expected {prefix}<class name>/<image>.jpg (extensions: "
+                           f"{' '.join(image_files.IMAGE_EXTENSIONS)})", _nested_shards_fix(prefix, listed))
     class_of = [remote.relative_to(o.url, prefix).split("/", 1)[0] for o in images]
     classes = sorted(set(class_of))
     label = {name: i for i, name in enumerate(classes)}

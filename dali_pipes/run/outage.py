@@ -1,11 +1,12 @@
 """Network faults of a remote source's reader: not bad samples, ridden out.
 
-An error of a remote source's reader (DALI's native s3:// reader; the shard cache raises ConnectionError
-itself) that reads as the network's (`network_fault`: curl's and the AWS SDK's connection errors, timeouts,
-5xx replies) never starts a culprit search (recovery.py): `StoreOutage.wait` probes the store with backoff,
-and the rank's pipeline is rebuilt at its last good batch; a store that stays away ends in ConnectionError
-naming the endpoint and the object. Nothing is excluded, even with skip_bad. The handler is a hook (hooks.py):
-each delivered batch ends a run of failed rebuilds.
+An error of a remote source's reader that is the network's (`network_fault`: DALI's native s3:// and gs://
+readers' connection errors, timeouts and 5xx replies, as curl, the AWS SDK and google-cloud-cpp word them; the
+ConnectionError of a Python-fed source's reads (Parquet), after the storage layer's own retries; the shard
+cache raises ConnectionError itself) never starts a culprit search (recovery.py): `StoreOutage.wait` probes the
+store with backoff, and the rank's pipeline is rebuilt at its last good batch; a store that stays away ends in
+ConnectionError naming the endpoint and the object. Nothing is excluded, even with skip_bad. The handler is a
+hook (hooks.py): each delivered batch ends a run of failed rebuilds.
 """
 
 from __future__ import annotations
@@ -20,19 +21,23 @@ from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import ClientOptions
 
-# What DALI's S3 reader (libcurl under the AWS SDK) says when the store, not a sample, failed.
+# What DALI's S3 reader (libcurl under the AWS SDK) and GCS reader (google-cloud-cpp: "[UNAVAILABLE] Retry
+# policy exhausted ... CURL error [7]=Could not connect to server") say when the store, not a sample, failed.
 NETWORK_MESSAGE = re.compile(
     r"curlCode: \d+|could not connect|couldn't connect|failed to connect|connection (refused|reset|timed out)|"
-    r"timeout was reached|couldn't resolve host|network_connection|unable to connect|RequestTimeout|SlowDown|"
-    r"ServiceUnavailable|InternalError|response code: 5\d\d", re.IGNORECASE)
+    r"timeout was reached|couldn't resolve host|could not resolve host|network_connection|unable to connect|"
+    r"RequestTimeout|SlowDown|ServiceUnavailable|InternalError|response code: 5\d\d|\[UNAVAILABLE\]|"
+    r"\[DEADLINE_EXCEEDED\]", re.IGNORECASE)
 REMOTE_URL = re.compile(r"(?:%s)://[^\s'\"]+" % "|".join(remote.SCHEMES))
 S3_URL = REMOTE_URL  # its earlier name
 
 
 def network_fault(error: BaseException, source: Source) -> bool:
     """Whether a pipeline error of `source` is the network's: a remote source whose reader's message
-    reads as a connection error, a timeout or a 5xx reply of the store."""
-    return source.remote is not None and bool(NETWORK_MESSAGE.search(str(error)))
+    reads as a connection error, a timeout or a 5xx reply of the store, or a ConnectionError of its reads."""
+    if source.remote is None:
+        return False
+    return isinstance(error, ConnectionError) or bool(NETWORK_MESSAGE.search(str(error)))
 
 
 class StoreOutage(BatchHook):
@@ -46,6 +51,8 @@ class StoreOutage(BatchHook):
         self.options = options  # the loader's retries; None: the process's default
 
     def wait(self, error: BaseException, source: Source) -> None:
+        if not network_fault(error, source):
+            raise error  # not the network's (a ConnectionError of a local source): not this handler's to wait out
         options = self.options or remote.current_options()
         sources = required(source.remote, source, "remote")  # network_fault: only a remote source's
         named = [u for u in REMOTE_URL.findall(str(error)) if any(u == o.url for o in sources)]
@@ -54,8 +61,9 @@ class StoreOutage(BatchHook):
         detail = lines[0].strip(" :")[:300]
         self.rebuilds += 1
         if self.rebuilds > options.attempts:
+            reader = "the Parquet feed" if source.format.PYTHON_FED else "DALI's reader"
             raise remote.UnreachableError(
-                f"{url}: DALI's reader failed {self.rebuilds} times in a row on network errors ({detail}), "
+                f"{url}: {reader} failed {self.rebuilds} times in a row on network errors ({detail}), "
                 f"although the store answers; {remote.backend_for(url, options).endpoint_hint}; "
                 f"{remote.RETRY_HINT}") from error
         warnings.warn(f"{source.location}: a network fault, not a bad sample ({detail}); waiting for the store "

@@ -11,6 +11,12 @@ from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.dali_checkpoint import restored_pipeline
 from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
+from dali_pipes.storage import remote
+from dali_pipes.storage.remote import ClientOptions
+
+# What a pipeline raises that a rebuild may get past: DALI's errors (RuntimeError), and the storage layer's
+# ConnectionError raised in a Python-fed source's reads (Parquet), which DALI passes on as it is.
+PIPELINE_ERRORS = (RuntimeError, ConnectionError)
 
 if TYPE_CHECKING:
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -24,19 +30,22 @@ class PipelineRun:
 
     `inputs(fresh)` gives what to build, (source, spec), each time (the source may have
     changed: bad samples excluded, a remote feed's cache paths); `cleanup()` runs after each attempt.
-    `recover(error)` hears every pipeline error: it raises, or excludes the culprits, after which the
-    pipeline is built again at the last good checkpoint. The iterator runs the first batch while it is
-    built, so a bad sample can surface there too. `keep_checkpoints`: take the checkpoint of every batch
-    (only where an error may need a rebuild there: skip_bad, network faults of s3:// data).
+    `recover(error)` hears every pipeline error (PIPELINE_ERRORS): it raises, or excludes the culprits or
+    waits out a network fault, after which the pipeline is built again at the last good checkpoint. The
+    iterator runs the first batch while it is built, so a bad sample can surface there too.
+    `keep_checkpoints`: take the checkpoint of every batch (only where an error may need a rebuild there:
+    skip_bad, network faults of remote data). `options`: the loader's retries and timeouts, in force while a
+    pipeline is defined (a Python-fed source's reads keep them).
 
     With a `feed` (sampled.py) the pipeline reads what the feed gives, not the source's reader: its epoch
     ends where the feed's does, and the feed's next epoch starts it again (reset, never a rebuild)."""
 
     def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
-                 recover: Callable[[RuntimeError], None], *, drop: bool, keep_checkpoints: bool,
-                 feed: OrderFeed | None = None) -> None:
+                 recover: Callable[[Exception], None], *, drop: bool, keep_checkpoints: bool,
+                 feed: OrderFeed | None = None, options: ClientOptions | None = None) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
         self.drop, self.keep_checkpoints, self.feed = drop, keep_checkpoints, feed  # DROP: DALI's full batches only
+        self.options = options
         self.iterator: DALIGenericIterator | None = None  # None: not built, or closed
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
@@ -58,10 +67,11 @@ class PipelineRun:
                 source, spec, at, sample_ids=True, feed=self.feed)
             pipe = None
             try:
-                pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
-                iterator, self._length = dali_iterator(pipe, source, spec, self.drop, fed=self.feed is not None)
+                with remote.options_in_force(self.options):
+                    pipe = restored_pipeline(define, checkpoint, written_by) if checkpoint else define(None)
+                    iterator, self._length = dali_iterator(pipe, source, spec, self.drop, fed=self.feed is not None)
                 self.iterator = iterator
-            except RuntimeError as error:
+            except PIPELINE_ERRORS as error:
                 if pipe is not None:
                     shutdown_quietly(pipe)  # the iterator never took it: free its threads before the next try
                 self._recover(error)  # raises, or excludes the culprits: then build again
@@ -82,7 +92,7 @@ class PipelineRun:
             except StopIteration:
                 self.ended = True
                 return None
-            except RuntimeError as error:  # a DALI pipeline error: the iterator is unusable now
+            except PIPELINE_ERRORS as error:  # the iterator is unusable now
                 self._recover(error)
                 self.build(checkpoint=self.last_good)  # and back to the last good batch
                 continue

@@ -55,7 +55,7 @@ class RankPipeline:
         self.first_epoch, self._pending = 0, False  # the loader epoch DALI's slices rotate from; a rebuild due
         self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover),
                                drop=drop, keep_checkpoints=policy.skip or source.remote is not None,  # for rebuilds
-                               feed=self.sampled.feed if self.sampled is not None else None)
+                               feed=self.sampled.feed if self.sampled is not None else None, options=feed.options)
 
     @property
     def pipeline_epoch(self) -> int:  # the loader's epoch as the current pipeline counts it (ReaderModel.shard_of)
@@ -142,9 +142,9 @@ class RankPipeline:
         if self.remainder is not None:
             self.remainder.cleanup(self.source)
 
-    def _recover(self, error: RuntimeError) -> None:
+    def _recover(self, error: Exception) -> None:
         """A network fault waits for the store (outage.py), never a culprit search; else the bad-sample policy."""
-        if network_fault(error, self.source):
+        if network_fault(error, self.source) or not isinstance(error, RuntimeError):  # wait raises the latter
             return self.outage.wait(error, self.source)
         try:
             self.source = self.policy.handle_failure(error, self.source, self.sampled or self.reader(),

@@ -1,8 +1,9 @@
 """How a DALI reader gets the bytes of a remote source: the shard cache (default) or DALI's own reader.
 
     native  the reader gets the URLs; DALI reads each record with a ranged request. DALI 2.4 reads
-            s3:// and gs:// itself (remote.SCHEMES' `native`); az://, hf:// and http(s):// have no
-            native reader and always go through the cache.
+            s3:// and gs:// itself (remote.SCHEMES' `native`; gs:// configured from the layer's settings by
+            remote.prepare_native); az://, hf:// and http(s):// have no native reader and always go
+            through the cache.
     cache   the reader gets local paths in a ShardCache folder (shard_cache.py); whole shards are
             fetched in parallel ahead of it, and deleted once this rank has read past them.
 
@@ -76,7 +77,10 @@ class RemoteFeed:
                              f"{', '.join(s + '://' for s, e in remote.SCHEMES.items() if e.native)} itself; "
                              f"use remote_feed='cache'")
         if self.mode == "native" or subset or source.kind not in LAZY_KINDS:
-            return source if native else self._whole(source)  # URLs that DALI reads itself
+            if native:
+                remote.prepare_native(source.remote[0].url, self.options)
+                return source  # URLs that DALI reads itself
+            return self._whole(source)
         if fresh:
             self._first_epoch = epoch
         self._untouched = fresh and not position

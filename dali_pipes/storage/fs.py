@@ -19,6 +19,7 @@ import asyncio
 import email.utils
 import errno
 import functools
+import math
 import os
 import posixpath
 from typing import Any, Iterator
@@ -207,7 +208,8 @@ class GcsBackend(FsspecBackend):
     credentials), else Google's default chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud's login, the
     metadata server). Reads are pinned to the listed generation."""
     service = "GCS"
-    endpoint_hint = "check STORAGE_EMULATOR_HOST (an emulator) or the network, and that the server is up"
+    endpoint_hint = ("check STORAGE_EMULATOR_HOST (an emulator; DALI_GCS_ENDPOINT_URL for DALI's own reader) or "
+                     "the network, and that the server is up")
     permission_hint = "the credentials in use need storage.objects.list and storage.objects.get on the bucket"
 
     def make_fs(self, options: ClientOptions) -> Any:
@@ -231,6 +233,18 @@ class GcsBackend(FsspecBackend):
 
     def pin(self, info: ObjectInfo) -> dict:
         return {"generation": info.generation} if info.generation else {}
+
+    def native_environment(self) -> dict[str, str]:
+        """What DALI 2.4's own GCS reader (google-cloud-cpp, configured by DALI_GCS_* variables alone) needs to
+        reach the store gcsfs reaches: an emulator's endpoint, without credentials; and a deadline per read of
+        the loader's timeout (DALI_GCS_REQUEST_TIMEOUT_SEC, which bounds its retries: else about 90 s of them
+        before an unreachable store fails a read, checked on DALI 2.4)."""
+        wanted = {"DALI_GCS_REQUEST_TIMEOUT_SEC": str(max(1, math.ceil(self.options.read_timeout)))}
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator:
+            wanted.update(DALI_GCS_ENDPOINT_URL=emulator if "://" in emulator else f"http://{emulator}",
+                          DALI_GCS_ANONYMOUS="1")
+        return wanted
 
     def credentials_error(self, error: BaseException, url: str) -> Exception | None:
         if type(error).__module__.startswith("google.auth"):
@@ -289,11 +303,18 @@ class AzureBackend(FsspecBackend):
 # ---------------------------------------------------------------------------------------------
 
 class HfBackend(FsspecBackend):
-    """hf://datasets/ORG/NAME/path through huggingface_hub's HfFileSystem: HF_TOKEN (or the token of
-    `hf auth login`), HF_ENDPOINT for a mirror. Read-only here: uploads go through the Hub's own tools."""
+    """hf://datasets/ORG/NAME[@REVISION]/path through huggingface_hub's HfFileSystem: HF_TOKEN (or the token of
+    `hf auth login`), HF_ENDPOINT for a mirror. Read-only here: uploads go through the Hub's own tools.
+
+    What is the Hub's own: HfFileSystem caches listings for the life of the filesystem, so listings and HEADs
+    ask the Hub afresh (a file replaced on a branch is then seen changed); a file's version is its content id
+    (the LFS sha256, else the git blob id), never its commit date, which only an expanded (slow) listing has;
+    a ranged read is one GET of the file's resolve URL under our timeouts, tried once (HfFileSystemFile would
+    try each 6 times itself and read 5 MB ahead of it). The Hub answers 401 alike for a missing, a private and
+    a gated repo asked without a token: the error says so, and names HF_TOKEN."""
     service = "Hugging Face Hub"
     endpoint_hint = "check HF_ENDPOINT (a mirror) or the network"
-    permission_hint = "a gated or private repository needs HF_TOKEN with read access"
+    permission_hint = "a private repository needs HF_TOKEN with read access, a gated one its terms accepted too"
 
     def make_fs(self, options: ClientOptions) -> Any:
         from huggingface_hub import HfFileSystem
@@ -304,14 +325,71 @@ class HfBackend(FsspecBackend):
 
     def object_info(self, url: str, meta: dict) -> ObjectInfo:
         lfs = meta.get("lfs") or {}
-        etag = str(lfs.get("sha256") or meta.get("blob_id") or "")
-        commit = meta.get("last_commit") or {}
-        modified = commit.get("date") if isinstance(commit, dict) else getattr(commit, "date", None)
-        return ObjectInfo(url, int(meta["size"]), etag, _timestamp(modified), str(meta.get("blob_id") or ""))
+        blob = str(meta.get("blob_id") or "")
+        return ObjectInfo(url, int(meta["size"]), str(lfs.get("sha256") or blob), 0.0, blob)
+
+    def _find(self, root: str, depth: int | None) -> dict[str, dict]:
+        return self.fs.find(root, maxdepth=depth, detail=True, refresh=True)
+
+    def head(self, url: RemoteUrl) -> ObjectInfo:
+        path = self.path(url)
+        self.fs.invalidate_cache(path)  # else info() answers from the last listing, or misses a new file
+        meta = self.fs.info(path, expand_info=True)  # unexpanded, a fresh info() has no blob id
+        if meta.get("type", "file") != "file":
+            raise FileNotFoundError(errno.ENOENT, "a folder, not a file", str(url))
+        return self.object_info(str(url), meta)
+
+    def bucket_exists(self, url: RemoteUrl) -> bool:
+        """False for a missing repository; a missing revision or a 401 raise (translate names them)."""
+        try:
+            self.fs.info(url.bucket)
+            return True
+        except FileNotFoundError as error:
+            if _hub_error(error) == "RepositoryNotFoundError" and not self.credentials_error(error, str(url)):
+                return False
+            raise
+
+    def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
+        import httpx2
+        from huggingface_hub import hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+        where = self.fs.resolve_path(self.path(RemoteUrl.parse(info.url)))
+        url = hf_hub_url(where.repo_id, where.path_in_repo, repo_type=where.repo_type, revision=where.revision,
+                         endpoint=self.fs.endpoint)
+        headers = {"Range": f"bytes={start}-{end - 1}", **build_hf_headers(token=self.fs.token)}
+        timeout = httpx2.Timeout(self.options.read_timeout, connect=self.options.connect_timeout)
+        response = get_session().get(url, headers=headers, timeout=timeout)
+        hf_raise_for_status(response)
+        return response.content
+
+    def translate(self, error: Exception, url: str, expected: ObjectInfo | None) -> Exception:
+        if _hub_error(error) == "RevisionNotFoundError":
+            repo, _, revision = RemoteUrl.parse(url).bucket.partition("@")
+            return FileNotFoundError(f"{url}: revision {revision!r} of {repo} does not exist at {self.endpoint()}; "
+                                     f"check the name after '@' (a branch, a tag or a commit)")
+        return super().translate(error, url, expected)
+
+    def credentials_error(self, error: BaseException, url: str) -> Exception | None:
+        if not any(status_of(e) == 401 for e in _causes(error)):
+            return None
+        if os.environ.get("HF_TOKEN"):
+            return PermissionError(f"{url}: {self.endpoint()} refused HF_TOKEN (401); check the token, and that it "
+                                   f"may read the repository")
+        return PermissionError(f"{url}: {self.endpoint()} answered 401 to a request without a token: the "
+                               f"repository is private or gated, or does not exist; set HF_TOKEN to a token "
+                               f"that can read it")
 
     def upload(self, path: str, url: RemoteUrl) -> None:
         raise PermissionError(f"{url}: writing to the Hugging Face Hub is not supported here; convert to a local "
                               f"folder and upload it with huggingface_hub (hf upload)")
+
+    def delete(self, url: RemoteUrl) -> None:
+        raise PermissionError(f"{url}: hf:// locations are read-only here")
+
+
+def _hub_error(error: BaseException) -> str:
+    """The name of the huggingface_hub error among `error` and its causes ("RepositoryNotFoundError", ...), or ""."""
+    return next((type(e).__name__ for e in _causes(error) if type(e).__module__.startswith("huggingface_hub")), "")
 
 
 # ---------------------------------------------------------------------------------------------

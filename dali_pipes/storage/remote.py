@@ -4,7 +4,8 @@
     gs://bucket/key                  gcsfs; STORAGE_EMULATOR_HOST, else Google's default credentials
     az://container/key, abfs://...   adlfs; AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with
                                      AZURE_STORAGE_ACCOUNT_KEY, else Azure's default credential
-    hf://datasets/ORG/NAME/path      huggingface_hub's HfFileSystem; HF_TOKEN, HF_ENDPOINT
+    hf://datasets/ORG/NAME/path      huggingface_hub's HfFileSystem; HF_TOKEN, HF_ENDPOINT; NAME@REVISION for a
+                                     branch, tag or commit (NAME@refs/convert/parquet too); read-only
     http(s)://host/path              fsspec's HTTPFileSystem; read-only, never listed: give URLs or a list of them
 
 The per-scheme code (a `Backend`, in object_store.py and fs.py) is only what differs: making the client
@@ -68,6 +69,7 @@ class Scheme:
     extra: str
     listing: bool = True  # False: the server cannot list (http): locations are URLs or lists of them
     native: bool = False  # DALI 2.4 reads it itself (remote_feed="native")
+    writable: bool = True  # False: convert cannot write there (hf: the Hub's own tools; http)
 
 
 # The table of schemes; a new one costs a Backend class and one line here. Loaded by name, when first used,
@@ -77,9 +79,9 @@ SCHEMES = {
     "gs": Scheme("dali_pipes.storage.fs", "GcsBackend", "gcs", native=True),
     "az": Scheme("dali_pipes.storage.fs", "AzureBackend", "azure"),
     "abfs": Scheme("dali_pipes.storage.fs", "AzureBackend", "azure"),
-    "hf": Scheme("dali_pipes.storage.fs", "HfBackend", "hf"),
-    "http": Scheme("dali_pipes.storage.fs", "HttpBackend", "http", listing=False),
-    "https": Scheme("dali_pipes.storage.fs", "HttpBackend", "http", listing=False),
+    "hf": Scheme("dali_pipes.storage.fs", "HfBackend", "hf", writable=False),
+    "http": Scheme("dali_pipes.storage.fs", "HttpBackend", "http", listing=False, writable=False),
+    "https": Scheme("dali_pipes.storage.fs", "HttpBackend", "http", listing=False, writable=False),
 }
 HF_REPO_TYPES = ("datasets", "spaces", "models")
 
@@ -101,8 +103,9 @@ def is_remote(location: object) -> bool:
 
 @dataclass(frozen=True)
 class RemoteUrl:
-    """A parsed URL: scheme, bucket (an S3/GCS bucket, an Azure container, a Hub repo "datasets/ORG/NAME",
-    an HTTP host) and key (may be "" or end in "/": a prefix)."""
+    """A parsed URL: scheme, bucket (an S3/GCS bucket, an Azure container, a Hub repo "datasets/ORG/NAME"
+    with its revision if one is named, "datasets/ORG/NAME@v1.0", an HTTP host) and key (may be "" or end in
+    "/": a prefix)."""
     scheme: str
     bucket: str
     key: str = ""
@@ -117,6 +120,8 @@ class RemoteUrl:
         rest = str(url).split("://", 1)[1]
         parts = rest.split("/")
         width = 3 if scheme == "hf" and parts[0] in HF_REPO_TYPES else 2 if scheme == "hf" else 1
+        if scheme == "hf" and parts[width - 1].endswith("@refs") and len(parts) > width + 1:
+            width += 2  # a Hub revision with slashes: NAME@refs/pr/1, NAME@refs/convert/parquet
         bucket, key = "/".join(parts[:width]), "/".join(parts[width:])
         if not bucket or not all(parts[:width]):
             raise ValueError(f"{url!r}: no bucket name; expected {scheme}://{_bucket_word(scheme)}/key")
@@ -133,6 +138,11 @@ class RemoteUrl:
 def _bucket_word(scheme: str) -> str:
     return {"hf": "datasets/ORG/NAME", "http": "host", "https": "host", "az": "container",
             "abfs": "container"}.get(scheme, "bucket")
+
+
+def _bucket_noun(scheme: str) -> str:
+    return {"hf": "repository", "http": "host", "https": "host", "az": "container", "abfs": "container"}.get(
+        scheme, "bucket")
 
 
 def join(base: str, relative: str) -> str:
@@ -320,6 +330,18 @@ def _cached_backend(pid: int, entry: Scheme, options: ClientOptions, environment
             f"({error.name or error}): pip install 'dali_pipes[{entry.extra}]'") from error
 
 
+def prepare_native(url: str, options: ClientOptions | None = None) -> dict[str, str]:
+    """Set, where unset, the variables DALI's own reader of `url`'s scheme needs to reach the store this layer
+    reaches (a backend's `native_environment`: gs:// DALI_GCS_*); DALI is configured by nothing else, and reads
+    them when its client is first made in a process. Returns those set now."""
+    wanted: dict[str, str] = getattr(backend_for(url, options), "native_environment", dict)()
+    added = {name: value for name, value in wanted.items() if name not in os.environ}
+    os.environ.update(added)
+    if added:
+        log.info("for DALI's own %s:// reader: %s", scheme_of(url), " ".join(f"{k}={v}" for k, v in added.items()))
+    return added
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors and retries
 # ---------------------------------------------------------------------------------------------
@@ -448,7 +470,7 @@ def _check_bucket(backend: Backend, parsed: RemoteUrl, url: str) -> None:
     """FileNotFoundError naming the bucket when it is missing (a listing or a HEAD cannot tell)."""
     if not retrying(url, backend, lambda: backend.bucket_exists(parsed)):
         raise FileNotFoundError(
-            f"{url}: {_bucket_word(parsed.scheme).split('/')[0]} {parsed.bucket!r} does not exist at "
+            f"{url}: {_bucket_noun(parsed.scheme)} {parsed.bucket!r} does not exist at "
             f"{backend.endpoint(url)}; check the name, and {backend.endpoint_hint.removeprefix('check ')}")
 
 

@@ -225,8 +225,11 @@ def _remote_out(write):
                 raise
         import tempfile
         out = out.rstrip("/") + "/"
-        if not remote.SCHEMES[remote.RemoteUrl.parse(out).scheme].listing:
-            raise DatasetError(out, "http(s):// locations are read-only", "Convert to a local folder or a bucket")
+        scheme = remote.RemoteUrl.parse(out).scheme
+        if not remote.SCHEMES[scheme].writable:
+            upload = ", and upload that with huggingface_hub (hf upload)" if scheme == "hf" else ""
+            raise DatasetError(out, f"{scheme}:// locations are read-only here",
+                               f"Convert to a local folder or a bucket{upload}")
         _clear_remote(out, prefix, overwrite)
         with tempfile.TemporaryDirectory(prefix="dali_pipes-convert-") as folder, \
                 moved_by("TMPDIR (convert stages remote output there: a folder on a disk with room)", folder):

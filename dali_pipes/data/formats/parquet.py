@@ -75,10 +75,11 @@ def sniff_head(head: bytes) -> bool:
 
 class RangedFile(io.RawIOBase):
     """A read-only, seekable file over an object store's ranged reads: pyarrow reads the footer, then each
-    column chunk it needs, one ranged GET each (never the whole object)."""
+    column chunk it needs, one ranged GET each (never the whole object). `where` is what read_range takes: the
+    object as listed (storage.remote.ObjectInfo), so a read is one request, pinned to that version."""
 
-    def __init__(self, url: str, size: int, read_range: Callable[[str, int, int], bytes]) -> None:
-        self.url, self.size, self._read_range, self._at = url, size, read_range, 0
+    def __init__(self, where: Any, size: int, read_range: Callable[[Any, int, int], bytes]) -> None:
+        self.where, self.size, self._read_range, self._at = where, size, read_range, 0
 
     def readable(self) -> bool:
         return True
@@ -95,7 +96,7 @@ class RangedFile(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         size = self.size - self._at if size is None or size < 0 else min(size, self.size - self._at)
-        data = self._read_range(self.url, self._at, size) if size > 0 else b""
+        data = self._read_range(self.where, self._at, size) if size > 0 else b""
         self._at += len(data)
         return data
 
@@ -107,7 +108,8 @@ class RangedFile(io.RawIOBase):
 
 def storage():
     """The storage layer remote files are read through (any scheme: s3://, gs://, az://, hf://, http(s)://), the one
-    place this module names it. What is used of it: is_remote(path), head(url).size, read_range(url, start, length)."""
+    place this module names it. What is used of it: is_remote(path), head(url), read_range(info, start, length),
+    and the loader's retries (current_options, options_in_force) for the feed's reads in its own threads."""
     from dali_pipes.storage import remote
     return remote
 
@@ -117,13 +119,21 @@ def is_remote(path: str) -> bool:
 
 
 def open_remote(url: str) -> RangedFile:
-    """A remote file as pyarrow reads it: its size once, then a ranged read per footer and column chunk."""
-    return RangedFile(url, _remote_size(url), storage().read_range)
+    """A remote file as pyarrow reads it: its size and version once a process (a HEAD), then one ranged read per
+    footer and column chunk, each under the retries in force now (pyarrow calls them from its own IO threads,
+    which have none of ours), each failing rather than reading another version of the object."""
+    layer = storage()
+    options, info = layer.current_options(), _remote_info(url)
+
+    def read_range(where: Any, start: int, length: int) -> bytes:
+        with layer.options_in_force(options):
+            return layer.read_range(where, start, length)
+    return RangedFile(info, info.size, read_range)
 
 
 @functools.lru_cache(maxsize=1024)
-def _remote_size(url: str) -> int:
-    return storage().head(url).size
+def _remote_info(url: str) -> Any:
+    return storage().head(url)
 
 
 def open_file(path: str, metadata: Any = None):
@@ -621,6 +631,7 @@ class ParquetFeed:
         self._epochs: dict[int, _Epoch] = {}
         self._loaded: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
+        self._options = storage().current_options()  # the loader's retries, for reads in the pool's threads
 
     def __call__(self, info) -> tuple:
         epoch = self._plan_of(info.epoch_idx)
@@ -663,11 +674,15 @@ class ParquetFeed:
         wanted = np.concatenate([self._window_groups(epoch, window), self._window_groups(*following)]).tolist()
         for g in wanted:
             if g not in self._loaded:
-                f, group = self._groups[g]
-                self._loaded[g] = self._pool.submit(read_group, self.table.files[f], group, self.columns[f])
+                self._loaded[g] = self._pool.submit(self._read, *self._groups[g])
         keep = set(wanted)
         for g in [g for g in self._loaded if g not in keep]:
             del self._loaded[g]
+
+
+    def _read(self, file: int, group: int) -> Group:
+        with storage().options_in_force(self._options):
+            return read_group(self.table.files[file], group, self.columns[file])
 
 
 def python_reader(source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool, with_ids: bool) -> tuple:
