@@ -169,10 +169,12 @@ def test_the_tuning_lines_name_the_loader_they_are_about(numbered, caplog):
 
 
 def test_a_trials_line_gives_its_steps_as_median_min_max():
-    trial = tuning.Trial(tuning.Settings(2, 2), measured=3, wait=0.003, wall=0.030, cpu=0.045,
-                         walls=[0.009, 0.010, 0.011])
-    assert trial.describe() == ("num_threads=2 prefetch_queue_depth=2: waits 1.0 ms of 10.0 ms per batch (median "
-                                "[min, max] 10.0 [9.0, 11.0] ms), 1.50 cores busy")
+    trial = tuning.Trial(tuning.Settings(2, 2))
+    for wait, wall in ((0.0005, 0.009), (0.001, 0.010), (0.0015, 0.011)):
+        trial.add(wait, wall, 1.5 * wall)
+    assert trial.describe() == ("num_threads=2 prefetch_queue_depth=2: waits 1.0 ms (standard error 0.3 ms) of "
+                                "10.0 ms per batch (median [min, max] 10.0 [9.0, 11.0] ms) over 3 batches, "
+                                "1.50 cores busy")
 
 
 def test_the_flag_takes_auto_or_a_count():
