@@ -44,6 +44,15 @@ def write_folder(root, counts=(4, 3, 5)) -> dict[str, int]:
     return expected
 
 
+def write_one_per_class(root: str, n: int, first: int = 0) -> str:
+    """ROOT/c<i>/image.jpg for i < n, one image per class, so that a label names its sample; returns ROOT."""
+    for i in range(n):
+        os.makedirs(os.path.join(root, f"c{i:02d}"))
+        with open(os.path.join(root, f"c{i:02d}", "image.jpg"), "wb") as f:
+            f.write(jpeg_bytes(first + i, 20 + i % 7, 28))
+    return root
+
+
 class TrainPreset:
     """Shaped like torchvision's references/classification/presets.py ClassificationPresetTrain (v2, tensor
     backend): an object holding a Compose in .transforms, called as preset(img). `v2` is torchvision's

@@ -32,18 +32,10 @@ from torch.utils.data import (
 from dali_pipes import DaliLoader, DatasetError
 from dali_pipes.tools.convert import write_tfrecords
 
-from conftest import jpeg_bytes
+from conftest import write_one_per_class
 
 N = 22  # images, one per class: 22 is no multiple of the batch (4) nor of the ranks (2)
 JOB = os.path.join(os.path.dirname(__file__), "samplers_job.py")
-
-
-def write_one_per_class(root: str, n: int, first: int = 0) -> str:
-    for i in range(n):
-        os.makedirs(os.path.join(root, f"c{i:02d}"))
-        with open(os.path.join(root, f"c{i:02d}", "image.jpg"), "wb") as f:
-            f.write(jpeg_bytes(first + i, 20 + i % 7, 28))
-    return root
 
 
 @pytest.fixture(scope="module")
