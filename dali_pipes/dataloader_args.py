@@ -39,7 +39,6 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass, replace
-from types import FrameType
 from typing import Any
 
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
@@ -149,27 +148,36 @@ def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
     return replace(augment, exif_orientation=exif, png16=augment.png16 or ("pil" if lists_png else "scale"))
 
 
+_TRAINERS: list[weakref.ref] = []  # the Lightning trainers set up and not torn down (lightning_trainer.py)
+
+
+def trainer_started(trainer: Any) -> None:
+    """A Lightning Trainer began fit/validate/test/predict (its setup hook, before any *_dataloader hook)."""
+    _TRAINERS.append(weakref.ref(trainer))
+
+
+def trainer_ended(trainer: Any) -> None:
+    _TRAINERS[:] = [ref for ref in _TRAINERS if ref() is not None and ref() is not trainer]
+
+
 def lightning_shard() -> tuple[int, int] | None:
-    """(rank, world size) when this loader is built inside a running Lightning Trainer's hooks (a
-    LightningModule's or LightningDataModule's *_dataloader) under a distributed strategy that gives
-    DataLoaders a DistributedSampler (use_distributed_sampler=True, the default). Lightning re-creates
-    only real DataLoaders with that sampler; DaliLoader is read here instead, so that a script swapping
-    the class name keeps Lightning's sharding. Nothing is imported: the trainer is found on the stack."""
-    if not any(name in sys.modules for name in ("lightning.pytorch", "pytorch_lightning")):
+    """(rank, world size) when this loader is built while a Lightning Trainer runs (a LightningModule's or
+    LightningDataModule's *_dataloader hooks) under a distributed strategy that gives DataLoaders a
+    DistributedSampler (use_distributed_sampler=True, the default). Lightning re-creates only real
+    DataLoaders with that sampler; DaliLoader is read here instead, so that a script swapping the class name
+    keeps Lightning's sharding. The trainer is the one Lightning's callback entry point noted
+    (lightning_trainer.py); a trainer interrupted before its teardown no longer counts once it stops running."""
+    running = [t for t in (ref() for ref in _TRAINERS)
+               if t is not None and getattr(getattr(t.state, "status", None), "value", None) == "running"]
+    if not running:
         return None
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        attrs = getattr(owner, "__dict__", {})
-        trainer = attrs.get("_trainer") or attrs.get("trainer")
-        if trainer is not None and type(trainer).__name__ == "Trainer" and hasattr(trainer, "global_rank"):
-            connector = getattr(trainer, "_accelerator_connector", None)
-            if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", True):
-                warnings.warn(f"DaliLoader built in a Lightning hook: rank {trainer.global_rank} of "
-                              f"{trainer.world_size}, sharded as Lightning shards a DataLoader", stacklevel=2)
-                return trainer.global_rank, trainer.world_size
-            return None
-        frame = frame.f_back
+    trainer = running[-1]
+    connector = getattr(trainer, "_accelerator_connector", None)  # the one setting Lightning keeps no public name for
+    if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", True):
+        warnings.warn(f"DaliLoader built under a Lightning Trainer: rank {trainer.global_rank} of "
+                      f"{trainer.world_size}, sharded as Lightning shards a DataLoader",
+                      stacklevel=4)  # the DaliLoader(...) line
+        return trainer.global_rank, trainer.world_size
     return None
 
 

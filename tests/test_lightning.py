@@ -188,3 +188,42 @@ def test_missing_lightning_names_the_extra(monkeypatch):
     monkeypatch.delitem(sys.modules, "dali_pipes.lightning")
     with pytest.raises(ImportError, match=r"pip install dali_pipes\[lightning\]"):
         importlib.import_module("dali_pipes.lightning")
+
+
+def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_point(numbered):
+    """Issue 25: the running trainer is found through Lightning's callback entry points (pyproject.toml), not
+    the caller's stack: every Trainer adds it; it survives pickling (ddp_spawn); a trainer counts only while
+    it runs (set up, not torn down), so a loader built outside one is never sharded by it."""
+    import pickle
+
+    from dali_pipes import dataloader_args
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    seen = [c for c in trainer.callbacks if type(c).__name__ == "LightningTrainerSeen"]
+    assert len(seen) == 1 and isinstance(seen[0], pl.Callback)
+    assert type(pickle.loads(pickle.dumps(seen[0]))) is type(seen[0])
+
+    class Probe(pl.Callback):  # what a loader built in this trainer's hooks would read, and after it
+        def on_train_start(self, trainer, pl_module):
+            self.during = list(dataloader_args._TRAINERS)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, _):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(2, 1)), batch_size=1)
+
+    probe = Probe()
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[probe])
+    trainer.fit(Tiny())
+    assert [ref() for ref in probe.during] == [trainer]  # noted while it ran
+    assert dataloader_args._TRAINERS == [] and dataloader_args.lightning_shard() is None  # forgotten after
