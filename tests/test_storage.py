@@ -102,7 +102,8 @@ def test_http_is_read_by_url_never_listed(http_store):
 
 
 def test_ranged_reads_whole_reads_and_checked_downloads(store, tmp_path):
-    data = os.urandom(3 << 20)
+    # gcp-storage-emulator's multipart upload drops a trailing b"\r" (1 run in 256 of random bytes): end in b"."
+    data = os.urandom((3 << 20) - 1) + b"."
     info = remote.head(store.put("x/blob", data))
     assert info.size == len(data)
     assert remote.read_range(info, 100, 50) == data[100:150]
@@ -163,7 +164,7 @@ def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monk
 
 
 def test_a_store_answering_503_twice_is_retried_not_failed(gcs, tmp_path, monkeypatch):
-    data = os.urandom(1000)
+    data = os.urandom(999) + b"."  # not b"\r" last: the emulator would drop it (test_ranged_reads_...)
     info = remote.head(gcs.put("train/a.tfrecord", data))
     with LatencyProxy(gcs.endpoint, delay_ms=0) as proxy:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
