@@ -47,6 +47,14 @@ def write_json(path: str, result: dict) -> None:
         json.dump(result, f, indent=1)
 
 
+def print_and_save(result: dict, out: str) -> None:
+    """A benchmark's results as one JSON line on stdout, and at `out` when given (write_json)."""
+    import json
+    print(json.dumps(result))
+    if out:
+        write_json(out, result)
+
+
 def require(module: str, why: str, alternative: str = "") -> None:
     """Raise ImportError naming the extra that installs `module` unless it is installed."""
     if importlib.util.find_spec(module) is None:

@@ -6,7 +6,6 @@ Run: dali-pipes bench formats [flags] (or python -m dali_pipes_bench.formats).""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 from dali_pipes.tools.sample_data import make_sample_dataset
-from dali_pipes_bench.cli import command, configs, run_main, write_json
+from dali_pipes_bench.cli import command, configs, print_and_save, run_main
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -67,9 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{rows[-1]['seconds']:.2f} s = {rows[-1]['images_per_s']:.0f} images/s", flush=True)
     result = {"command": command("formats", argv), "results": rows,
               "configs": configs(augment=augment, loader=loader_cfg)}
-    print(json.dumps(result))
-    if args.out:
-        write_json(args.out, result)
+    print_and_save(result, args.out)
     return 0
 
 

@@ -19,7 +19,7 @@ from typing import Sequence
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
 from dali_pipes.data.source import Source
 from dali_pipes.options import add_arguments, from_args
-from dali_pipes_bench.cli import command, configs, run_main, write_json
+from dali_pipes_bench.cli import command, configs, print_and_save, run_main
 from dali_pipes_bench.formats import format_copies
 
 CASES = ("TFRecord", "Parquet")
@@ -139,9 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{rows['TFRecord'][what]['max']:.0f}): {ratios[what]:.2f}x")
     result = {"command": command("parquet", argv), "samples": train.num_samples, "results": rows,
               "parquet_over_tfrecord": ratios, "configs": configs(augment=augment, loader=loader_cfg)}
-    print(json.dumps(result))
-    if args.out:
-        write_json(args.out, result)
+    print_and_save(result, args.out)
     return 0
 
 
