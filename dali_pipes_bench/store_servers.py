@@ -244,9 +244,14 @@ class HubMirror(_ServerProcess):
         return os.path.join(self.root, *repo.split("/"), urllib.parse.quote(revision, safe=""))
 
 
-class _HubServer(ThreadingHTTPServer):
+class _QueuingServer(ThreadingHTTPServer):
+    """A threaded server that queues a burst of connections as a store's front end does: socketserver's
+    backlog of 5 drops the SYNs of the rest (16 threads' HEADs at once), and each waits 1 s to resend."""
     daemon_threads = True
+    request_queue_size = 128
 
+
+class _HubServer(_QueuingServer):
     def __init__(self, port: int, root: str, token: str | None, gated: list[str], page_size: int) -> None:
         super().__init__((LOOPBACK, port), HubHandler)
         self.root, self.token, self.gated, self.page_size = root, token, set(gated), page_size
@@ -448,7 +453,7 @@ def serve_hub(root: str, port: int, token: str | None, gated: list[str], page_si
 
 def serve_http(root: str, port: int) -> None:
     handler = lambda *a, **kw: RangeHandler(*a, directory=root, **kw)
-    server = ThreadingHTTPServer((LOOPBACK, port), handler)
+    server = _QueuingServer((LOOPBACK, port), handler)
     print(f"listening http://{LOOPBACK}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
