@@ -140,6 +140,7 @@ def test_bench_servers_queue_a_burst_of_connections(kind, tmp_path):
     with server:
         port = int(server.url.rsplit(":", 1)[1]) if kind == "proxy" else server.port
         os.kill(server.pid, signal.SIGSTOP)
+        _wait_stopped(server.pid)  # kill() returns before each thread stops: one could still accept
         pending, connected = [socket.socket() for _ in range(32)], []
         try:
             for client in pending:
@@ -155,3 +156,17 @@ def test_bench_servers_queue_a_burst_of_connections(kind, tmp_path):
             for client in pending + connected:
                 client.close()
     assert (len(connected), len(pending)) == (32, 0)
+
+
+def _wait_stopped(pid: int) -> None:
+    """Return once every thread of `pid` is stopped (state T in /proc/PID/task/*/stat)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state in "tT" for state in states):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"process {pid} did not stop: thread states {states}")
