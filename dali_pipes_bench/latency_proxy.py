@@ -142,6 +142,7 @@ class LatencyProxy:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a client that never closes its connection cannot hold up exit
     block_on_close = False
+    request_queue_size = 128  # socketserver's backlog of 5 drops a burst's SYNs: each waits 1 s to resend
 
     def __init__(self, address, handler, proxy: LatencyProxy) -> None:
         self.proxy = proxy

@@ -1,13 +1,13 @@
 """Object-store feed benchmark: the same TFRecord shards read from local disk, by DALI's native
 s3:// reader, and through the shard cache, with a round-trip delay between loader and store.
 
-    python -m dali_pipes_bench.s3_feed [--scheme s3|gs|az|http] [--delay-ms 20] [--ranks 1 2] [--images 1536]
+    python -m dali_pipes_bench.s3_feed [--scheme s3|gs|az|http|hf] [--delay-ms 20] [--ranks 1 2] [--images 1536]
 
 A local server of the scheme (moto for s3, gcp-storage-emulator for gs, Azurite for az, a Range-capable
-HTTP file server for http: store_servers.py; each in a process) holds the shards; a LatencyProxy process in front of it
-waits `delay_ms` before forwarding each request. Every case runs each rank as a fresh process,
-all ranks at once, through the same decode + resize + crop graph (DALI CPU operators), and reads
-the rank's DALI shard (shard_id = rank) in storage order:
+HTTP file server for http, a Hugging Face Hub mirror for hf: store_servers.py; each in a process) holds the
+shards; a LatencyProxy process in front of it waits `delay_ms` before forwarding each request. Every case
+runs each rank as a fresh process, all ranks at once, through the same decode + resize + crop graph (DALI CPU
+operators), and reads the rank's DALI shard (shard_id = rank) in storage order:
   * local:  fn.readers.tfrecord over local files;
   * native: the same reader over s3:// URLs (DALI's AWS SDK, one ranged GET per record; s3 only here);
   * cache:  the same reader over ShardCache files, whole shards fetched ahead (ReadAheadGate).
@@ -34,6 +34,7 @@ from dali_pipes_bench.latency_proxy import LocalS3Server, ProxyProcess
 CASES = ("local", "native", "cache")
 LABELS = 10
 BUCKET = "bench"
+HF_REPO = "datasets/bench/feed"  # hf://'s "bucket": a dataset repository on the Hub mirror
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,14 +126,15 @@ def run_worker(args: argparse.Namespace) -> dict:
     pipe.build()
     pipe.run()
     first_batch_s = time.monotonic() - start
-    timed_start = time.monotonic()
+    timed_start, cpu_start = time.monotonic(), time.process_time()
     for step in range(1, steps):
         if gate is not None:
             gate.advance(step * args.batch_size)
         pipe.run()
     seconds = time.monotonic() - timed_start
+    # cpu_s: every thread of the rank (DALI's and the cache's downloads): what the cache costs on a busy host
     result = {"rank": args.rank, "images": (steps - 1) * args.batch_size, "seconds": seconds,
-              "first_batch_s": first_batch_s}
+              "first_batch_s": first_batch_s, "cpu_s": round(time.process_time() - cpu_start, 2)}
     if cache is not None:
         result["cache"] = cache.stats()
         cache.close()
@@ -148,7 +150,11 @@ def _listed(scheme: str, urls: list[str], remote) -> list:
     """The shards' infos as a job gets them: a listing of the glob, or a HEAD of each URL (http)."""
     if not remote.SCHEMES[scheme].listing:
         return remote.heads(urls)
-    return remote.list_objects(f"{scheme}://{BUCKET}/train/train-*")
+    return remote.list_objects(f"{scheme}://{_bucket(scheme)}/train/train-*")
+
+
+def _bucket(scheme: str) -> str:
+    return HF_REPO if scheme == "hf" else BUCKET
 
 
 def scheme_environment(scheme: str, proxy_url: str, config_file: str, server) -> dict[str, str]:
@@ -158,6 +164,10 @@ def scheme_environment(scheme: str, proxy_url: str, config_file: str, server) ->
         env["STORAGE_EMULATOR_HOST"] = proxy_url
     elif scheme == "az":
         env["AZURE_STORAGE_CONNECTION_STRING"] = server.connection_string(proxy_url)
+    elif scheme == "hf":  # the mirror is public: no token, and none read from a stored login
+        env = {k: v for k, v in env.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
+        env.update(HF_ENDPOINT=proxy_url, HF_HOME=os.path.join(os.path.dirname(config_file), "hf-home"),
+                   HF_HUB_DISABLE_TELEMETRY="1")
     return env
 
 
@@ -202,7 +212,7 @@ def run_case(case: str, world: int, args: argparse.Namespace, manifest: str, env
     images = sum(r["images"] for r in ranks)
     return {"case": case, "world_size": world, "delay_ms": args.delay_ms, "batch_size": args.batch_size,
             "images": images, "images_per_s": images / max(r["seconds"] for r in ranks),
-            "first_batch_s": max(r["first_batch_s"] for r in ranks),
+            "first_batch_s": max(r["first_batch_s"] for r in ranks), "cpu_s": [r["cpu_s"] for r in ranks],
             "requests": {k: after.get(k, 0) - before.get(k, 0) for k in after}, "store_cpu_s": round(store_cpu_s, 2),
             "cache": [r.get("cache") for r in ranks] if case == "cache" else None}
 
@@ -236,8 +246,9 @@ def _server(scheme: str, work: str):
     if scheme == "az":
         return store_servers.Azurite()
     if scheme == "http":
-        os.makedirs(os.path.join(work, "http", BUCKET, "train"), exist_ok=True)
         return store_servers.HttpFileServer(os.path.join(work, "http"))
+    if scheme == "hf":
+        return store_servers.HubMirror(os.path.join(work, "hub"))
     return LocalS3Server()
 
 
@@ -247,12 +258,12 @@ def _upload(scheme: str, server, shards: list[dict], proxy_url: str) -> None:
         return upload(server.endpoint, shards)
     for shard in shards:
         key = f"train/{os.path.basename(shard['path'])}"
-        if scheme == "http":
-            os.link(shard["path"], os.path.join(server.root, BUCKET, key))
-            shard["url"] = f"{proxy_url}/{BUCKET}/{key}"
-            continue
-        shard["url"] = f"{scheme}://{BUCKET}/{key}"
-    if scheme == "http":
+        if scheme in ("http", "hf"):  # served folders: the file is linked into place
+            folder = server.folder(HF_REPO) if scheme == "hf" else os.path.join(server.root, BUCKET)
+            os.makedirs(os.path.join(folder, "train"), exist_ok=True)
+            os.link(shard["path"], os.path.join(folder, key))
+        shard["url"] = f"{proxy_url}/{BUCKET}/{key}" if scheme == "http" else f"{scheme}://{_bucket(scheme)}/{key}"
+    if scheme in ("http", "hf"):
         return
     admin = _admin_fs(scheme, server)
     admin.mkdir(BUCKET)
@@ -308,8 +319,9 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from dali_pipes.storage.shard_cache import DEFAULT_MAX_BYTES, DEFAULT_PREFETCH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scheme", choices=["s3", "gs", "az", "http"], default="s3",
-                        help="the store: moto (s3), gcp-storage-emulator (gs), Azurite (az), an HTTP file server")
+    parser.add_argument("--scheme", choices=["s3", "gs", "az", "http", "hf"], default="s3",
+                        help="the store: moto (s3), gcp-storage-emulator (gs), Azurite (az), an HTTP file server "
+                             "(http), a Hugging Face Hub mirror (hf)")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added before each request to the store")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts to run")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import email.utils
+import functools
 import hashlib
 import json
 import os
@@ -221,6 +222,7 @@ def byte_range(text: str, size: int) -> tuple[int, int]:
 HUB_API = re.compile(r"^/api/(models|datasets|spaces)/([^/]+/[^/]+)(?:/(tree|paths-info|revision)/([^/]+)(?:/(.*))?)?$")
 HUB_RESOLVE = re.compile(r"^/(?:(datasets|spaces)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 GIT_SUFFIXES = (".txt", ".json", ".md", ".csv", ".gitattributes")  # kept in git; every other file in LFS
+RACY_S = 2.0  # a file changed more recently than this is hashed on each request (_file_ids)
 
 
 class HubMirror(_ServerProcess):
@@ -244,9 +246,14 @@ class HubMirror(_ServerProcess):
         return os.path.join(self.root, *repo.split("/"), urllib.parse.quote(revision, safe=""))
 
 
-class _HubServer(ThreadingHTTPServer):
+class _QueuingServer(ThreadingHTTPServer):
+    """A threaded server that queues a burst of connections as a store's front end does: socketserver's
+    backlog of 5 drops the SYNs of the rest (16 threads' HEADs at once), and each waits 1 s to resend."""
     daemon_threads = True
+    request_queue_size = 128
 
+
+class _HubServer(_QueuingServer):
     def __init__(self, port: int, root: str, token: str | None, gated: list[str], page_size: int) -> None:
         super().__init__((LOOPBACK, port), HubHandler)
         self.root, self.token, self.gated, self.page_size = root, token, set(gated), page_size
@@ -257,7 +264,19 @@ def _iso(seconds: float) -> str:
 
 
 def _file_ids(path: str) -> tuple[str, str]:
-    """(git blob id, sha256) of a file: the Hub's "oid" and its LFS oid."""
+    """(git blob id, sha256) of a file: the Hub's "oid" and its LFS oid. Hashed once per version of the file
+    (inode, size, mtime, ctime), not per request: the Hub stores them, and a mirror that hashes a shard on each
+    ranged GET and HEAD spends the CPU a benchmark on the same host means for decoding. A file changed in the
+    last RACY_S seconds is hashed afresh each time, as git does: file times tick coarsely (a few ms), so a
+    rewrite of the same size could keep them."""
+    stat = os.stat(path)
+    if time.time() - max(stat.st_mtime, stat.st_ctime) < RACY_S:
+        return _hashed.__wrapped__(path, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    return _hashed(path, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hashed(path: str, inode: int, size: int, mtime_ns: int, ctime_ns: int) -> tuple[str, str]:
     with open(path, "rb") as f:
         data = f.read()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(), hashlib.sha256(data).hexdigest()
@@ -448,7 +467,7 @@ def serve_hub(root: str, port: int, token: str | None, gated: list[str], page_si
 
 def serve_http(root: str, port: int) -> None:
     handler = lambda *a, **kw: RangeHandler(*a, directory=root, **kw)
-    server = ThreadingHTTPServer((LOOPBACK, port), handler)
+    server = _QueuingServer((LOOPBACK, port), handler)
     print(f"listening http://{LOOPBACK}:{server.server_address[1]}", flush=True)
     server.serve_forever()
 

@@ -227,3 +227,23 @@ def test_bench_loaders_tables_rank_nothing_whose_passes_spread_more_than_ten_per
     table = markdown_table([steady.row(), noisy.row()], "DALI cpu")
     assert "| DALI cpu | train | 100 [99, 102] | 1.00x |" in table
     assert "| DataLoader+PIL 2 workers | train | 58 [50, 80] | not ranked: spread 52% between passes |" in table
+
+
+@pytest.mark.parametrize("scheme", ["http", "hf"])
+def test_s3_feed_reads_the_same_images_from_local_disk_and_through_the_cache(scheme, tmp_path):
+    """s3_feed --scheme http|hf: the shards on its local server behind the proxy; both cases read every batch."""
+    if scheme == "hf":
+        pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: pip install 'dali_pipes[hf]'")
+    from dali_pipes_bench import s3_feed
+    out = tmp_path / "feed.jsonl"
+    s3_feed.main(["--scheme", scheme, "--cases", "local", "cache", "--ranks", "1", "--images", "64", "--shards",
+                  "4", "--batch-size", "8", "--delay-ms", "0", "--out", str(out)])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    cases = {r["case"]: r for r in rows if "case" in r}
+    assert all("error" not in r for r in cases.values()), cases
+    assert [cases["local"]["images"], cases["cache"]["images"]] == [120, 120]  # 2 epochs of 8 batches, less the first
+    [cache] = cases["cache"]["cache"]
+    assert cache["downloads"] >= 4 and cases["cache"]["requests"]["GET"] >= 4  # every shard fetched through the proxy
+    assert len(cases["local"]["cpu_s"]) == len(cases["cache"]["cpu_s"]) == 1  # one rank's CPU seconds
+    assert {r["summary"] for r in rows if "summary" in r} == {"local", "cache"}
+    assert {r["scheme"] for r in rows} == {scheme}

@@ -124,3 +124,49 @@ def test_proxy_process_reports_counts_and_stops(s3):
     assert process.poll() is not None
     with pytest.raises(ValueError, match="http://host:port"):
         LatencyProxy("https://example.invalid")
+
+
+@pytest.mark.parametrize("kind", ["proxy", "http", "hub"])
+def test_bench_servers_queue_a_burst_of_connections(kind, tmp_path):
+    """32 connections at once to a server that accepts none meanwhile (stopped) all complete their handshake:
+    the kernel queues them. With socketserver's backlog of 5 the rest's SYNs are dropped and each client waits
+    the kernel's 1 s resend, which a benchmark counts as store latency (remote.heads sends 16 HEADs at once)."""
+    import select
+    import signal
+
+    from dali_pipes_bench.store_servers import HttpFileServer, HubMirror
+    server = {"proxy": lambda: ProxyProcess("http://127.0.0.1:9", delay_ms=0), "http": lambda: HttpFileServer(
+        str(tmp_path)), "hub": lambda: HubMirror(str(tmp_path))}[kind]()
+    with server:
+        port = int(server.url.rsplit(":", 1)[1]) if kind == "proxy" else server.port
+        os.kill(server.pid, signal.SIGSTOP)
+        _wait_stopped(server.pid)  # kill() returns before each thread stops: one could still accept
+        pending, connected = [socket.socket() for _ in range(32)], []
+        try:
+            for client in pending:
+                client.setblocking(False)
+                client.connect_ex(("127.0.0.1", port))
+            deadline = time.monotonic() + 2.0  # a queued handshake completes in microseconds; a dropped SYN: 1 s
+            while pending and time.monotonic() < deadline:
+                _, ready, _ = select.select([], pending, [], 0.1)
+                connected += [c for c in ready if c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0]
+                pending = [c for c in pending if c not in ready]
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+            for client in pending + connected:
+                client.close()
+    assert (len(connected), len(pending)) == (32, 0)
+
+
+def _wait_stopped(pid: int) -> None:
+    """Return once every thread of `pid` is stopped (state T in /proc/PID/task/*/stat)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(state in "tT" for state in states):
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"process {pid} did not stop: thread states {states}")

@@ -353,6 +353,27 @@ def test_hub_repos_are_listed_and_globbed_through_hffilesystem(hub):
         remote.list_objects(hub.url("val/"))
 
 
+def test_the_hub_mirror_hashes_a_settled_file_once_and_a_fresh_one_each_time(tmp_path, monkeypatch):
+    """Its ids (the Hub's oid and LFS sha256) are hashed once per version of a file, not on every ranged GET (the
+    benchmark's store shares the host with the decode); a file changed within RACY_S is hashed each time."""
+    import hashlib
+
+    from dali_pipes_bench import store_servers
+    ids = lambda data: (hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(), hashlib.sha256(data).hexdigest())
+    path = tmp_path / "train-0.tfrecord"
+    path.write_bytes(b"a" * 1000)
+    before = store_servers._hashed.cache_info()
+    assert [store_servers._file_ids(str(path)) for _ in range(3)] == [ids(b"a" * 1000)] * 3
+    path.write_bytes(b"b" * 1000)  # the same size at once: its times may not have ticked
+    assert store_servers._file_ids(str(path)) == ids(b"b" * 1000)
+    assert store_servers._hashed.cache_info()[:2] == before[:2]  # fresh files: hashed, not remembered
+    monkeypatch.setattr(store_servers, "RACY_S", 0.0)  # now: as if written long ago
+    path.write_bytes(b"c" * 1001)
+    assert [store_servers._file_ids(str(path)) for _ in range(3)] == [ids(b"c" * 1001)] * 3
+    after = store_servers._hashed.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+
+
 def test_a_revision_in_the_url_reads_that_revision(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     tfrecord_set(hub.put)  # main: 209 records
