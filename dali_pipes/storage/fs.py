@@ -289,8 +289,8 @@ class AzureBackend(FsspecBackend):
     def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
         """One ranged GET pinned to the listed ETag (If-Match: a replaced blob is a 412, ObjectChangedError).
         adlfs's cat_file passes no conditions on, so the read goes to the SDK's blob client on adlfs's loop;
-        pinned, a download needs no HEAD after it (one round trip less per shard, 0.89x -> 0.93x of local
-        disk at 20 ms a request: docs/benchmarks.md)."""
+        pinned, a download needs no HEAD after it: one round trip less per shard (docs/benchmarks.md, "Every
+        scheme through the shard cache")."""
         if not info.etag:  # a listing always gives one; an ObjectInfo made by hand may not
             return super().read(info, start, end)
         from fsspec.asyn import sync
