@@ -97,6 +97,8 @@ def build_pipe(paths: list[str], indexes: list[str], rank: int, world: int, batc
 
 def run_worker(args: argparse.Namespace) -> dict:
     """Read `batches` batches of this rank's shard; images/s counted after the first batch."""
+    if args.cpus:  # before DALI starts a thread: every thread of the rank stays on these cores
+        os.sched_setaffinity(0, args.cpus)
     from dali_pipes.data.reader import ReaderModel
     from dali_pipes.storage import remote
     from dali_pipes.storage.shard_cache import ReadAheadGate, ShardCache
@@ -121,7 +123,7 @@ def run_worker(args: argparse.Namespace) -> dict:
         gate = ReadAheadGate(cache, [n for _, n in taken] * (args.epochs + 1), reader.read_ahead)
         gate.advance(0)
         paths = [cache.path_for(info) for info in infos]
-    threads = max(1, (os.cpu_count() or 1) // args.world)
+    threads = max(1, len(os.sched_getaffinity(0)) // args.world)
     pipe = build_pipe(paths, indexes, args.rank, args.world, args.batch_size, threads)
     pipe.build()
     pipe.run()
@@ -201,6 +203,7 @@ def run_case(case: str, world: int, args: argparse.Namespace, manifest: str, env
                "--manifest", manifest, "--batch-size", str(args.batch_size), "--batches", str(batches),
                "--epochs", str(args.epochs), "--cache-folder", args.cache_folder,
                "--cache-bytes", str(args.cache_bytes), "--prefetch", str(args.prefetch)]
+    command += ["--cpus", *map(str, args.cpus)] if args.cpus else []
     workers = [subprocess.Popen(command + ["--rank", str(r)], stdout=subprocess.PIPE, text=True, env=env)
                for r in range(world)]
     outputs = [w.communicate(timeout=args.timeout)[0] for w in workers]
@@ -227,6 +230,11 @@ def main(argv: list[str] | None = None) -> None:
         shards = write_shards(work, args.images, args.shards)
         config_file = os.path.join(work, "aws-empty")
         open(config_file, "w").close()
+        if args.store_cpus:  # the store and the proxy inherit these cores; the ranks take the rest
+            args.cpus = sorted(os.sched_getaffinity(0) - set(args.store_cpus))
+            if not args.cpus:
+                raise SystemExit(f"--store-cpus {args.store_cpus} leaves no core to the ranks")
+            os.sched_setaffinity(0, args.store_cpus)
         with _server(args.scheme, work) as server, ProxyProcess(server.endpoint, args.delay_ms) as proxy:
             _upload(args.scheme, server, shards, proxy.url)
             manifest = os.path.join(work, "manifest.json")
@@ -337,12 +345,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-folder", default="", help="default: inside the run's temporary folder")
     parser.add_argument("--repeats", type=int, default=1, help="runs of the whole matrix, interleaved")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case before giving up")
+    parser.add_argument("--store-cpus", type=int, nargs="+", default=[],
+                        help="run the store and the proxy on these cores and the ranks on the others, as a store on "
+                             "another machine would (default: all share every core, and the store's CPU counts "
+                             "against the cache case)")
     parser.add_argument("--out", default="", help="append one JSON line per case to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", type=int, nargs="+", default=[], help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
