@@ -73,6 +73,10 @@ class Preemption:
                 hook("sent")  # this rank's value is on its way; it waits for the others'
             work.wait()
         self.decision = Stop(int(flag[0]), bool(flag[1]))
+        if self.decision.launcher_lost:
+            # another rank saw it first (this rank read its parent before the launcher died): look again, so that
+            # every rank whose launcher is gone says so, not only the first to notice
+            self.launcher_lost()
         for hook in self.vote_hooks:
             hook("decided")
         return self.decision
