@@ -159,6 +159,41 @@ def test_dataloader_arguments_it_cannot_honour_are_refused(folder, tv):
     assert DaliLoader(dataset, batch_size=2, collate_fn=torch.utils.data.default_collate).collate_fn is not None
 
 
+def documented_arguments(bullet: str, end: str) -> set[str]:
+    """The `names` in one bullet of docs/drop-in.md's "What the call means" (from `- **Accepted**` to the next)."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "drop-in.md").read_text()
+    start = text.index(f"- **{bullet}**")
+    return set(re.findall(r"`(\w+)", text[start:text.index(f"- **{end}", start)]))
+
+
+def test_the_documented_argument_lists_match_dataloader_and_the_code(folder, tv):
+    """Issue 24: the documented lists of accepted and refused arguments must match the code. Every argument of
+    torch's DataLoader is in DaliLoader's signature (never a TypeError) and in the drop-in page's Accepted or
+    Refused list; each accepted one is taken with a value other than its default, each refused one refused."""
+    import inspect
+    datasets, T = tv
+    dataloader = set(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
+    assert dataloader <= set(inspect.signature(DaliLoader.__init__).parameters)
+    accepted, refused = documented_arguments("Accepted", "Refused"), documented_arguments("Refused", "Order")
+    assert dataloader <= accepted | refused, sorted(dataloader - accepted - refused)
+    assert sorted(dataloader & refused) == ["batch_sampler", "collate_fn", "worker_init_fn"]
+    dataset = datasets.ImageFolder(folder, val_transform(T))
+    taken = {"batch_size": 3, "shuffle": False, "sampler": torch.utils.data.SequentialSampler(dataset),
+             "collate_fn": torch.utils.data.default_collate, "drop_last": True, "num_workers": 2, "pin_memory": True,
+             "generator": torch.Generator().manual_seed(1), "persistent_workers": True, "timeout": 5.0,
+             "prefetch_factor": 4, "multiprocessing_context": "spawn", "pin_memory_device": "cpu", "in_order": True}
+    assert set(taken) == dataloader & accepted
+    for name, value in taken.items():
+        loader = DaliLoader(dataset, **{name: value})
+        assert getattr(loader, name, value) is value, name
+    for name, value in {"batch_sampler": [[0, 1]], "collate_fn": lambda batch: batch,
+                        "worker_init_fn": lambda worker: None}.items():
+        with pytest.raises(ValueError, match=name):
+            DaliLoader(dataset, **{name: value})
+
+
 def test_target_transform_and_subset_are_read(folder, tv):
     datasets, T = tv
     dataset = datasets.ImageFolder(folder, val_transform(T), target_transform=lambda y: 10 + y)
