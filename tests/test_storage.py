@@ -173,6 +173,40 @@ def test_a_store_answering_503_twice_is_retried_not_failed(gcs, tmp_path, monkey
         assert proxy.counts()["GET"] >= 3
 
 
+@pytest.mark.parametrize("scheme", ["gs", "az", "http"])
+def test_a_denied_request_is_one_line_naming_the_store_within_seconds(scheme, request, monkeypatch, tmp_path):
+    """Issue 27: a denied request is named in one line within seconds, never retried. Azure: a wrong account key,
+    refused by Azurite itself; gs and http: a 403 from the proxy in front of the store (the emulator and the file
+    server check no credentials)."""
+    import time
+    store = request.getfixturevalue({"gs": "gcs", "az": "azure", "http": "http_store"}[scheme])
+    url = store.put("train/a.tfrecord", b"0123456789")
+    info = remote.head(url)
+    with LatencyProxy(store.endpoint, delay_ms=0) as proxy:
+        if scheme == "az":
+            wrong = "d3Jvbmcga2V5IGZvciB0aGUgZGV2ZWxvcG1lbnQgYWNjb3VudA=="  # base64, not the account's key
+            monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING",
+                               request.getfixturevalue("azurite_server").connection_string().replace(
+                                   "AccountKey=", f"AccountKey={wrong};Was="))
+        else:
+            proxy.add_fault(Fault("a.tfrecord", status=403))
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+            url = url.replace(store.endpoint, proxy.url)
+            info = ObjectInfo(url, info.size, info.etag, info.last_modified, info.generation)
+        endpoint = proxy.url if scheme != "az" else store.endpoint
+        for call in (lambda: remote.head(url), lambda: remote.read_range(info, 0, 4),
+                     lambda: remote.download(info, str(tmp_path / "a"))):
+            start = time.monotonic()
+            with pytest.raises(PermissionError) as error:
+                call()
+            assert time.monotonic() - start < 10
+            message = str(error.value)
+            assert "\n" not in message and url in message and endpoint in message, message
+            assert "denied" in message or "refused the credentials" in message, message
+        # none retried: a HEAD may be a GET and a listing (gcsfs), a ranged read one GET, a download one or two
+        assert scheme == "az" or sum(proxy.counts().values()) <= 6, proxy.counts()
+
+
 # ---------------------------------------------------------------------------------------------
 # Retries are the loader's own (issue 25)
 # ---------------------------------------------------------------------------------------------

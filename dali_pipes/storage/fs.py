@@ -179,6 +179,10 @@ class FsspecBackend:
         if fault is not None:
             return ConnectionError(f"{url}: cannot reach the {self.service} endpoint {endpoint} "
                                    f"({type(fault).__name__}: {fault}); {self.endpoint_hint}")
+        # fsspec's http answers any failed HEAD with FileNotFoundError, a 403 too: the status it was raised from decides
+        chained = next((code for code in map(status_of, _causes(error)) if code), 0)
+        if chained in (401, 403) and isinstance(error, FileNotFoundError):
+            return PermissionError(f"{url}: access denied by {endpoint} ({chained}); {self.permission_hint}")
         if isinstance(error, FileNotFoundError) or status == 404:
             if expected is not None:
                 return remote.disappeared_error(url, expected)
