@@ -608,3 +608,16 @@ def test_a_ranged_read_of_a_replaced_object_is_refused_where_reads_are_pinned(sc
     with pytest.raises(remote.ObjectChangedError, match="changed after it was listed"):
         remote.read_range(info, 0, 9)
     assert remote.read_range(remote.head(info.url), 0, 9) == b"version 2"
+
+
+def test_a_pinned_azure_read_from_a_stalled_store_ends_after_its_attempts(azure, azurite_server, monkeypatch):
+    """Azure's pinned reads go to the SDK's blob client, not through adlfs: they keep the loader's timeout."""
+    import time
+    info = remote.head(azure.put("train/a.tfrecord", b"0123456789"))
+    with LatencyProxy(azure.endpoint, delay_ms=4000) as proxy:  # every reply 4 s late
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_server.connection_string(proxy.url))
+        start = time.monotonic()
+        with remote.options_in_force(remote.ClientOptions.of(attempts=2, timeout=1)):
+            with pytest.raises(remote.UnreachableError, match="after 2 attempts"):
+                remote.read_range(info, 0, 4)
+        assert time.monotonic() - start < 8

@@ -314,7 +314,8 @@ class AzureBackend(FsspecBackend):
         async with self.fs.service_client.get_blob_client(container=container, blob=blob) as client:
             stream = await client.download_blob(offset=start, length=length, version_id=version_id, etag=etag,
                                                 match_condition=MatchConditions.IfNotModified, max_concurrency=1,
-                                                **self.fs._timeout_kwargs)
+                                                connection_timeout=self.options.connect_timeout,
+                                                read_timeout=self.options.read_timeout)
             return bytes(await stream.readall())
 
     def endpoint(self, url: str = "") -> str:
