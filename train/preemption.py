@@ -87,11 +87,14 @@ class Preemption:
         if self._launcher is None or self._launcher_lost or os.getppid() == self._launcher:
             return self._launcher_lost
         self._launcher_lost = True
-        print(f"rank {int(os.environ.get('RANK', 0))}: the torchrun launcher (pid {self._launcher}) is gone (killed, "
-              f"perhaps by a signal it does not handle, such as SIGUSR1): this job stops after this step, with a "
-              f"checkpoint if the ranks still answer. Send preemption signals to the ranks, or SIGTERM to torchrun, "
-              f"which forwards it (SIGUSR1 too with torchrun --signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,"
-              f"SIGUSR1)", file=sys.stderr, flush=True)
+        # one write of the whole line: print() writes the text and its newline apart, and the ranks share stderr
+        rank = int(os.environ.get("RANK", 0))
+        sys.stderr.write(f"rank {rank}: the torchrun launcher (pid {self._launcher}) is gone (killed, perhaps by a "
+                         f"signal it does not handle, such as SIGUSR1): this job stops after this step, with a "
+                         f"checkpoint if the ranks still answer. Send preemption signals to the ranks, or SIGTERM to "
+                         f"torchrun, which forwards it (SIGUSR1 too with torchrun "
+                         f"--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1)\n")
+        sys.stderr.flush()
         return True
 
 
