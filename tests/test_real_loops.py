@@ -31,6 +31,7 @@ def val_set(request, tmp_path_factory):
 def run_job(folder: str, out, loop: str, batch: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
     env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a rank that aborts (a rare SIGABRT seen twice, cause unknown) shows its stacks
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", JOB, folder,
            str(out), "--loop", loop, "--batch", str(batch)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
