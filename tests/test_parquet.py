@@ -318,16 +318,21 @@ def test_convert_turns_parquet_into_shards_with_the_same_samples(hf, tmp_path, f
 # In an object store (s3:// through a local moto server)
 # ---------------------------------------------------------------------------------------------
 
+def put_parquet_files(folder: str, put, prefix: str) -> None:
+    """Each .parquet file of `folder` stored as PREFIX + its name, through a test store's `put(key, data)`."""
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".parquet"):
+            with open(os.path.join(folder, name), "rb") as f:
+                put(f"{prefix}{name}", f.read())
+
+
 @pytest.fixture
 def s3_parquet(hf, request, tmp_path, monkeypatch):
     """The datasets-written files under s3://BUCKET/hf/, the caches inside the test's tmp_path."""
     pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
     s3 = request.getfixturevalue("s3")
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
-    for name in sorted(os.listdir(hf)):
-        if name.endswith(".parquet"):
-            with open(os.path.join(hf, name), "rb") as f:
-                s3.put(f"hf/{name}", f.read())
+    put_parquet_files(hf, s3.put, "hf/")
     return s3.url("hf/")
 
 
@@ -356,10 +361,7 @@ def hub_parquet(hf, request, tmp_path, monkeypatch):
     00002.parquet, a test split beside them, a README at the root); the glob of the train split."""
     hub = request.getfixturevalue("hub")
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
-    for name in sorted(os.listdir(hf)):
-        if name.endswith(".parquet"):
-            with open(os.path.join(hf, name), "rb") as f:
-                hub.put(f"data/{name}", f.read())
+    put_parquet_files(hf, hub.put, "data/")
     hub.put("data/test-00000-of-00001.parquet", open(write_plain_parquet(tmp_path / "test.parquet", 5), "rb").read())
     hub.put("README.md", b"---\nlicense: mit\n---\n")
     return hub.url("data/train-*.parquet")
