@@ -270,6 +270,7 @@ class AzureBackend(FsspecBackend):
     endpoint_hint = ("check the BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME) "
                      "and that the server is up")
     permission_hint = "the credentials in use need read and list access to the container (Storage Blob Data Reader)"
+    pins_reads = True  # If-Match on every ranged GET (read)
 
     def make_fs(self, options: ClientOptions) -> Any:
         from adlfs import AzureBlobFileSystem
@@ -287,8 +288,6 @@ class AzureBackend(FsspecBackend):
         keyed = bool(os.environ.get("AZURE_STORAGE_ACCOUNT_KEY"))
         return OneTryAzure(connection_timeout=options.connect_timeout, read_timeout=options.read_timeout,
                            skip_instance_cache=True, anon=False if keyed else None)
-
-    pins_reads = True  # If-Match on every ranged GET (read)
 
     def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
         """One ranged GET pinned to the listed ETag (If-Match: a replaced blob is a 412, ObjectChangedError).
