@@ -96,12 +96,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     root, random_transform = "", False
     form: SampleForm | None = DEFAULT_FORM  # what a collate_fn that is run gets per sample
     if not is_location:
-        if is_hf_dataset(dataset):  # read from its Arrow files, as a Parquet location is
-            files, keys, classes, root, transform = read_hf_dataset(dataset)
-            form = None  # its transform's dicts: not built yet
-        else:
-            samples, classes, root, transform = read_dataset(dataset)
-            form = sample_form_of(dataset)
+        samples, files, keys, classes, root, transform, form = read_dataset_object(dataset)
         augment_args, random_transform = augment_from_transform(transform)
     drawn = read_sampler(sampler, None if samples is None else len(samples))
     if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
@@ -141,6 +136,18 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
                           dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
                           keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed, form),
                           bool(drawn.get("drawn")))
+
+
+def read_dataset_object(dataset: Any) -> tuple[list | None, Any, TFRecordKeys | None, list | None, str, Any,
+                                                SampleForm | None]:
+    """(samples, files, keys, classes, root, transform, sample form) of a dataset object: a datasets.Dataset read
+    from its Arrow files, as a Parquet location is (its samples' form not known: its transform's dicts), else a
+    torchvision dataset's sample list."""
+    if is_hf_dataset(dataset):
+        files, keys, classes, root, transform = read_hf_dataset(dataset)
+        return None, files, keys, classes, root, transform, None
+    samples, classes, root, transform = read_dataset(dataset)
+    return samples, None, None, classes, root, transform, sample_form_of(dataset)
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
