@@ -2,11 +2,13 @@
 
 DaliLoader takes `torch.utils.data.DataLoader`'s arguments with DataLoader's meaning, so that a
 script swaps the class name and nothing else:
-  * the dataset: a torchvision ImageFolder / DatasetFolder (anything with `root` and `samples`), a
+  * the dataset: a torchvision ImageFolder / DatasetFolder (anything with `samples`, and `root`), a
     Subset or a ConcatDataset of them, is read as its sample list and class mapping (no rescan); its `transform` is
     read as the DALI graph (transforms.py) and its `target_transform` maps the labels once, here.
     What DataLoader would run as Python per sample and DALI cannot is refused, naming it: a `loader=`
-    other than torchvision's default, a subclass's own `__getitem__` or `__len__`;
+    other than torchvision's default, a torchvision subclass's own `__len__`, and any dataset's own
+    `__getitem__` (torchvision's or torch's own are read) unless the dataset declares, with `dali_sample`, that
+    its items are transform(image) and the label in that structure (the lines to add are named);
   * images are read as the default loader (PIL's convert("RGB")) reads them: no EXIF rotation, 16-bit
     PNGs as PIL reduces them (read_as_pil; AugmentConfig's exif_orientation and png16 choose otherwise);
   * `sampler`: a DistributedSampler (its own __iter__) gives the rank, world size, seed, shuffle and
@@ -14,10 +16,10 @@ script swaps the class name and nothing else:
     sampler (WeightedRandomSampler, SubsetRandomSampler, a repeated-augmentation sampler, a script's own) is
     read as DataLoader reads it: its indices drawn every epoch and fed to DALI (run/sampled.py);
     a batch_sampler or a worker_init_fn is refused (DALI batches by itself, and has no worker processes);
-  * `collate_fn`: default_collate, or one that mixes batches (torchvision v2's MixUp / CutMix around
-    default_collate, timm's Mixup / FastCollateMixup) is read and the mix applied to DALI's batches
-    (run/batch_mix.py), as is `batch_transform=` (any fn(images, labels) -> (images, targets)); any other
-    collate_fn is refused;
+  * `collate_fn`: run on the batch's samples as per-sample views of DALI's output, in the structure the
+    dataset's `__getitem__` returns (run/batch_mix.py); default_collate (None), the references' exact
+    `M(*default_collate(batch))` around torchvision's MixUp / CutMix and timm's FastCollateMixup take a translated
+    fast path, as does `batch_transform=` (any fn(images, labels) -> (images, targets));
   * without a sampler a dataset object is read whole by every process, as DataLoader reads it, except
     where a Lightning Trainer would give a DataLoader built there a DistributedSampler (its hooks under a
     distributed strategy, use_distributed_sampler=True) or where Hugging Face Accelerate runs on several
@@ -43,9 +45,10 @@ from typing import Any
 
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
 from dali_pipes.data.samples import TFRecordKeys
+from dali_pipes.errors import DatasetError
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.graph.transforms import augment_from_transform
-from dali_pipes.run.batch_mix import BatchTransform, batch_transform_of
+from dali_pipes.run.batch_mix import DEFAULT_FORM, BatchTransform, SampleForm, batch_transform_of, check_form
 
 LOCATION_TYPES = (str, os.PathLike, list)
 
@@ -91,11 +94,9 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     keys: TFRecordKeys | None = None
     augment_args: dict[str, Any] = {}
     root, random_transform = "", False
+    form: SampleForm | None = DEFAULT_FORM  # what a collate_fn that is run gets per sample
     if not is_location:
-        if is_hf_dataset(dataset):  # read from its Arrow files, as a Parquet location is
-            files, keys, classes, root, transform = read_hf_dataset(dataset)
-        else:
-            samples, classes, root, transform = read_dataset(dataset)
+        samples, files, keys, classes, root, transform, form = read_dataset_object(dataset)
         augment_args, random_transform = augment_from_transform(transform)
     drawn = read_sampler(sampler, None if samples is None else len(samples))
     if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
@@ -133,8 +134,20 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     return DataLoaderCall(location, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
                           dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
-                          keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed),
+                          keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed, form),
                           bool(drawn.get("drawn")))
+
+
+def read_dataset_object(dataset: Any) -> tuple[list | None, Any, TFRecordKeys | None, list | None, str, Any,
+                                                SampleForm | None]:
+    """(samples, files, keys, classes, root, transform, sample form) of a dataset object: a datasets.Dataset read
+    from its Arrow files, as a Parquet location is (its samples' form not known: its transform's dicts), else a
+    torchvision dataset's sample list."""
+    if is_hf_dataset(dataset):
+        files, keys, classes, root, transform = read_hf_dataset(dataset)
+        return None, files, keys, classes, root, transform, None
+    samples, classes, root, transform = read_dataset(dataset)
+    return samples, None, None, classes, root, transform, sample_form_of(dataset)
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:
@@ -290,14 +303,15 @@ def _one_line(transform: Any) -> str:
 
 
 def _read_image_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
-    if not (hasattr(dataset, "root") and hasattr(dataset, "samples")):
+    _refuse_python_code(dataset)
+    if not hasattr(dataset, "samples") or not (hasattr(dataset, "root") or hasattr(dataset, "dali_sample")):
         raise TypeError(f"DaliLoader cannot read {type(dataset).__name__}: it reads image files in DALI, so it needs a "
                         f"torchvision ImageFolder / DatasetFolder (anything with .root and .samples), a Subset or "
                         f"ConcatDataset of them, or a dataset location (a folder, file list, TFRecord or WebDataset "
                         f"shards)")
-    _refuse_python_code(dataset)
     samples = list(dataset.samples)
-    root = str(dataset.root)
+    first = os.path.dirname(os.path.abspath(str(samples[0][0]))) if samples else type(dataset).__name__
+    root = str(getattr(dataset, "root", "") or first)  # no root (a declared dataset): its first file's folder
     relabel = getattr(dataset, "target_transform", None)
     # torchvision lists root-joined paths; other datasets may list them relative to root: told once, by a sample
     base = "" if not samples or os.path.isabs(str(samples[0][0])) or os.path.exists(str(samples[0][0])) else root
@@ -311,8 +325,26 @@ def _read_image_dataset(dataset: Any) -> tuple[list, list | None, str, Any]:
         out.append((os.path.abspath(os.path.join(base, str(path))), int(label)))
     if not out:
         raise ValueError(f"{root}: the dataset holds no samples")
+    if hasattr(type(dataset), "__len__") and len(dataset) != len(out):  # __getitem__ declared read (dali_sample)
+        raise ValueError(f"{root}: len({type(dataset).__name__}) is {len(dataset)} but .samples lists {len(out)}; "
+                         f"DaliLoader reads .samples, DataLoader would index range(len(dataset)): make them agree")
     classes = list(dataset.classes) if hasattr(dataset, "classes") else None
     return out, classes, root, getattr(dataset, "transform", None)
+
+
+def sample_form_of(dataset: Any) -> SampleForm:
+    """What the dataset's __getitem__ returns, as roles (batch_mix.SampleForm): its `dali_sample`, else
+    torchvision's (image, label); a Subset's or a ConcatDataset's parts' (the parts must agree)."""
+    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # torch.utils.data.Subset
+        return sample_form_of(dataset.dataset)
+    if hasattr(dataset, "datasets") and hasattr(dataset, "cumulative_sizes"):  # torch.utils.data.ConcatDataset
+        forms = [sample_form_of(part) for part in dataset.datasets]
+        if any(form != forms[0] for form in forms):
+            raise ValueError(f"ConcatDataset: its parts return different structures ({forms}); DataLoader would "
+                             f"hand a collate_fn both: give them one")
+        return forms[0]
+    form = getattr(dataset, "dali_sample", None)
+    return DEFAULT_FORM if form is None else check_form(form, type(dataset).__name__)
 
 
 HF_DATASET_TYPES = ("Dataset", "DatasetDict", "IterableDataset", "IterableDatasetDict")
@@ -394,31 +426,61 @@ DEFAULT_LOADERS = ("default_loader", "pil_loader")  # torchvision.datasets.folde
 def _refuse_python_code(dataset: Any) -> None:
     """Refuse what DataLoader would run per sample and DaliLoader would skip: DALI decodes the files itself
     (as torchvision's default loader does) and cannot call Python per sample at its speed."""
-    loader = getattr(dataset, "loader", None)
+    loader, where = getattr(dataset, "loader", None), getattr(dataset, "root", type(dataset).__name__)
     if loader is not None and not (getattr(loader, "__module__", "") == "torchvision.datasets.folder"
                                    and getattr(loader, "__name__", "") in DEFAULT_LOADERS):
-        raise ValueError(f"{dataset.root}: {type(dataset).__name__}(loader={getattr(loader, '__name__', loader)!r}) "
+        raise ValueError(f"{where}: {type(dataset).__name__}(loader={getattr(loader, '__name__', loader)!r}) "
                          f"is not supported: DaliLoader decodes the image files in DALI as torchvision's default "
                          f"loader does (PIL, convert('RGB')) and cannot call another; drop loader= (or pass "
                          f"torchvision.datasets.folder.default_loader), or keep DataLoader for this dataset")
-    overridden = _overridden(type(dataset))
+    overridden = _overridden(type(dataset), "__len__")
     if overridden:
-        raise ValueError(f"{dataset.root}: {overridden} overrides torchvision's, and DaliLoader never calls it (it "
+        raise ValueError(f"{where}: {overridden} overrides torchvision's, and DaliLoader never calls it (it "
                          f"reads .samples, .transform and .target_transform and runs them in DALI); move what it "
-                         f"does into target_transform (labels) or a subclass that only sets .samples, or keep "
-                         f"DataLoader for this dataset")
+                         f"does into a subclass that only sets .samples, or keep DataLoader for this dataset")
+    own = _own_getitem(type(dataset))
+    if own is not None and getattr(dataset, "dali_sample", None) is None:
+        raise unread_getitem(dataset, own, library=_overridden(type(dataset), "__getitem__") is not None)
 
 
-def _overridden(cls: type) -> str | None:
-    """"Class.method" for a __getitem__ or __len__ defined below the torchvision class `cls` derives from."""
-    library = next((base for base in cls.__mro__ if base.__module__.startswith("torchvision.")), None)
-    if library is None:  # not a torchvision dataset: read by its attributes, as documented
-        return None
-    for base in cls.__mro__[:cls.__mro__.index(library)]:
-        for method in ("__getitem__", "__len__"):
-            if method in vars(base):
-                return f"{base.__name__}.{method}"
+def unread_getitem(dataset: Any, own: str, library: bool) -> DatasetError:
+    """The refusal of a dataset whose own __getitem__ DaliLoader would skip: what is read instead, and the lines
+    (at most 3) that declare it read exactly."""
+    name = type(dataset).__name__
+    lines = [] if hasattr(dataset, "samples") else \
+        ["self.samples = [(path, label), ...]  # each image file and its int label, in index order"]
+    if getattr(dataset, "transform", None) is None:
+        lines.append("self.transform = ...  # the torchvision transform __getitem__ applies to the PIL image")
+    lines.append('self.dali_sample = ("image", "label")  # what __getitem__ returns, "image" and "label" in its '
+                 'places; a dict: {"image": "image", "label": "label"}')
+    problem = (f"{own} {'overrides torchvision' + chr(39) + 's' if library else 'is its own'}, and DaliLoader never "
+               f"calls it: it reads the dataset's attributes (.samples: [(image path, int label)] in index order; "
+               f".transform, the torchvision transform, run in DALI; .target_transform, .root and .classes where "
+               f"present) and decodes each file as PIL's open(path).convert('RGB') does, so whatever {own} does "
+               f"besides (a crop, a relabelling, a filter, another loader) would not happen")
+    fix = (f"If {own} returns transform(image) and the label of .samples, add to {name}.__init__:\n    "
+           + "\n    ".join(lines) + "\nelse move relabelling into target_transform (a torchvision.datasets.ImageFolder "
+           "subclass without a __getitem__ of its own is read as it is), or keep DataLoader for this dataset")
+    return DatasetError(str(getattr(dataset, "root", name)), problem, fix)
+
+
+def _own_getitem(cls: type) -> str | None:
+    """"Class.__getitem__" where a class of the dataset's own, above torch's and torchvision's, defines it."""
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] in ("torch", "torchvision", "builtins", "typing"):
+            return None
+        if "__getitem__" in vars(base):
+            return f"{base.__name__}.__getitem__"
     return None
+
+
+def _overridden(cls: type, method: str) -> str | None:
+    """"Class.method" for `method` defined below the torchvision class `cls` derives from."""
+    library = next((base for base in cls.__mro__ if base.__module__.startswith("torchvision.")), None)
+    if library is None:  # not a torchvision dataset: its __getitem__ is _own_getitem's
+        return None
+    return next((f"{base.__name__}.{method}" for base in cls.__mro__[:cls.__mro__.index(library)]
+                 if method in vars(base)), None)
 
 
 class DataLoaderAttributes:

@@ -289,10 +289,10 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
             if batch is None:
                 break  # DALI ended the epoch first: never, as contract.py models it
             self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
-            images, labels = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(),
-                                       self.batch_transform, (self.shard.rank, at.epoch))
+            out = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(), self.batch_transform,
+                            (self.shard.rank, at.epoch))  # (images, labels), or what a collate_fn returned
             at.batch += 1
-            yield images, labels
+            yield out
         self.pipe.settle()
         remainder_done = self.pipe.end_epoch()  # tuning's choice if still open; the sharding check
         at.next_epoch()
@@ -327,10 +327,10 @@ def sampler_read(call: DataLoaderCall, loader: DaliLoader) -> SamplerRead | None
 
 
 def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool, pin: bool,
-              transform: BatchTransform | None = None,
-              at: tuple[int, int] = (0, 0)) -> tuple[torch.Tensor, torch.Tensor]:
+              transform: BatchTransform | None = None, at: tuple[int, int] = (0, 0)) -> Any:
     """Batch `index` of the epoch as the contract cuts it: padding cut or labelled, laid out, its batch
-    transform applied (mixup, cutmix: batch_mix.py; keyed by `at` = (rank, epoch) and `index`), pinned."""
+    transform applied (a collate_fn run, mixup, cutmix: batch_mix.py; keyed by `at` = (rank, epoch) and `index`),
+    pinned. (images, labels), or what the collate_fn returned."""
     size, real = cut.size(index), cut.real_in(index)
     images, labels = batch["images"][:size], batch["labels"][:size]
     if cut.pad_label and real < size:
@@ -338,9 +338,23 @@ def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool, pin: 
         labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
     if channels_last:
         images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
-    if transform is not None:
-        images, labels = transform(images, labels, (*at, index))
-    return (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
+    if transform is None:
+        return (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
+    out = transform(images, labels, (*at, index))
+    return pinned(out) if pin else out
+
+
+def pinned(batch: Any) -> Any:
+    """`batch` with its tensors pinned, through tuples, lists and dicts, as DataLoader's pin_memory pins them."""
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, dict):
+        return {key: pinned(value) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(pinned(value) for value in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(pinned(value) for value in batch)
+    return batch
 
 
 def stats_of(pipe: RankPipeline) -> dict:

@@ -19,7 +19,6 @@ from torch.utils.data import DataLoader, default_collate
 
 from dali_pipes import DaliLoader
 from dali_pipes.run.batch_mix import (
-    ACCEPTED,
     MixDraw,
     MixSettings,
     batch_rng,
@@ -172,29 +171,29 @@ def test_the_collate_forms_scripts_use_are_read(v2, timm):
         assert source is mixup_cutmix and settings == MixSettings(num_classes=7, mixup_alpha=0.2, cutmix_alpha=1.0,
                                                                   prob=1.0, switch_prob=0.75)
     fast = FastCollateMixup(mixup_alpha=0.8, cutmix_alpha=1.0, prob=0.9, switch_prob=0.4, num_classes=7)
-    timm_mixup = Mixup(cutmix_alpha=1.0, num_classes=7)
-    for form, source in ((fast, fast), (lambda batch: timm_mixup(*default_collate(batch)), timm_mixup)):
-        settings, found = read_collate(form)
-        assert found is source and settings.pairing == "flip" and settings.label_smoothing == 0.1
+    settings, found = read_collate(fast)
+    assert found is fast and settings.pairing == "flip" and settings.label_smoothing == 0.1
     assert read_collate(fast)[0].prob == 0.9 and read_collate(fast)[0].switch_prob == 0.4
     assert read_collate(default_collate) is None and read_collate(None) is None
+    timm_mixup = Mixup(cutmix_alpha=1.0, num_classes=7)  # asserts an even batch: run (None), not read
+    assert read_collate(lambda batch: timm_mixup(*default_collate(batch))) is None
 
 
-def test_collate_forms_that_cannot_be_read_are_refused_naming_what_is(v2, timm):
-    from timm.data.mixup import Mixup
+def test_collate_forms_that_cannot_be_read_are_run_and_a_mixer_as_collate_fn_refused(v2, timm):
+    """Issue 32: forms other than the references' exact one are run (read_collate None), not refused; a mixer
+    passed as the collate_fn itself is refused, naming batch_transform=, and so are FastCollateMixup settings
+    the translation cannot reproduce (it cannot be run on DALI's float images)."""
+    from timm.data.mixup import FastCollateMixup, Mixup
     mixup = v2.MixUp(alpha=0.2, num_classes=3)
-    refused = {"is not supported": lambda batch: torch.stack([s[0] for s in batch]),
-               "it calls shuffle_rows": lambda batch: shuffle_rows(mixup(*default_collate(batch))),
-               "not a collate function": mixup,
-               "mode='elem'": lambda batch: elem(*default_collate(batch)),
-               "num_classes": lambda batch: no_classes(*default_collate(batch))}
     elem = Mixup(mode="elem", num_classes=3)
     no_classes = v2.CutMix(alpha=1.0)
-    for message, collate_fn in refused.items():
-        with pytest.raises(ValueError, match=message) as error:
-            read_collate(collate_fn)
-        if message in ("is not supported", "it calls shuffle_rows"):
-            assert ACCEPTED in str(error.value)
+    run = [lambda batch: torch.stack([s[0] for s in batch]), lambda batch: shuffle_rows(mixup(*default_collate(batch))),
+           lambda batch: elem(*default_collate(batch)), lambda batch: no_classes(*default_collate(batch))]
+    assert [read_collate(collate_fn) for collate_fn in run] == [None] * 4
+    with pytest.raises(ValueError, match="not a collate function.*batch_transform="):
+        read_collate(mixup)
+    with pytest.raises(ValueError, match="mode='elem'"):
+        read_collate(FastCollateMixup(mode="elem", num_classes=3))
 
 
 def shuffle_rows(pair):
@@ -314,3 +313,121 @@ def test_batch_transform_takes_mix_settings_and_never_two_mixes(folder, v2):
 def tv_transforms(torchvision):
     from torchvision import transforms
     return transforms
+
+
+# --- issue 32: a collate_fn is run on per-sample views, unless it is provably the translated form ---------------
+
+def val_preset(T):
+    return T.Compose([T.Resize(20), T.CenterCrop(16), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+def both_loaders(dataset, collate_fn, **args):
+    """(DaliLoader's batches, DataLoader's batches) of one epoch each, the same arguments."""
+    return list(DaliLoader(dataset, collate_fn=collate_fn, **args)), list(DataLoader(dataset, collate_fn=collate_fn,
+                                                                                     **args))
+
+
+def test_a_flag_gated_mixup_collate_honours_the_flag_as_dataloader_does(folder, v2):
+    """Issue 32: a collate_fn that closes over a v2 MixUp but mixes only when a flag is set gave soft targets
+    for every batch; it is run, so with the flag off the labels are DataLoader's hard labels, exactly."""
+    from torchvision import datasets, transforms
+    dataset = datasets.ImageFolder(folder, val_preset(transforms))
+    mixup = v2.MixUp(alpha=0.2, num_classes=3)
+    flags = {"mix": False}
+
+    def collate_fn(batch):
+        images, labels = default_collate(batch)
+        return mixup(images, labels) if flags["mix"] else (images, labels)
+
+    ours, theirs = both_loaders(dataset, collate_fn, batch_size=4)
+    assert [t.tolist() for _, t in ours] == [t.tolist() for _, t in theirs]  # hard labels, in DataLoader's order
+    assert all(t.dtype == torch.int64 and i.shape == j.shape for (i, t), (j, _) in zip(ours, theirs))
+    assert all((i - j).abs().mean() < 0.1 for (i, _), (j, _) in zip(ours, theirs))  # the same images, resized apart
+    flags["mix"] = True  # read at every batch, as DataLoader calls the function at every batch
+    ours, theirs = both_loaders(dataset, collate_fn, batch_size=4)
+    assert [tuple(t.shape) for _, t in ours] == [tuple(t.shape) for _, t in theirs] == [(4, 3)] * 3 + [(3, 3)]
+
+
+def test_a_collate_that_mixes_half_the_batches_leaves_the_others_hard(folder, v2):
+    """Issue 32: `random.random() < 0.5` mixed every batch; run per batch (Python's generator seeded from the
+    batch's key), about half are mixed, the others carry DataLoader's hard labels; the same seed, the same ones."""
+    import random
+
+    from torchvision import datasets, transforms
+    dataset = datasets.ImageFolder(folder, val_preset(transforms))
+    mixup = v2.MixUp(alpha=0.2, num_classes=3)
+
+    def collate_fn(batch):
+        images, labels = default_collate(batch)
+        return mixup(images, labels) if random.random() < 0.5 else (images, labels)
+
+    make = lambda: DaliLoader(dataset, batch_size=1, collate_fn=collate_fn, seed=4)
+    loader, hard = make(), [t.tolist() for _, t in DataLoader(dataset, batch_size=1)]
+    kinds = [["hard" if t.ndim == 1 else "mixed" for _, t in loader] for _ in range(3)]  # 3 epochs of 15
+    assert 9 <= sum(epoch.count("mixed") for epoch in kinds) <= 36  # Binomial(45, 0.5): 4.5 sd either side
+    labels = [t for _, t in make()]
+    assert [t.tolist() for t in labels if t.ndim == 1] == [h for h, kind in zip(hard, kinds[0]) if kind == "hard"]
+    assert kinds[0] == ["hard" if t.ndim == 1 else "mixed" for t in labels]  # the batch's key decides
+    theirs = [t.ndim for _, t in DataLoader(dataset, batch_size=1, collate_fn=collate_fn)]
+    assert set(theirs) <= {1, 2}
+
+
+def test_a_clamp_after_mixing_holds(folder, v2):
+    """Issue 32: a collate_fn that clamps after mixing was read as the mix alone (the clamp dropped)."""
+    from torchvision import datasets, transforms
+    dataset = datasets.ImageFolder(folder, val_preset(transforms))
+    mixup = v2.MixUp(alpha=0.2, num_classes=3)
+
+    def collate_fn(batch):
+        images, targets = mixup(*default_collate(batch))
+        return images.clamp(-1.0, 1.0), targets
+
+    ours, theirs = both_loaders(dataset, collate_fn, batch_size=4)
+    assert max(i.abs().max() for i, _ in DaliLoader(dataset, batch_size=4)) > 1.5  # there is something to clamp
+    for batches in (ours, theirs):
+        assert all(i.min() >= -1.0 and i.max() <= 1.0 for i, _ in batches)
+        assert [tuple(t.shape) for _, t in batches] == [(4, 3)] * 3 + [(3, 3)]
+
+
+def test_the_samples_are_views_of_dalis_batch_in_the_datasets_structure(folder, torchvision):
+    """What a run collate_fn is handed: the dataset's item structure ((CHW tensor, int) for torchvision), each
+    image a view into DALI's batch (no copy); collate_fn=None and default_collate keep the fast path."""
+    from torchvision import datasets, transforms
+    dataset = datasets.ImageFolder(folder, val_preset(transforms))
+    seen = []
+
+    def collate_fn(batch):
+        seen.append(batch)
+        return default_collate(batch)
+
+    batches = list(DaliLoader(dataset, batch_size=4, collate_fn=collate_fn))
+    for samples, (images, labels) in zip(seen, batches):
+        assert all(type(s) is tuple and len(s) == 2 and type(s[1]) is int for s in samples)
+        assert [s[1] for s in samples] == labels.tolist() and torch.equal(torch.stack([s[0] for s in samples]), images)
+        base, step = samples[0][0].data_ptr(), samples[0][0].numel() * samples[0][0].element_size()
+        assert [s[0].data_ptr() for s in samples] == [base + k * step for k in range(len(samples))]  # one buffer
+        assert all(s[0]._base is not None and s[0].shape == (3, 16, 16) for s in samples)
+    for fast in (None, default_collate):
+        assert DaliLoader(dataset, batch_size=4, collate_fn=fast).batch_transform is None
+
+
+def test_only_the_references_exact_form_is_translated(v2, timm):
+    """The translation (BatchMix) stands in only for code that is exactly `return M(*default_collate(batch))`
+    (closure, global or partial): anything else around the same mixer is run as it is."""
+    from timm.data.mixup import Mixup
+
+    from dali_pipes.run.batch_mix import BatchMix, RunCollate, batch_transform_of
+    mixup = v2.MixUp(alpha=0.2, num_classes=3)
+
+    def references(batch):
+        return mixup(*default_collate(batch))
+
+    def with_a_step(batch):
+        images, labels = default_collate(batch)
+        return mixup(images * 1.0, labels)
+
+    timm_mixup = Mixup(mixup_alpha=0.8, num_classes=3)  # asserts an even batch: run, so that it still does
+    assert isinstance(batch_transform_of(references, None, 0), BatchMix)
+    for other in (with_a_step, lambda batch: mixup(*default_collate(batch[:2])),
+                  lambda batch: timm_mixup(*default_collate(batch)), lambda batch: batch):
+        assert isinstance(batch_transform_of(other, None, 0), RunCollate), other

@@ -1,10 +1,14 @@
-"""Batch transforms: Mixup and CutMix (and any callable) on each batch after DALI, on the batch's device.
+"""Batch transforms: a collate_fn run on DALI's batch, or Mixup and CutMix translated, on the batch's device.
 
-DataLoader scripts mix in their collate_fn: torchvision's references pass
-`collate_fn=lambda batch: mixup_cutmix(*default_collate(batch))` around a v2 RandomChoice([MixUp, CutMix]), timm
-passes its FastCollateMixup as the collate_fn. DALI batches by itself, so DaliLoader reads what such a collate_fn
-mixes (read_collate: the objects in its closure, the globals it names, a functools.partial's arguments, or the
-collate_fn itself) and mixes the batch it cut, with the objects' own semantics (MixSettings), never their code:
+DALI batches by itself. A collate_fn is honoured as DataLoader honours it: it is run (RunCollate) on the batch's
+samples as per-sample views of DALI's output, in the structure the dataset's __getitem__ returns (SampleForm: an
+(image, label) tuple for torchvision datasets, a dict where the dataset says so), so that stacking, dict building,
+a flag, a clamp or a mixer behave as under DataLoader. Two forms take a translated fast path instead, where it is
+provably the same: DataLoader's default_collate (None), which stacks the views back into DALI's batch; and code
+that is exactly the references' `return M(*default_collate(batch))` (its bytecode compared with that template,
+compiled by the same interpreter: _exact_mixer) with M torchvision's MixUp / CutMix / RandomChoice of them, whose
+mix is then applied to the batch with the objects' own semantics (MixSettings), never their code. timm's
+FastCollateMixup, which takes uint8 samples DALI does not produce, is read the same way:
   * torchvision v2 MixUp / CutMix (and the references' v1 RandomMixUp / RandomCutMix): lambda ~ Beta(alpha,
     alpha), sample i mixed with sample i - 1 (roll(1, 0)), CutMix's rectangle and lambda as torchvision draws
     them; RandomChoice's p picks one per batch; targets one-hot (N, num_classes) float, mixed by lambda;
@@ -15,12 +19,13 @@ collate_fn itself) and mixes the batch it cut, with the objects' own semantics (
   * batch_transform=fn: any callable (images, labels) -> (images, targets), run as it is.
 Randomness: each batch's draws come from (seed, rank, epoch, batch index) alone, so that a resumed or restarted
 epoch draws the same lambdas and rectangles. The draws are host scalars (numpy), so a GPU batch is never synced
-to read them; a callable given as batch_transform runs with torch's, numpy's and Python's global generators
-seeded from that key and put back afterwards. torchvision and timm are never imported.
+to read them; a collate_fn that is run, and a callable given as batch_transform, run with torch's, numpy's and
+Python's global generators seeded from that key and put back afterwards. torchvision and timm are never imported.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import math
@@ -30,15 +35,19 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
 
 MIX_KINDS = ("none", "mixup", "cutmix")
 TORCHVISION_MIXERS = {"MixUp": "mixup", "CutMix": "cutmix", "RandomMixUp": "mixup", "RandomCutMix": "cutmix"}
 TIMM_MIXERS = ("Mixup", "FastCollateMixup")
-ACCEPTED = ("a collate_fn that calls torchvision v2's MixUp / CutMix (or a RandomChoice of them) on "
-            "default_collate(batch), as torchvision's references do; timm's FastCollateMixup, or timm's Mixup on "
-            "default_collate(batch); or batch_transform=fn, any fn(images, labels) -> (images, targets), run on each "
+ACCEPTED = ("timm's FastCollateMixup in mode 'batch' as the collate_fn, read; any other collate_fn, run on "
+            "per-sample views; or batch_transform=fn, any fn(images, labels) -> (images, targets), run on each "
             "batch on the device")
 BatchKey = tuple[int, int, int]  # (rank, epoch, batch index)
+# What a dataset's __getitem__ returns, with the roles "image" and "label" in place of the values: a tuple
+# ("image", "label") for torchvision's datasets, or a dict such as {"image": "image", "label": "label"}
+SampleForm = tuple[str, ...] | dict[str, str]
+DEFAULT_FORM: SampleForm = ("image", "label")
 
 
 @dataclass(frozen=True)
@@ -169,10 +178,10 @@ def batch_rng(seed: int, key: BatchKey) -> np.random.Generator:
 
 
 class BatchTransform(Protocol):
-    """What DaliLoader applies to each batch it cut (loader.cut_batch), before pinning."""
+    """What DaliLoader applies to each batch it cut (loader.cut_batch), before pinning: it returns the batch the
+    loader yields ((images, targets) from the fast paths; whatever a collate_fn that is run returns)."""
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, key: BatchKey) -> tuple[torch.Tensor,
-                                                                                          torch.Tensor]: ...
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, key: BatchKey) -> Any: ...
 
 
 class BatchMix:
@@ -192,47 +201,115 @@ class BatchMix:
         return f"BatchMix({self.settings})"
 
 
+def run_seeded(fn: Callable[..., Any], args: tuple, seed: int, key: BatchKey, like: torch.Tensor) -> Any:
+    """fn(*args) with the global generators (torch's CPU one and `like`'s CUDA device's, numpy's, Python's) seeded
+    from the batch's key, then put back: its draws depend on the key alone, and the training loop's own random
+    streams are untouched."""
+    derived = int(batch_rng(seed, key).integers(2**31))
+    saved = random.getstate(), np.random.get_state()
+    devices = [like.device.index if like.device.index is not None else torch.cuda.current_device()] \
+        if like.is_cuda else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.random.default_generator.manual_seed(derived)
+            for device in devices:
+                with torch.cuda.device(device):
+                    torch.cuda.manual_seed(derived)
+            random.seed(derived)
+            np.random.seed(derived)
+            return fn(*args)
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+
+
 class SeededCallable:
-    """A batch_transform= callable, run with the global generators (torch's CPU one and the batch's CUDA
-    device's, numpy's, Python's) seeded from the batch's key, then put back: its draws depend on the key
-    alone, and the training loop's own random streams are untouched."""
+    """A batch_transform= callable, run seeded from the batch's key (run_seeded)."""
 
     def __init__(self, fn: Callable[[torch.Tensor, torch.Tensor], Any], seed: int) -> None:
         self.fn, self.seed = fn, seed
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, key: BatchKey) -> tuple[torch.Tensor,
                                                                                           torch.Tensor]:
-        derived = int(batch_rng(self.seed, key).integers(2**31))
-        saved = random.getstate(), np.random.get_state()
-        devices = [images.device.index if images.device.index is not None else torch.cuda.current_device()] \
-            if images.is_cuda else []
-        try:
-            with torch.random.fork_rng(devices=devices):
-                torch.random.default_generator.manual_seed(derived)
-                for device in devices:
-                    with torch.cuda.device(device):
-                        torch.cuda.manual_seed(derived)
-                random.seed(derived)
-                np.random.seed(derived)
-                out = self.fn(images, labels)
-        finally:
-            random.setstate(saved[0])
-            np.random.set_state(saved[1])
+        out = run_seeded(self.fn, (images, labels), self.seed, key, images)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TypeError(f"batch_transform {_name(self.fn)} returned {type(out).__name__}; it must return "
                             f"(images, targets)")
         return out[0], out[1]
 
 
-def batch_transform_of(collate_fn: Any, batch_transform: Any, seed: int) -> BatchTransform | None:
-    """The batch transform of a DaliLoader call: batch_transform= (a MixSettings; torchvision's or timm's mixing
-    objects read as their MixSettings; any other callable run seeded), or what `collate_fn` mixes (read_collate);
-    None when neither does anything. Both at once is refused."""
-    from_collate = read_collate(collate_fn)
-    if batch_transform is not None and from_collate is not None:
-        raise ValueError(f"collate_fn={_name(collate_fn)} mixes batches and batch_transform= is given too: pass one")
+def check_form(form: Any, where: str) -> SampleForm:
+    """`form` (a dataset's dali_sample) checked: a tuple or dict whose values are "image" and "label", once each."""
+    roles = list(form.values()) if isinstance(form, dict) else list(form) if isinstance(form, tuple) else None
+    if roles is None or sorted(roles) != ["image", "label"]:
+        raise ValueError(f"{where}: dali_sample={form!r} must be what __getitem__ returns with \"image\" and "
+                         f"\"label\" in place of its values, e.g. (\"image\", \"label\") or {{\"image\": \"image\", "
+                         f"\"label\": \"label\"}}")
+    return form
+
+
+def fill(form: SampleForm, image: Any, label: Any) -> Any:
+    """`form` with its roles replaced by `image` and `label`."""
+    pick = lambda role: image if role == "image" else label
+    return {key: pick(role) for key, role in form.items()} if isinstance(form, dict) else tuple(map(pick, form))
+
+
+def per_sample_views(images: torch.Tensor, labels: torch.Tensor, form: SampleForm) -> list:
+    """The batch's samples as the dataset's __getitem__ returns them: each image a view into `images` (unbind
+    copies nothing), each label a Python int (one read of the labels for the whole batch)."""
+    return [fill(form, image, label) for image, label in zip(images.unbind(0), labels.tolist())]
+
+
+class RunCollate:
+    """A collate_fn run as DataLoader runs it, on the batch's samples (per_sample_views), seeded from the batch's
+    key; what it returns is the batch, as DataLoader yields it."""
+
+    def __init__(self, fn: Callable[[list], Any], seed: int, form: SampleForm) -> None:
+        self.fn, self.seed, self.form = fn, seed, form
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, key: BatchKey) -> Any:
+        return run_seeded(self.fn, (per_sample_views(images, labels, self.form),), self.seed, key, images)
+
+    def __repr__(self) -> str:
+        return f"RunCollate({_name(self.fn)}, {self.form})"
+
+
+class InForm:
+    """A fast path's (images, targets) in the dataset's sample structure, as default_collate builds it from
+    dict samples (a dict of batches)."""
+
+    def __init__(self, inner: BatchTransform | None, form: SampleForm) -> None:
+        self.inner, self.form = inner, form
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, key: BatchKey) -> Any:
+        if self.inner is not None:
+            images, labels = self.inner(images, labels, key)
+        return fill(self.form, images, labels)
+
+
+def batch_transform_of(collate_fn: Any, batch_transform: Any, seed: int,
+                       form: SampleForm | None = DEFAULT_FORM) -> BatchTransform | None:
+    """The batch transform of a DaliLoader call: the collate_fn's translation where it is provably the same
+    (read_collate), else the collate_fn run on per-sample views (RunCollate); or batch_transform= (a MixSettings;
+    torchvision's or timm's mixing objects read as their MixSettings; any other callable run seeded); the fast
+    paths' output in the dataset's sample structure `form` (None: not known, a collate_fn cannot be run). None
+    when DALI's (images, labels) is the batch as it is. A collate_fn and batch_transform= at once are refused."""
+    default = collate_fn is None or collate_fn is default_collate
+    if batch_transform is not None and not default:
+        raise ValueError(f"collate_fn={_name(collate_fn)} and batch_transform= are both given: pass one")
+    read = None if default else read_collate(collate_fn)
+    if not default and read is None:
+        if form is None:
+            raise ValueError(f"collate_fn={_name(collate_fn)} cannot be run on a datasets.Dataset yet (the structure "
+                             f"of its samples is its transform's); pass collate_fn=None, which gives (images, labels)")
+        return RunCollate(collate_fn, seed, form)
+    inner = BatchMix(read[0], seed, read[1]) if read is not None else _given(batch_transform, seed)
+    return inner if form is None or form == DEFAULT_FORM else InForm(inner, form)
+
+
+def _given(batch_transform: Any, seed: int) -> BatchTransform | None:
     if batch_transform is None:
-        return BatchMix(from_collate[0], seed, from_collate[1]) if from_collate is not None else None
+        return None
     if isinstance(batch_transform, MixSettings):  # the dali_pipes way, without torchvision or timm
         return BatchMix(batch_transform, seed)
     if not callable(batch_transform):
@@ -243,40 +320,104 @@ def batch_transform_of(collate_fn: Any, batch_transform: Any, seed: int) -> Batc
 
 
 def read_collate(collate_fn: Any) -> tuple[MixSettings, Any] | None:
-    """(what the collate_fn mixes, the mixing object), or None for DataLoader's default_collate. Anything else
-    is refused naming what is accepted (ACCEPTED)."""
-    if collate_fn is None or getattr(collate_fn, "__name__", "") == "default_collate":
+    """(what the collate_fn mixes, the mixing object) where the translation is provably what running it does:
+    timm's FastCollateMixup itself, or code that is exactly `return M(*default_collate(batch))` (_exact_mixer)
+    with M torchvision's MixUp / CutMix / RandomChoice of them (or the references' v1 classes) whose settings
+    the translation reproduces. None for anything else: DataLoader's default_collate, or a collate_fn to run.
+    timm's Mixup is run, not read: it asserts an even batch, which the translation would not."""
+    if collate_fn is None or collate_fn is default_collate:
         return None
-    if type(collate_fn).__name__ == "FastCollateMixup":  # timm's collate_fn itself
+    if type(collate_fn).__name__ == "FastCollateMixup":  # timm's collate_fn itself: takes uint8 samples, never run
         return _checked(mixer_settings(collate_fn), collate_fn), collate_fn
     if is_mixer(collate_fn):  # DataLoader would call it with a list of samples
         raise ValueError(f"collate_fn={_name(collate_fn)} is a batch transform, not a collate function (DataLoader "
                          f"calls it with a list of samples); pass batch_transform={_name(collate_fn)}")
-    values, calls_default = _referenced(collate_fn)
-    mixers = [v for v in values if is_mixer(v)]
-    others = [v for v in values if callable(v) and v not in mixers and not inspect.ismodule(v)
-              and getattr(v, "__name__", "") != "default_collate"]
-    if len(mixers) != 1 or others or not calls_default:
-        found = f" (it calls {', '.join(_name(v) for v in others)})" if others else ""
-        raise ValueError(f"collate_fn={_name(collate_fn)} is not supported{found}: batches come out of DALI as "
-                         f"(images, labels) tensors, and DaliLoader reads only {ACCEPTED}; do anything else in "
-                         f"the training step")
-    return _checked(mixer_settings(mixers[0]), mixers[0]), mixers[0]
+    mixer = _exact_mixer(collate_fn)
+    if mixer is None or type(mixer).__name__ in TIMM_MIXERS:
+        return None
+    try:
+        settings = mixer_settings(mixer)
+    except ValueError:  # settings the translation does not reproduce: running it does
+        return None
+    return (settings, mixer) if settings is not None else None
 
 
-def _referenced(fn: Any) -> tuple[list, bool]:
-    """(the values a collate function can reach: its closure's, the globals it names, a partial's arguments;
-    whether it names default_collate)."""
+def _template_closure() -> Callable[[list], Any]:
+    mixer: Any = None
+    return lambda batch: mixer(*default_collate(batch))
+
+
+def _template_global(batch: list) -> Any:
+    return _MIXER(*default_collate(batch))  # type: ignore[name-defined]  # noqa: F821 (compiled, never run)
+
+
+def _template_argument(batch: list, mixer: Any) -> Any:
+    return mixer(*default_collate(batch))
+
+
+_SKIPPED_OPS = ("RESUME", "COPY_FREE_VARS", "MAKE_CELL", "PUSH_NULL", "NOP", "CACHE", "EXTENDED_ARG")
+_TEMPLATE_ROLES = {"batch": "batch", "mixer": "mixer", "_MIXER": "mixer", "default_collate": "default_collate"}
+
+
+def _shape(code: Any, role: Callable[[str], str | None]) -> tuple | None:
+    """A code object's instructions with every name load replaced by the loaded value's role; None when a name
+    has no role. Loads of closures, globals and locals read alike (the same value, found another way)."""
+    out = []
+    for ins in dis.get_instructions(code):
+        if ins.opname in _SKIPPED_OPS:
+            continue
+        if ins.opname.startswith("LOAD_") and ins.opname not in ("LOAD_CONST", "LOAD_ATTR", "LOAD_METHOD"):
+            found = role(ins.argval)
+            if found is None:
+                return None
+            out.append(("LOAD", found))
+        else:
+            out.append((ins.opname, ins.argval))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _template_shapes() -> frozenset:
+    templates = (_template_closure(), _template_global, _template_argument)
+    return frozenset(_shape(t.__code__, _TEMPLATE_ROLES.get) for t in templates)
+
+
+def _exact_mixer(collate_fn: Any) -> Any:
+    """M when collate_fn's code is exactly `return M(*default_collate(batch))` (a def or lambda; M from its
+    closure, its globals, a default or a functools.partial's arguments) and M is a mixer (is_mixer); else None."""
+    fn, bound = collate_fn, {}
     if isinstance(fn, functools.partial):
-        values, calls_default = _referenced(fn.func)
-        return values + list(fn.args) + list(fn.keywords.values()), calls_default
-    if not inspect.isfunction(fn):
-        return [fn], False
-    found = inspect.getclosurevars(fn)
-    values = [*found.nonlocals.values(), *found.globals.values()]
-    names_default = "default_collate" in fn.__code__.co_names or any(
-        getattr(v, "__name__", "") == "default_collate" for v in values)
-    return values, names_default
+        fn = fn.func
+        names = fn.__code__.co_varnames if inspect.isfunction(fn) else ()
+        bound = {**dict(zip(names, collate_fn.args)), **collate_fn.keywords}
+    if not inspect.isfunction(fn) or fn.__code__.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+        return None
+    code = fn.__code__
+    params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    defaults = dict(zip(params[code.co_argcount - len(fn.__defaults__ or ()):code.co_argcount], fn.__defaults__ or ()))
+    bound = {**defaults, **(fn.__kwdefaults__ or {}), **bound}
+    free = [name for name in params if name not in bound]
+    try:
+        cells = {name: cell.cell_contents for name, cell in zip(code.co_freevars, fn.__closure__ or ())}
+    except ValueError:  # an empty cell: a name not yet assigned
+        return None
+    found: list = []
+
+    def role(name: str) -> str | None:
+        if free == [name]:
+            return "batch"
+        value = bound.get(name, cells.get(name, fn.__globals__.get(name, _MISSING)))
+        if value is default_collate:
+            return "default_collate"
+        if value is not _MISSING and is_mixer(value):
+            found.append(value)
+            return "mixer"
+        return None
+
+    return found[0] if len(free) == 1 and _shape(code, role) in _template_shapes() else None
+
+
+_MISSING = object()
 
 
 def is_mixer(obj: Any) -> bool:
