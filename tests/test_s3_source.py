@@ -10,6 +10,8 @@ import collections
 import io
 import json
 import os
+import re
+import shutil
 import tarfile
 
 import pytest
@@ -408,6 +410,23 @@ def test_truncated_stream_while_indexing(proxy, s3, cache_dirs):
     proxy.add_fault(Fault("/train/train-00001", method="GET", truncate_at=100))
     with pytest.raises(DatasetError, match="train-00001-of-00003"):
         open_source(s3.url("train/"))
+
+
+@pytest.mark.parametrize("shards", [3, 12])  # 12: shards the rank still downloads once the folder is gone
+def test_shard_cache_folder_deleted_mid_epoch_is_named_with_the_flag(s3, cache_dirs, shards):
+    tfrecord_shards(s3, n=48, shards=shards)
+    loader = DaliLoader(s3.url("train/"), batch_size=2, train=False, cache_prefetch=1, **KW)
+    try:
+        batches = iter(loader)
+        next(batches)
+        folder = loader.stats()["shard_cache"]["folder"]
+        shutil.rmtree(folder)
+        with pytest.raises(FileNotFoundError, match=f"{re.escape(folder)}: the shard cache folder was deleted while "
+                           f"the loader read from it.* --cache-dir"):
+            for _ in batches:
+                pass
+    finally:
+        loader.close()
 
 
 def test_shard_larger_than_the_cache_is_refused(s3, cache_dirs):

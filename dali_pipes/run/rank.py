@@ -144,6 +144,7 @@ class RankPipeline:
 
     def _recover(self, error: Exception) -> None:
         """A network fault waits for the store (outage.py), never a culprit search; else the bad-sample policy."""
+        self.feed.check_cache()  # its folder deleted: DALI fails on a shard it cannot open, no sample is bad
         if network_fault(error, self.source) or not isinstance(error, RuntimeError):  # wait raises the latter
             return self.outage.wait(error, self.source)
         try:
