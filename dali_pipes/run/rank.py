@@ -40,8 +40,7 @@ def weak_method(method: Callable) -> Callable:
 
 
 class RankPipeline:
-    """What this rank reads (bad samples excluded as met), an elastic resume's remainder, and its run of
-    pipelines and their rebuilds; `hooks` act around the batches. `position` is the loader's, read only."""
+    """This rank's data (bad samples excluded as met), elastic remainder, pipelines; `position`: the loader's."""
 
     def __init__(self, source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy,
                  feed: RemoteFeed, hooks: list[BatchHook], *, drop: bool, clock: LoaderClock, outage: StoreOutage):
