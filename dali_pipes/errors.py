@@ -25,3 +25,8 @@ class DatasetError(ValueError):
 class LabelError(DatasetError):
     """A label out of range: negative after the label offset, or at or above the known number of classes.
     A wrong --label-offset or a bad conversion, not a damaged sample: skip_bad never excludes it."""
+
+
+class IndexMismatchError(DatasetError):
+    """A record not where its shard's index puts it: the index's fault, not the data's, so skip_bad never
+    excludes the sample (the recovery names the index file instead)."""

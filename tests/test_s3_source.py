@@ -10,6 +10,8 @@ import collections
 import io
 import json
 import os
+import re
+import shutil
 import tarfile
 
 import pytest
@@ -246,6 +248,65 @@ def test_index_reused_then_rebuilt_after_the_object_changes(s3, cache_dirs, monk
 
 
 # ---------------------------------------------------------------------------------------------
+# Cached indexes: checked like local ones, rebuilt (one warning naming the cache file) when they fail
+# ---------------------------------------------------------------------------------------------
+
+MANY = 240  # two TensorFlow-style shards of 120 records, no manifest: nothing else counts the samples
+
+
+def _shorten(lines):
+    return lines[:-10]  # the last 10 records unlisted: DALI would silently read 230 of 240
+
+
+def _shift(lines):
+    offset, size = map(int, lines[5].split())
+    return lines[:5] + [f"{offset + 4} {size}\n"] + lines[6:]  # one record's offset moved by 4 bytes
+
+
+def _shift_contiguous(lines):
+    """Records 6 and 7 re-cut 4 bytes later: still contiguous and ending at the object's size, so only the
+    record headers where the index puts them tell (record 7 is one of the checked entries of 120)."""
+    (a, s), (b, t) = (map(int, line.split()) for line in lines[6:8])
+    return lines[:6] + [f"{a} {s + 4}\n", f"{b + 4} {t - 4}\n"] + lines[8:]
+
+
+@pytest.mark.parametrize("damage", [_shorten, _shift, _shift_contiguous, "garbage"])
+def test_a_damaged_cached_index_is_rebuilt_with_one_warning_and_no_sample_lost(s3, cache_dirs, damage):
+    tfrecord_shards(s3, prefix="many", n=MANY, shards=2)
+    cached = open_source(s3.url("many/")).index_files[1]
+    with open(cached) as f:
+        lines = f.readlines()
+    with open(cached, "wb") as f:
+        f.write(os.urandom(4096) if damage == "garbage" else "".join(damage(lines)).encode())
+    with pytest.warns(UserWarning) as caught:
+        loader = DaliLoader(s3.url("many/"), batch_size=16, train=False, skip_bad=True, **KW)
+        labels = val_labels([loader])
+    assert labels == list(range(MANY)) and loader.bad_samples == []
+    assert [str(w.message) for w in caught] == [
+        f"{cached}: this cached index does not describe {s3.url('many/train-00001-of-00002')} (its entries, the "
+        f"object's size or the record headers where it puts them differ): the cache file was altered or damaged, "
+        f"not the data; rebuilding it"]
+    with open(cached) as f:
+        assert f.readlines() == lines  # rebuilt in place
+    loader.close()
+
+
+def test_a_cached_index_wrong_between_its_checked_entries_is_named_never_a_sample_excluded(s3, cache_dirs):
+    """Records 2 and 3 re-cut: no checked entry, so the index is used; the records where DALI fails are read
+    (record headers checked where they are read) and the index is named, no good sample is excluded."""
+    tfrecord_shards(s3, prefix="many", n=MANY, shards=2)
+    cached = open_source(s3.url("many/")).index_files[1]
+    with open(cached) as f:
+        lines = f.readlines()
+    (a, s), (b, t) = (map(int, line.split()) for line in lines[2:4])
+    with open(cached, "w") as f:
+        f.writelines(lines[:2] + [f"{a} {s + 4}\n", f"{b + 4} {t - 4}\n"] + lines[4:])
+    with pytest.raises(DatasetError, match=f"{cached}: this index and {s3.url('many/train-00001-of-00002')} "
+                       f"disagree .*#2: no record header .* Delete the index"):
+        _read_all(s3.url("many/"), batch_size=16, train=False, skip_bad=True)
+
+
+# ---------------------------------------------------------------------------------------------
 # Bad input: a clear error naming the object, the endpoint or the fix, never a hang
 # (the client-level cases are in tests/test_object_store.py; here through open_source/DaliLoader)
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +410,23 @@ def test_truncated_stream_while_indexing(proxy, s3, cache_dirs):
     proxy.add_fault(Fault("/train/train-00001", method="GET", truncate_at=100))
     with pytest.raises(DatasetError, match="train-00001-of-00003"):
         open_source(s3.url("train/"))
+
+
+@pytest.mark.parametrize("shards", [3, 12])  # 12: shards the rank still downloads once the folder is gone
+def test_shard_cache_folder_deleted_mid_epoch_is_named_with_the_flag(s3, cache_dirs, shards):
+    tfrecord_shards(s3, n=48, shards=shards)
+    loader = DaliLoader(s3.url("train/"), batch_size=2, train=False, cache_prefetch=1, **KW)
+    try:
+        batches = iter(loader)
+        next(batches)
+        folder = loader.stats()["shard_cache"]["folder"]
+        shutil.rmtree(folder)
+        with pytest.raises(FileNotFoundError, match=f"{re.escape(folder)}: the shard cache folder was deleted while "
+                           f"the loader read from it.* --cache-dir"):
+            for _ in batches:
+                pass
+    finally:
+        loader.close()
 
 
 def test_shard_larger_than_the_cache_is_refused(s3, cache_dirs):

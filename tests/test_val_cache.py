@@ -14,6 +14,8 @@ from dali_pipes import DaliLoader, open_source
 from dali_pipes.config import LoaderConfig
 from dali_pipes.errors import DatasetError
 
+from conftest import jpeg_bytes
+
 N = 23  # no small world size divides it: short last batches, repeats and padding everywhere
 BATCH = 3
 ENOUGH = 10 ** 7
@@ -47,8 +49,9 @@ def test_uint8_normalised_in_torch_equals_dalis_normalised_output(numbered_sourc
 
 
 def test_later_val_epochs_come_from_the_cache_without_decoding(numbered, tmp_path):
-    """After the first val epoch the images are deleted: the cache's epochs are the first one's, image for image;
-    a loader without the cache cannot read them any more."""
+    """After the first val epoch the images are overwritten with garbage of the same size and modification time
+    (what the cache's check of the files cannot see): the cache's epochs are the first one's, image for image; a
+    loader without the cache cannot decode them any more."""
     folder = tmp_path / "data"
     shutil.copytree(os.path.dirname(numbered), folder)
     source = open_source(str(folder / "list.txt"))
@@ -56,7 +59,9 @@ def test_later_val_epochs_come_from_the_cache_without_decoding(numbered, tmp_pat
     first = epoch(cached)
     for name in os.listdir(folder):
         if name.endswith(".jpg"):
-            os.remove(folder / name)
+            st = os.stat(folder / name)
+            (folder / name).write_bytes(b"\0" * st.st_size)
+            os.utime(folder / name, ns=(st.st_atime_ns, st.st_mtime_ns))
     for _ in range(2):
         assert_same(epoch(cached), first, exact=True)
     stats = cached.stats()
@@ -64,8 +69,32 @@ def test_later_val_epochs_come_from_the_cache_without_decoding(numbered, tmp_pat
                                                     "batches": 8, "epochs_replayed": 2, "needed_bytes": None}
     assert stats["val_cache"]["bytes"] >= 8 * BATCH * 3 * 16 * 16  # uint8 images, with labels and sample ids
     assert stats["batches"] == 8 and stats["images"] == N  # the clock timed the epoch given from the cache
-    with pytest.raises(DatasetError, match="No such file or directory"):  # DALI would have to read them
+    with pytest.raises(DatasetError, match="decoding failed"):  # DALI would have to decode them
         epoch(plain)
+
+
+def test_a_val_image_changed_or_deleted_between_epochs_is_never_given_from_the_cache(numbered, tmp_path, caplog):
+    """Image 1 rewritten after the first epoch: the next epoch reads it anew (the batches of a loader without the
+    cache), and fills the cache again; then image 4 deleted: the error of a loader without the cache."""
+    folder = tmp_path / "data"
+    shutil.copytree(os.path.dirname(numbered), folder)
+    source = open_source(str(folder / "list.txt"))
+    cached = loader(source)
+    first = epoch(cached)
+    (folder / "001.jpg").write_bytes(jpeg_bytes(200, 24, 32))
+    with caplog.at_level(logging.WARNING, logger="dali_pipes"):
+        changed = epoch(cached)
+    assert_same(changed, epoch(loader(source, cache=0)))
+    assert not torch.equal(changed[0][0], first[0][0])  # image 1 is in the first batch
+    assert "val cache: the val files changed since it filled" in caplog.text
+    assert_same(epoch(cached), changed, exact=True)  # filled again from the new files
+    assert cached.stats()["val_cache"]["epochs_replayed"] == 1
+    os.remove(folder / "004.jpg")
+    with pytest.raises(DatasetError, match="No such file or directory") as plain:
+        epoch(loader(source, cache=0))
+    with pytest.raises(DatasetError, match="No such file or directory") as from_cache:
+        epoch(cached)
+    assert str(from_cache.value) == str(plain.value)
 
 
 @pytest.mark.parametrize("val_padding", ["repeat", "label", "none"])

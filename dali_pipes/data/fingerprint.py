@@ -16,6 +16,8 @@ import hashlib
 import os
 from typing import Any, Sequence
 
+from dali_pipes.storage import remote
+
 ENTRY_LIMIT = 10_000  # files listed one by one in a state; more are summed up per folder
 
 
@@ -83,3 +85,24 @@ def _first_change(old: list[list], new: list[list], what: str) -> str:
 
 def _show(values: list) -> str:
     return ", ".join(f"{v} bytes" if isinstance(v, int) else f"ETag {v}" if len(values) > 1 else str(v) for v in values)
+
+
+def stamp(paths: Sequence[str]) -> str:
+    """A digest of every file as it is now: size and modification time (ns) of a local file, size and ETag of a
+    remote object (a HEAD each), "missing" for one that is gone. Unlike the fingerprint it sees a file rewritten
+    at the same size; the val cache compares it between epochs (it costs one stat, or HEAD, per file)."""
+    digest = hashlib.sha1()
+    for path in paths:
+        digest.update(f"{path}\t{_state_now(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _state_now(path: str) -> str:
+    try:
+        if "://" in path and remote.is_remote(path):  # the cheap test first: most val sets are local files
+            info = remote.head(path)
+            return f"{info.size}\t{info.etag}"
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    return f"{st.st_size}\t{st.st_mtime_ns}"

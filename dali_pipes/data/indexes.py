@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence, cast
 
@@ -120,7 +121,7 @@ def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = 
     return found
 
 
-def _parallel(fn, items: Sequence[str], workers: int | None, desc: str | None) -> list:
+def _parallel(fn, items: Sequence, workers: int | None, desc: str | None) -> list:
     # Index work is seeks and small reads: threads overlap the I/O waits.
     workers = workers or min(32, (os.cpu_count() or 1) * 4)
     with ThreadPoolExecutor(workers) as pool:
@@ -166,9 +167,21 @@ def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext:
 
 def ensure_remote_indexes(infos: Sequence, kind: str, *, cache_dir: str | None = None, build: bool = True,
                           workers: int | None = None, progress: bool = True, label_ext: str = "cls") -> list[str]:
-    """The cached index path of each remote shard, building the missing ones in parallel."""
+    """The cached index path of each remote shard, building the missing ones in parallel. A cached index is
+    checked like a local one (the format's remote_index_matches: entries within the object's size, contiguous
+    where the format's are, record headers where it puts them) before it is used; one that fails is rebuilt,
+    with a warning naming the cache file: anyone who can write to a shared cache folder can put a file there."""
     found = [remote_index_path(info, cache_dir) for info in infos]
-    missing = [info for info, path in zip(infos, found) if not os.path.exists(path)]
+    cached = [(info, path) for info, path in zip(infos, found) if os.path.exists(path)]
+    fits = _parallel(lambda pair: sharded_format_of(kind).remote_index_matches(*pair), cached,
+                     workers or min(16, len(cached) or 1), None)
+    for (info, path), ok in zip(cached, fits):
+        if not ok:
+            warnings.warn(f"{path}: this cached index does not describe {info.url} (its entries, the object's "
+                          f"size or the record headers where it puts them differ): the cache file was altered or "
+                          f"damaged, not the data; rebuilding it", stacklevel=2)
+    good = {path for (_, path), ok in zip(cached, fits) if ok}
+    missing = [info for info, path in zip(infos, found) if path not in good]
     if missing and not build:
         raise DatasetError(missing[0].url, f"no cached index for this version of the shard ({len(missing)} of "
                            f"{len(infos)} shards lack one)", "Open the source with build_indexes=True")
@@ -177,3 +190,4 @@ def ensure_remote_indexes(infos: Sequence, kind: str, *, cache_dir: str | None =
         _parallel(lambda info: build_remote_index(info, kind, cache_dir, label_ext), missing,
                   workers or min(16, len(missing)), desc if progress else None)
     return found
+

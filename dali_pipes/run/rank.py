@@ -40,8 +40,7 @@ def weak_method(method: Callable) -> Callable:
 
 
 class RankPipeline:
-    """What this rank reads (bad samples excluded as met), an elastic resume's remainder, and its run of
-    pipelines and their rebuilds; `hooks` act around the batches. `position` is the loader's, read only."""
+    """This rank's data (bad samples excluded as met), elastic remainder, pipelines; `position`: the loader's."""
 
     def __init__(self, source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy,
                  feed: RemoteFeed, hooks: list[BatchHook], *, drop: bool, clock: LoaderClock, outage: StoreOutage):
@@ -144,6 +143,7 @@ class RankPipeline:
 
     def _recover(self, error: Exception) -> None:
         """A network fault waits for the store (outage.py), never a culprit search; else the bad-sample policy."""
+        self.feed.check_cache()  # its folder deleted: DALI fails on a shard it cannot open, no sample is bad
         if network_fault(error, self.source) or not isinstance(error, RuntimeError):  # wait raises the latter
             return self.outage.wait(error, self.source)
         try:

@@ -38,7 +38,7 @@ from dali_pipes.data.indexes import INDEX_SUFFIX
 from dali_pipes.data.labels import check_label, label_bound
 from dali_pipes.data.samples import PADDING_LABEL, SampleRef, required
 from dali_pipes.data.source import Source
-from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.errors import DatasetError, IndexMismatchError, LabelError
 from dali_pipes.run.decode_probe import dali_decodes
 from dali_pipes.storage.files import atomic_write, cache_root
 
@@ -198,6 +198,11 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
                 data = sample.data
             except LabelError:
                 raise
+            except IndexMismatchError as e:  # the index's fault: excluding the sample would drop a good one
+                index = required(source.index_files, source, "index_files")[source.files.index(ref.path)]
+                raise DatasetError(index, f"this index and {ref.path} disagree ({e.where}: {e.problem})",
+                                   "Delete the index: it is rebuilt when the data is opened again (a shard whose "
+                                   "records are damaged is named then)") from e
             except (DatasetError, OSError) as e:  # an unreadable record is bad too, whatever DALI thinks
                 if isinstance(e, (ConnectionError, TimeoutError)):
                     raise  # the store, not the sample: object_store retried it already

@@ -177,6 +177,12 @@ class RemoteFeed:
         self.cache.extend([self._source.remote[i] for i, _ in taken])
         self._gate.extend([n for _, n in taken])
 
+    def check_cache(self) -> None:
+        """After a pipeline error: a shard cache folder deleted under the reader is named (FileNotFoundError),
+        never searched for bad samples."""
+        if self.cache is not None:
+            self.cache.check_folder()
+
     def stats(self) -> dict | None:
         """The shard cache's figures (shard_cache.ShardCache.stats) and its folder, or None without a cache."""
         return {**self.cache.stats(), "folder": self.cache.folder} if self.cache is not None else None

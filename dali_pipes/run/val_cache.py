@@ -8,7 +8,10 @@ val loader's graph stops before normalisation: uint8 images after the resize and
 does, (x - mean) * (1 / std) in float32 (`normalized`). The first whole val epoch keeps each batch (uint8
 images, labels, sample ids) where the loader's batches are (device="gpu": GPU memory; "cpu": host memory);
 later val epochs give them again, normalised, without DALI: the same batches, counts,
-labels and padding, timed by the loader's clock. A cache that would outgrow the budget is not kept (one log
+labels and padding, timed by the loader's clock, while the files the rank's val epoch reads are unchanged: each
+such epoch first compares their sizes and modification times (ETags of remote objects; fingerprint.stamp) with
+the filling epoch's, and an epoch after a change reads the files again (a deleted one fails as it would without
+the cache) and fills the cache anew. A cache that would outgrow the budget is not kept (one log
 line, at the first batch of the first epoch) and val runs through DALI every epoch, as without it.
 
 A loader state taken in an epoch given from the cache carries the DALI checkpoint the filling epoch had at that
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dali_pipes.data import fingerprint
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.run.hooks import BatchTiming
 from dali_pipes.run.pipeline import PipelineSpec
@@ -55,6 +59,8 @@ class ValCache:
         self.start = b""                    # DALI's checkpoint at the filling epoch's start
         self.filled, self.filling, self.over_budget = False, False, 0  # over_budget: the bytes it would take
         self.replayed, self._excluded = 0, 0
+        self._stamp = ""  # fingerprint.stamp of the files the filling epoch read
+        self._checked = -1  # the epoch whose replay found them unchanged
         self._source: Source | None = None  # what the filling epoch read: a changed source (exclusions) differs
         self._constants: dict = {}
 
@@ -101,8 +107,19 @@ class ValCache:
                 "epochs_replayed": self.replayed, "needed_bytes": self.over_budget or None}
 
     def _replays(self, pipe: RankPipeline, cut: EpochCut) -> bool:
-        return (self.filled and pipe.remainder is None and pipe.source is self._source
-                and len(self.batches) == cut.batches)
+        if not (self.filled and pipe.remainder is None and pipe.source is self._source
+                and len(self.batches) == cut.batches):
+            return False
+        if self._checked == pipe.position.epoch or fingerprint.stamp(_files(pipe)) == self._stamp:
+            self._checked = pipe.position.epoch  # checked once per epoch, at its first batch given from the cache
+            return True
+        # A file changed or went since the cache filled: never give its old pixels again. DALI reads the epoch
+        # anew (and fills the cache again), rebuilt at the epoch's start so that nothing it read ahead is kept.
+        log.warning("val cache: the val files changed since it filled; val is read from the files again")
+        self.filled, self.batches, self.checkpoints = False, [], []
+        pipe.run.skipped_to(self.start)
+        pipe.rebuild(pipe.spec, now=True)
+        return False
 
     def _replay(self, pipe: RankPipeline, cut: EpochCut, index: int) -> dict:
         asked = time.perf_counter()
@@ -120,6 +137,7 @@ class ValCache:
         self.filling = not self.over_budget and pipe.remainder is None
         if self.filling:
             self.start, self._source, self._excluded = pipe.run.checkpoint(), pipe.source, len(pipe.policy.bad_samples)
+            self._stamp = fingerprint.stamp(_files(pipe))  # the files as this epoch reads them
 
     def _keep(self, pipe: RankPipeline, cut: EpochCut, index: int, batch: dict) -> None:
         if index != len(self.batches):  # not the next batch of the epoch being kept (a resume in between)
@@ -135,7 +153,15 @@ class ValCache:
         self.checkpoints.append(pipe.run.checkpoint())
         if index == cut.batches - 1:  # whole, unless samples were excluded meanwhile (then epochs differ)
             self.filling = False
-            self.filled = pipe.source is self._source and len(pipe.policy.bad_samples) == self._excluded
+            self.filled = (pipe.source is self._source and len(pipe.policy.bad_samples) == self._excluded
+                           and fingerprint.stamp(_files(pipe)) == self._stamp)  # none changed while it filled
+
+def _files(pipe: RankPipeline) -> list[str]:
+    """The files this rank's val epoch reads (its reader's slice): those whose change its cache must see."""
+    source, reader = pipe.source, pipe.reader()
+    counts = source.counts or [1] * len(source.files)
+    return [source.files[i] for i, _ in reader.files_of(counts, reader.shard_of(0))]
+
 
 def _nbytes(batch: dict) -> int:
     return sum(t.numel() * t.element_size() for t in batch.values())

@@ -184,10 +184,20 @@ class ShardCache:
             if state.stop.is_set():
                 raise RuntimeError("the shard cache is closed")
             entry = state.entries[state.scheduled[position]]
+            self.check_folder()  # a download into a deleted folder fails too: name the folder, not the file
             if entry.state == "failed":
                 assert entry.error is not None, "_finish sets both"
                 raise entry.error
             return entry.path
+
+    def check_folder(self) -> None:
+        """FileNotFoundError naming the cache's folder and the flag if it was deleted while in use (a clean-up
+        of the cache root): the shards fetched went with it, and DALI's reader fails on the next one it opens."""
+        if not os.path.isdir(self._state.folder):
+            raise FileNotFoundError(
+                f"{self._state.folder}: the shard cache folder was deleted while the loader read from it (with the "
+                f"shards fetched into it). Keep it while a loader runs, or give the loader a folder of its own with "
+                f"--cache-dir (DaliLoader's cache_dir); a new loader makes the folder again and downloads anew")
 
     def release(self, position: int) -> None:
         """The consumer is done with position; its file goes once no unreleased position needs

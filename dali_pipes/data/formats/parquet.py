@@ -402,6 +402,12 @@ def index_matches(shard: str, index_path: str, spot_checks: int = 0) -> bool:
         return False
 
 
+def remote_index_matches(info: Any, index_path: str, spot_checks: int = 0) -> bool:
+    """index_matches for a cached index of a remote file (`info`: its storage ObjectInfo): its footer, read by
+    ranged reads."""
+    return index_matches(info.url, index_path, spot_checks)
+
+
 # ---------------------------------------------------------------------------------------------
 # The format table's entries (see formats/__init__.py).
 # ---------------------------------------------------------------------------------------------

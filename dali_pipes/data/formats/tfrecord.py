@@ -24,8 +24,9 @@ import google_crc32c
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.data.protobuf import as_bytes, fields, read_varint
 from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
-from dali_pipes.errors import DatasetError
+from dali_pipes.errors import DatasetError, IndexMismatchError
 from dali_pipes.storage.files import atomic_write
+from dali_pipes.storage.remote import ObjectInfo
 
 HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
 FOOTER_BYTES = 4  # uint32 crc of the data
@@ -372,27 +373,52 @@ def tfrecord_index_matches(path: str, index_path: str, spot_checks: int = 16) ->
     says. Spot checks keep this cheap; an index older than its shard gets a full check."""
     try:
         entries = read_tfrecord_index(index_path)
+    except (OSError, ValueError):  # UnicodeDecodeError (a file of garbage) is a ValueError
+        return False
+    if not entries_fit(entries, os.path.getsize(path)):
+        return False
+    full = os.path.getmtime(index_path) < os.path.getmtime(path)
+    with open(path, "rb") as f:
+        def header_at(offset: int) -> bytes:
+            f.seek(offset)
+            return f.read(HEADER_BYTES)
+        return headers_fit(entries, header_at, len(entries) if full else spot_checks)
+
+
+def remote_index_matches(info: ObjectInfo, index_path: str, spot_checks: int = 16) -> bool:
+    """tfrecord_index_matches for a cached index of a remote shard: the same checks against the listed object
+    (its size; its record headers by ranged reads, pinned to the listed version)."""
+    try:
+        entries = read_tfrecord_index(index_path)
     except (OSError, ValueError):
         return False
-    if not entries or entries[0][0] != 0:
+    from dali_pipes.storage.remote import read_range
+    return entries_fit(entries, info.size) and headers_fit(entries, lambda at: read_range(info, at, HEADER_BYTES),
+                                                           spot_checks)
+
+
+def entries_fit(entries: list[tuple[int, int]], size: int) -> bool:
+    """Entries of whole frames, contiguous from byte 0 and ending exactly at `size`."""
+    if not entries or entries[0][0] != 0 or any(s < HEADER_BYTES + FOOTER_BYTES for _, s in entries):
         return False
     if any(a + s != b for (a, s), (b, _) in zip(entries, entries[1:])):
         return False
-    if entries[-1][0] + entries[-1][1] != os.path.getsize(path):
-        return False
-    full = os.path.getmtime(index_path) < os.path.getmtime(path)
-    step = 1 if full else max(1, len(entries) // spot_checks)
+    return entries[-1][0] + entries[-1][1] == size
+
+
+def headers_fit(entries: list[tuple[int, int]], header_at, spot_checks: int) -> bool:
+    """A record header (its length CRC) at `spot_checks` evenly spread entries and the last, giving each
+    entry's framed size. `header_at(offset)` reads HEADER_BYTES there."""
+    step = max(1, len(entries) // max(1, spot_checks))
     picks = set(range(0, len(entries), step)) | {len(entries) - 1}
-    with open(path, "rb") as f:
-        for i in sorted(picks):
-            offset, framed = entries[i]
-            f.seek(offset)
-            header = f.read(HEADER_BYTES)
-            if len(header) < HEADER_BYTES or struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
-                return False
-            if HEADER_BYTES + struct.unpack("<Q", header[:8])[0] + FOOTER_BYTES != framed:
-                return False
-    return True
+    return all(header_fits(header_at(entries[i][0]), entries[i][1]) for i in sorted(picks))
+
+
+def header_fits(header: bytes, framed: int) -> bool:
+    """Whether `header` is a record header (length CRC intact) of a record `framed` bytes long in all."""
+    if len(header) < HEADER_BYTES or struct.unpack("<I", header[8:HEADER_BYTES])[0] != masked_crc32c(header[:8]):
+        return False
+    return HEADER_BYTES + struct.unpack("<Q", header[:8])[0] + FOOTER_BYTES == framed
 
 
 def _atomic_write_text(path: str, text: str) -> None:
@@ -452,6 +478,9 @@ def read_sample(ref: SampleRef) -> Sample:
     frame = read_range(ref.path, ref.offset, ref.size)
     if len(frame) != ref.size:
         raise DatasetError(where, f"truncated record (byte {ref.offset})")
+    if not header_fits(frame[:HEADER_BYTES], ref.size):  # the header is intact where the index is right
+        raise IndexMismatchError(where, f"no record header of a {ref.size}-byte record at byte {ref.offset}, where "
+                                 f"the shard's index puts one: the index does not describe the shard")
     data = frame[HEADER_BYTES:-FOOTER_BYTES]
     if struct.unpack("<I", frame[-FOOTER_BYTES:])[0] != masked_crc32c(data):
         raise DatasetError(where, "data CRC mismatch (the record's bytes are corrupt)")

@@ -23,6 +23,7 @@ from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_lab
 from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import atomic_write
+from dali_pipes.storage.remote import ObjectInfo
 
 SHARD_NAME = "a .tar shard"  # in messages
 SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
@@ -216,20 +217,38 @@ def tar_index_matches(path: str, index_path: str, spot_checks: int = 16) -> bool
             return samples == group_samples(scan_members(path))
         except DatasetError:
             return False
-    size = os.path.getsize(path)
-    members = [m for s in samples for m in s]
-    if any(m.offset + m.size > size or m.offset < BLOCK for m in members):
-        return False
-    step = max(1, len(members) // spot_checks)
     with open(path, "rb") as f:
-        for m in members[::step] + members[-1:]:
-            f.seek(m.offset - BLOCK)
-            try:
-                info = tarfile.TarInfo.frombuf(f.read(BLOCK), tarfile.ENCODING, "surrogateescape")
-            except tarfile.HeaderError:
-                return False
-            if info.size != m.size:  # frombuf checked the header checksum; long names live elsewhere
-                return False
+        def block_before(offset: int) -> bytes:
+            f.seek(offset - BLOCK)
+            return f.read(BLOCK)
+        return members_fit(samples, os.path.getsize(path), block_before, spot_checks)
+
+
+def remote_index_matches(info: ObjectInfo, index_path: str, spot_checks: int = 16) -> bool:
+    """tar_index_matches for a cached index of a remote tar: the same checks against the listed object (its
+    size; the tar headers of the checked members by ranged reads, pinned to the listed version)."""
+    try:
+        samples = read_tar_index(index_path)
+    except (OSError, ValueError):
+        return False
+    from dali_pipes.storage.remote import read_range
+    return bool(samples) and members_fit(samples, info.size, lambda at: read_range(info, at - BLOCK, BLOCK),
+                                         spot_checks)
+
+
+def members_fit(samples: list[list[Member]], size: int, block_before, spot_checks: int) -> bool:
+    """Every member inside the tar's `size` bytes, and a valid tar header giving the member's size in front of
+    `spot_checks` evenly spread members and the last. `block_before(offset)` reads the BLOCK before offset."""
+    members = [m for s in samples for m in s]
+    if any(m.offset + m.size > size or m.offset < BLOCK or m.size < 0 for m in members):
+        return False
+    for m in members[::max(1, len(members) // max(1, spot_checks))] + members[-1:]:
+        try:
+            info = tarfile.TarInfo.frombuf(block_before(m.offset), tarfile.ENCODING, "surrogateescape")
+        except tarfile.HeaderError:
+            return False
+        if info.size != m.size:  # frombuf checked the header checksum; long names live elsewhere
+            return False
     return True
 
 
