@@ -1,6 +1,6 @@
 """Which DALI wheel fits this torch: DALI ships one wheel per CUDA major (nvidia-dali-cuda120 for CUDA 12,
-nvidia-dali-cuda130 for CUDA 13). dali_pipes depends on the CUDA 12 one, which also runs a CPU torch's CPU
-pipelines; beside a CUDA 13 torch it must be swapped for the CUDA 13 one, matched to torch's
+nvidia-dali-cuda130 for CUDA 13). dali_pipes installs it through the extra of torch's CUDA major ('.[cu12]',
+'.[cu13]'; either runs a CPU torch's CPU pipelines, and CI uses the CUDA 12 one), matched to torch's
 `torch.version.cuda` (the doctor checks the pair and names the command). A wheel of another major still imports, but
 puts a second CUDA runtime in the process (the first H100 run had DALI's CUDA 13 wheel beside a package that
 declared the CUDA 12 one); two wheels at once share the `nvidia/dali` folder and break each other on uninstall.
@@ -35,6 +35,11 @@ def install_command(torch_cuda: str | None) -> str:
     pipelines with either wheel: the CUDA 12 one, which CI tests)."""
     major = cuda_major(torch_cuda) if torch_cuda else 12
     return f"pip install nvidia-dali-cuda{major}0"
+
+
+def extra_for(torch_cuda: str | None) -> str:
+    """dali_pipes' extra that installs the DALI wheel for a torch built for CUDA `torch_cuda` (None: CPU)."""
+    return "cu13" if torch_cuda and cuda_major(torch_cuda) >= 13 else "cu12"
 
 
 def installed_wheels() -> list[tuple[str, str]]:
@@ -75,5 +80,6 @@ def require_dali() -> None:
         found = False
     if not found:
         import torch
-        raise ModuleNotFoundError(f"NVIDIA DALI is not installed; {wheel_problem(torch.version.cuda, [])}",
-                                  name="nvidia.dali")
+        raise ModuleNotFoundError(f"NVIDIA DALI is not installed; {wheel_problem(torch.version.cuda, [])} "
+                                  f"(or, from a checkout of dali_pipes: pip install "
+                                  f"'.[{extra_for(torch.version.cuda)}]')", name="nvidia.dali")

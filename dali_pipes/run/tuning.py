@@ -50,11 +50,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+import filelock
+
 from dali_pipes.graph.augment import AUTO_LOAD, DEFAULT_HW_LOAD, resolve_decode_device
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
 from dali_pipes.run.machine import default_threads, usable_cpus
 from dali_pipes.run.stats import Spread
-from dali_pipes.storage.files import atomic_write, locked
+from dali_pipes.storage.files import atomic_write
 
 if TYPE_CHECKING:
     from dali_pipes.run.pipeline import PipelineSpec
@@ -196,13 +198,13 @@ def recall(key: str) -> dict | None:
 
 
 def remember(key: str, entry: dict) -> None:
-    """Add or update one entry. The read-modify-write holds a lock beside the file (files.locked), so
+    """Add or update one entry. The read-modify-write holds a lock beside the file (filelock's flock), so
     concurrent writers lose no entry; the write is an atomic rename, so no reader sees a torn file. An
     old entry for `key` that is not valid is replaced, never merged."""
     path = memory_path()
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with locked(path + ".lock", LOCK_TIMEOUT_S):
+        with filelock.FileLock(path + ".lock", timeout=LOCK_TIMEOUT_S):  # its Timeout is a TimeoutError
             entries = read_entries(path)
             found = entries.get(key)
             old = found if isinstance(found, dict) and entry_problem(found) is None else {}

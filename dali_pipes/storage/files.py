@@ -5,15 +5,13 @@ It ends in ".tmp", which every reader skips (folder listings, shard globs, index
 it is removed when the write fails (`atomic_write`), and, if a process died before it could, by the next
 one that looks in the folder once it is stale (`remove_stale_temps`: its writer is dead on this host, or
 it is older than STALE_AFTER_S). A full disk is one clear line naming the file and the flag that moves
-it (`DiskFullError`). A read-modify-write of one shared file (the tuning memory) holds `locked` on a
-lock file beside it, so that two writers never lose each other's changes.
+it (`DiskFullError`). The one read-modify-write of a shared file (the tuning memory) holds filelock's lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import re
 import socket
@@ -134,29 +132,6 @@ def atomic_write(path: str, mode: str = "wb", flag: str | None = None) -> Iterat
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
         raise
-
-
-@contextlib.contextmanager
-def locked(path: str, timeout_s: float = 10.0) -> Iterator[None]:
-    """Hold an exclusive lock on the file `path` (created if absent) for the block, against other processes
-    and threads (flock, which also holds across hosts on NFS). Waits at most `timeout_s`, then raises
-    TimeoutError naming `path`. The lock file is never removed: a writer that removed it could let the
-    next two lock two different files."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(errno.ETIMEDOUT, f"{path}: still locked by another writer after "
-                                                        f"{timeout_s:g} s") from None
-                time.sleep(0.01)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
 
 
 def cache_root() -> str:
