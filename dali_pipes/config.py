@@ -72,11 +72,15 @@ class LoaderConfig:
                               "excludes a sample")
     s3_timeout: float = option(20.0, "s3://: seconds a request may wait to connect (at most 5) or for its next bytes "
                                "before that try fails")
+    download_deadline: float = option(600.0, "every scheme: seconds one shard download (or one ranged read) may take "
+                                      "in all, its retries included, before it fails naming the object; a download "
+                                      "still running at a quarter of it is warned of with its progress")
     val_cache_bytes: int = option(0, "val: keep the val images (uint8, after the resize and centre crop) where the "
                                   "batches are (GPU or host memory), up to this many bytes per rank, and give later "
                                   "val epochs from them without decoding; over it, not kept (one log line). 0: off "
                                   "(it holds its memory all run: ImageNet's val at 224 px is 7.5 GB over all ranks)")
-    sharding_check: bool = option(True, "at the end of the first epoch, the ranks compare what they delivered "
+    sharding_check: bool = option(True, "when the loaders are built, the ranks compare the data they opened (count, "
+                                  "names, sizes, versions); at the end of the first epoch, what they delivered "
                                   "(train: no sample on two ranks; val: each exactly once) and fail naming the "
                                   "mistake; needs an initialised process group")
 

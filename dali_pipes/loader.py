@@ -162,11 +162,11 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
                  max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
-                 allow_duplicates: bool = _SOURCE.allow_duplicates,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
                  cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
-                 s3_timeout: float = _LOADER.s3_timeout, sharding_check: bool = _LOADER.sharding_check,
+                 s3_timeout: float = _LOADER.s3_timeout, download_deadline: float = _LOADER.download_deadline,
+                 allow_duplicates: bool = _SOURCE.allow_duplicates, sharding_check: bool = _LOADER.sharding_check,
                  val_cache_bytes: int = _LOADER.val_cache_bytes, num_classes: int | None = None,
                  batch_transform: Any = None, **augment_args) -> None:
         started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
@@ -185,7 +185,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.device = resolve_device(device)
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        store = remote.ClientOptions.of(s3_attempts, s3_timeout)  # this loader's retries, not the process's
+        store = remote.ClientOptions.of(s3_attempts, s3_timeout, deadline=download_deadline)  # this loader's own
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)

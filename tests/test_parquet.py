@@ -387,6 +387,24 @@ def test_a_hub_repo_root_names_where_its_parquet_files_are(hub_parquet):
         open_source(root)
 
 
+def test_a_parquet_file_replaced_on_gs_after_opening_is_object_changed_not_unreadable(hf, request, tmp_path,
+                                                                                      monkeypatch):
+    """Issue 32: the GCS emulator ignores the generation a read asks for, so the reads of a file replaced after the
+    dataset was opened return the new bytes (here: the same size, its pages scrambled, its footer kept). The error
+    says that the file changed, not that it is unreadable and must be re-created."""
+    from dali_pipes.storage.remote import ObjectChangedError
+    gcs = request.getfixturevalue("gcs")
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    put_parquet_files(hf, gcs.put, "hf/")
+    source = open_source(gcs.url("hf/"))
+    name = "hf/train-00000-of-00002.parquet"
+    data = gcs.admin.cat_file(f"{gcs.bucket}/{name}")
+    pages_end = len(data) - 8 - int.from_bytes(data[-8:-4], "little")  # the footer and its length stay
+    gcs.put(name, data[:4] + data[4:pages_end][::-1] + data[pages_end:])
+    with pytest.raises(ObjectChangedError, match=f"{gcs.url(name)}: the object changed after it was listed"):
+        list(source.iter_samples())
+
+
 # ---------------------------------------------------------------------------------------------
 # The DataLoader form with a datasets.Dataset
 # ---------------------------------------------------------------------------------------------

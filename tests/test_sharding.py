@@ -70,6 +70,20 @@ def test_local_rank_passed_as_the_rank_on_two_nodes_is_named(numbered, tmp_path)
         assert "LOCAL_RANK" in r["error"] and "built with rank=0" in r["error"], r["error"]
 
 
+def test_ranks_that_listed_different_objects_are_refused_at_build_within_seconds(tmp_path):
+    """Issue 32: an object added between two ranks' listings (no manifest) gave loaders of 15 and 18 batches, and a
+    DDP loop hung at the shorter epoch's end until the process group's timeout. Now every rank refuses while the
+    loaders are built, naming what differs."""
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"))
+    (tmp_path / "out").mkdir()
+    for r in run_job(str(tmp_path / "images"), tmp_path / "out", "listing"):
+        assert "error" in r, "the loaders were built"
+        assert r["seconds"] < 30, r
+        assert "the ranks opened different data" in r["error"] and "rank 0: 12 files" in r["error"], r["error"]
+        assert "rank 1: 13 files" in r["error"] and "only rank 1 lists cat/added.jpg" in r["error"], r["error"]
+
+
 def _rank(rank, world, local, delivered, host="a", every_sample=True, location="d"):
     return ({"rank": rank, "world_size": world, "local_rank": local, "host": host, "complete": True, "excluded": 0,
              "location": location, "num_samples": len(delivered), "every_sample": every_sample},

@@ -621,3 +621,127 @@ def test_a_pinned_azure_read_from_a_stalled_store_ends_after_its_attempts(azure,
             with pytest.raises(remote.UnreachableError, match="after 2 attempts"):
                 remote.read_range(info, 0, 4)
         assert time.monotonic() - start < 8
+
+
+# ---------------------------------------------------------------------------------------------
+# Stores that misbehave end in one clear line, in bounded time (issue 32)
+# ---------------------------------------------------------------------------------------------
+
+class _QuietHandler:
+    def log_message(self, *args) -> None:  # no request lines on the test's stderr
+        pass
+
+
+def _serve(handler) -> tuple:
+    """`handler` on 127.0.0.1 in a daemon thread: (server, "http://127.0.0.1:PORT")."""
+    import http.server
+    import threading
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def dripping_handler(data: bytes, per_second: int = 256):
+    """An HTTP handler that answers HEAD at once and each GET (ranged: 206) 16 bytes at a time, `per_second`
+    bytes a second: never silent as long as the read timeout, never done in time."""
+    import http.server
+    import time
+
+    class Drip(_QuietHandler, http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            first, last = 0, len(data) - 1
+            if self.headers.get("Range"):
+                first_text, last_text = self.headers["Range"].removeprefix("bytes=").split("-")
+                first, last = int(first_text), min(last, int(last_text or last))
+            self.send_response(206 if self.headers.get("Range") else 200)
+            self.send_header("Content-Length", str(last + 1 - first))
+            self.send_header("Content-Range", f"bytes {first}-{last}/{len(data)}")
+            self.end_headers()
+            try:
+                for at in range(first, last + 1, 16):
+                    self.wfile.write(data[at:min(at + 16, last + 1)])
+                    self.wfile.flush()
+                    time.sleep(16 / per_second)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up: the point of the test
+                pass
+    return Drip
+
+
+def test_a_dripping_http_store_ends_at_the_download_deadline_naming_the_url_and_the_flag(tmp_path, caplog):
+    """256 bytes a second keeps every read under the read timeout, so only an overall deadline ends it: a 2 KiB
+    object would take 8 s, the deadline is 2 s. A slow download is warned of (with its progress) first."""
+    import time
+    server, base = _serve(dripping_handler(bytes(range(256)) * 8))
+    try:
+        url = f"{base}/train/a.tfrecord"
+        info = remote.head(url)
+        with remote.options_in_force(remote.ClientOptions.of(deadline=2)), caplog.at_level("WARNING", "dali_pipes"):
+            for call in (lambda: remote.download(info, str(tmp_path / "a")), lambda: remote.read_range(info, 0, 2048),
+                         lambda: remote.read_bytes(url)):
+                start = time.monotonic()
+                with pytest.raises(remote.DownloadTooSlowError,
+                                   match=f"{url}: not downloaded within 2 s .*--download-deadline"):
+                    call()
+                assert time.monotonic() - start < 5
+        assert f"{url}: slow download" in caplog.text and "--download-deadline" in caplog.text
+        assert os.listdir(tmp_path) == []  # no partial copy left
+    finally:
+        server.shutdown()
+
+
+def test_the_download_deadline_is_a_loader_keyword_and_a_flag():
+    import argparse
+
+    from dali_pipes.config import LoaderConfig
+    from dali_pipes.options import add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, LoaderConfig, "loader")
+    assert parser.parse_args(["--download-deadline", "30"]).download_deadline == 30.0
+    assert LoaderConfig().download_deadline == remote.ClientOptions().deadline == 600.0
+    with pytest.raises(ValueError, match="download_deadline must be > 0"):
+        remote.ClientOptions.of(deadline=0)
+
+
+def test_a_server_that_ignores_range_requests_is_read_whole_never_cut_short(tmp_path, caplog):
+    """python -m http.server answers a ranged GET with 200 and the whole body: the bytes asked for are in it."""
+    import functools
+    import http.server
+    (tmp_path / "site").mkdir()
+    data = os.urandom(5000)
+    (tmp_path / "site" / "a.bin").write_bytes(data)
+
+    class Plain(_QuietHandler, http.server.SimpleHTTPRequestHandler):
+        pass
+    server, base = _serve(functools.partial(Plain, directory=str(tmp_path / "site")))
+    try:
+        info = remote.head(f"{base}/a.bin")
+        with caplog.at_level("WARNING", "dali_pipes"):
+            assert remote.read_range(info, 100, 12) == data[100:112]
+            assert remote.read_bytes(info.url) == data
+            assert open(remote.download(info, str(tmp_path / "copy")), "rb").read() == data
+        assert f"{base}/a.bin: the server ignores Range requests" in caplog.text
+        assert "cut short" not in caplog.text
+    finally:
+        server.shutdown()
+
+
+def test_an_object_replaced_after_listing_is_object_changed_on_every_scheme(store, tmp_path):
+    """The same size (only the version tells them apart) and a shorter one (never "cut short"): on a store that
+    ignores generation preconditions (the GCS emulator) the check after the download must ask the store, not
+    gcsfs's listing cache."""
+    store.put("train/a.tfrecord", b"version 1 of the shard")
+    listed = remote.heads([store.url("train/a.tfrecord")]) if store.scheme == "http" else \
+        remote.list_objects(store.url("train/"))
+    for replacement in (b"version 2 of the shard", b"v3"):
+        if store.scheme == "http":
+            os.utime(store.file("train/a.tfrecord"), (1, 1))  # a new ETag
+        store.put("train/a.tfrecord", replacement)
+        with pytest.raises(remote.ObjectChangedError, match="changed after it was listed"):
+            remote.download(listed[0], str(tmp_path / "a"))
+    assert os.listdir(tmp_path) == []

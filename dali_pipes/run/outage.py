@@ -51,8 +51,8 @@ class StoreOutage(BatchHook):
         self.options = options  # the loader's retries; None: the process's default
 
     def wait(self, error: BaseException, source: Source) -> None:
-        if not network_fault(error, source):
-            raise error  # not the network's (a ConnectionError of a local source): not this handler's to wait out
+        if not network_fault(error, source) or isinstance(error, remote.DownloadTooSlowError):
+            raise error  # not the network's (a ConnectionError of a local source), or past its deadline already
         options = self.options or remote.current_options()
         sources = required(source.remote, source, "remote")  # network_fault: only a remote source's
         named = [u for u in REMOTE_URL.findall(str(error)) if any(u == o.url for o in sources)]

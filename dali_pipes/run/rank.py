@@ -25,7 +25,7 @@ from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.remote_feed import RemoteFeed
 from dali_pipes.run.sampled import SampledEpochs, SamplerRead
 from dali_pipes.run.schedule import SizeSchedule
-from dali_pipes.run.sharding import ShardingCheck
+from dali_pipes.run.sharding import ShardingCheck, check_listings
 from dali_pipes.run.stats import LoaderClock
 from dali_pipes.storage.remote import ClientOptions
 
@@ -188,6 +188,8 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     would replay the epoch's shards into a new cache (the remembered or default values run). Damage found
     while opening (skip_bad) is excluded first. `started`: when the loader's construction began
     (perf_counter), for stats' first_batch_s."""
+    if sharding_check:
+        check_listings(source, spec.shard)  # before anything is built: ranks that listed different data
     clock, outage = LoaderClock(started), StoreOutage(feed.store)
     if spec.device == "gpu" and policy.device_id is None:  # the bad-sample search decodes on the rank's own GPU
         policy.device_id = spec.device_id if spec.device_id is not None else cuda_device_id(spec.shard)

@@ -12,6 +12,12 @@ loader on some ranks only (validation on rank 0 alone) ends in an error naming t
 collective that hangs, and the process group stays usable either way. Once per loader, skipped
 without an initialised process group and for a loader built with world_size=1 (each rank reads
 everything, as a DataLoader without a DistributedSampler does); `sharding_check=False` turns it off.
+
+Before that, when the loaders are built, the ranks compare what they opened (`check_listings`): the count and
+a hash of the files' names, sizes and versions (the source's fingerprint). Ranks that listed a prefix at
+different moments (an object added between their listings, no manifest) would build loaders of different
+lengths, and a DDP loop would hang in its first collective past the shorter epoch; they are refused on every
+rank, naming what differs, as soon as every rank has opened its data.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from typing import Callable
 
 import numpy as np
 
+from dali_pipes.data import fingerprint
 from dali_pipes.errors import DatasetError
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.hooks import BatchHook, RankView
 
 TIMEOUT_S = 300  # for the other ranks to end the same epoch (they run the same number of batches)
+LISTING_TIMEOUT_S = 300  # for the other ranks to open their data (one may build indexes meanwhile)
 _CALLS: Counter = Counter()  # per process: the n-th check of a loader with this key (ranks agree on n)
 
 
@@ -90,6 +98,69 @@ def check_delivery(record, shard: Shard, *, train: bool, every_sample: bool, loc
         verdict = store.get(f"{key}/verdict").decode()
     if verdict:
         raise DatasetError(verdict)
+
+
+def check_listings(source, shard: Shard, timeout_s: float = LISTING_TIMEOUT_S) -> None:
+    """Raise DatasetError, on every rank, when the ranks opened different data (see the module doc): each rank
+    posts its fingerprint's count, bytes and digest to the process group's store; where they differ, rank 0 and
+    the first rank that differs post their whole fingerprints, so that every rank names the same difference."""
+    import torch.distributed as dist
+    mine = getattr(source, "fingerprint", None)
+    if mine is None or shard.world_size < 2 or not (dist.is_available() and dist.is_initialized()) \
+            or dist.get_world_size() < 2:
+        return
+    store = _store()
+    if store is None:
+        return
+    _CALLS["dali_pipes/listing"] += 1
+    key, me, world = f"dali_pipes/listing/{_CALLS['dali_pipes/listing']}", dist.get_rank(), dist.get_world_size()
+    wait = datetime.timedelta(seconds=timeout_s)
+    store.set(f"{key}/{me}", json.dumps({k: mine[k] for k in ("files", "bytes", "digest")}))
+    summaries = [json.loads(v) for v in _listing_wait(store, [f"{key}/{r}" for r in range(world)], wait)]
+    differs = next((r for r, summary in enumerate(summaries) if summary["digest"] != summaries[0]["digest"]), 0)
+    if differs:
+        if me in (0, differs):
+            store.set(f"{key}/whole/{me}", json.dumps(mine))
+        first, other = (json.loads(v) for v in _listing_wait(store, [f"{key}/whole/0", f"{key}/whole/{differs}"],
+                                                               wait))
+    if store.add(f"{key}/read", 1) == world:  # the last rank to read them clears the keys
+        for name in [f"{key}/{r}" for r in range(world)] + [f"{key}/whole/0", f"{key}/whole/{differs}", f"{key}/read"]:
+            store.delete_key(name)
+    if differs:
+        raise DatasetError(source.location, f"the ranks opened different data (rank 0: {first['files']} files of "
+                                            f"{first['bytes']} bytes; rank {differs}: {other['files']} files of "
+                                            f"{other['bytes']} bytes; {_difference(first, other, differs)}), so their "
+                                            f"loaders would differ in length and a DDP loop would hang",
+                           "Every rank must open the same data: do not add, remove or replace files while the ranks "
+                           "list them, or name them in a file list (or a manifest) that every rank reads")
+
+
+def _listing_wait(store, keys: list[str], timeout: datetime.timedelta) -> list[bytes]:
+    try:
+        store.wait(keys, timeout)
+    except RuntimeError as error:  # a timeout; the store and the process group stay usable
+        raise DatasetError(
+            f"comparing the ranks' data: the other ranks did not open theirs within {timeout.total_seconds():.0f} s "
+            f"({error}). Is this loader built on some ranks only? Build it on every rank, or with rank=0, "
+            f"world_size=1 where only one reads, or pass sharding_check=False (--no-sharding-check)") from None
+    return [store.get(k) for k in keys]
+
+
+def _difference(first: dict, other: dict, rank: int) -> str:
+    """What rank `rank` lists that rank 0 does not, and the reverse, in a few names."""
+    if "entries" not in first or "entries" not in other:
+        return fingerprint.changes(first, other) or "their names, sizes or versions differ"
+    ours, theirs = ({row[0]: row[1:] for row in fp["entries"]} for fp in (first, other))
+    added, gone = [n for n in theirs if n not in ours], [n for n in ours if n not in theirs]
+    changed = [n for n in ours if n in theirs and ours[n] != theirs[n]]
+    parts = ([f"only rank {rank} lists {_few(added)}"] if added else []) + \
+        ([f"only rank 0 lists {_few(gone)}"] if gone else []) + \
+        ([f"{_few(changed)} differ in size or version"] if changed else [])
+    return "; ".join(parts) or "the order of their files differs"
+
+
+def _few(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _store():

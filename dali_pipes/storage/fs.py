@@ -138,6 +138,7 @@ class FsspecBackend:
         return {m["name"]: m for m in (item if isinstance(item, dict) else self.fs.info(item) for item in found)}
 
     def head(self, url: RemoteUrl) -> ObjectInfo:
+        self.fs.invalidate_cache(self.path(url))  # else gcsfs answers from its last listing: a replaced object unseen
         meta = self.fs.info(self.path(url))
         if meta.get("type", "file") != "file":
             raise FileNotFoundError(errno.ENOENT, "a folder, not an object", str(url))
@@ -150,14 +151,29 @@ class FsspecBackend:
         except FileNotFoundError:
             return False
 
-    def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
-        return self.fs.cat_file(self.path(RemoteUrl.parse(info.url)), start=start, end=end, **self.pin(info))
+    def read(self, info: ObjectInfo, start: int, end: int, deadline: remote.Deadline | None = None) -> bytes:
+        data = self.on_loop(deadline, self.fs._cat_file, self.path(RemoteUrl.parse(info.url)), start=start, end=end,
+                            **self.pin(info))
+        return remote.ranged_reply(info, start, end, data)  # a server that ignores Range sent the whole object
 
-    def stream(self, info: ObjectInfo, chunk_bytes: int) -> Iterator[bytes]:
+    def on_loop(self, deadline: remote.Deadline | None, coroutine: Any, *args: Any, **kwargs: Any) -> Any:
+        """coroutine(*args, **kwargs) run on the filesystem's event loop, cancelled when `deadline` passes
+        (DownloadTooSlowError): a store sending a few bytes a second never trips the read timeout."""
+        from fsspec.asyn import sync
+        from fsspec.exceptions import FSTimeoutError
+        try:
+            return sync(self.fs.loop, coroutine, *args, timeout=deadline.left() if deadline else None, **kwargs)
+        except FSTimeoutError:
+            if deadline is not None and deadline.passed():
+                raise deadline.error() from None
+            raise
+
+    def stream(self, info: ObjectInfo, chunk_bytes: int, deadline: remote.Deadline) -> Iterator[bytes]:
         """The object as ranged reads of REQUEST_BYTES, each tried by remote.retrying, yielded in chunk_bytes."""
         for offset in range(0, info.size, REQUEST_BYTES):
             end = min(info.size, offset + REQUEST_BYTES)
-            data: bytes = remote.retrying(info.url, self, functools.partial(self.read, info, offset, end), info)
+            data: bytes = remote.retrying(info.url, self, functools.partial(self.read, info, offset, end, deadline),
+                                          info)
             if len(data) != end - offset:
                 raise remote.truncated_error(info, offset + len(data))
             for at in range(0, len(data), chunk_bytes):
@@ -289,18 +305,18 @@ class AzureBackend(FsspecBackend):
         return OneTryAzure(connection_timeout=options.connect_timeout, read_timeout=options.read_timeout,
                            skip_instance_cache=True, anon=False if keyed else None)
 
-    def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
+    def read(self, info: ObjectInfo, start: int, end: int, deadline: remote.Deadline | None = None) -> bytes:
         """One ranged GET pinned to the listed ETag (If-Match: a replaced blob is a 412, ObjectChangedError).
         adlfs's cat_file passes no conditions on, so the read goes to the SDK's blob client on adlfs's loop;
         pinned, a download needs no HEAD after it: one round trip less per shard (docs/benchmarks.md, "Every
         scheme through the shard cache")."""
         if not info.etag:  # a listing always gives one; an ObjectInfo made by hand may not
-            return super().read(info, start, end)
-        from fsspec.asyn import sync
+            return super().read(info, start, end, deadline)
         path = self.path(RemoteUrl.parse(info.url))
         container, blob, version_id = self.fs.split_path(self.fs._strip_protocol(path))
         try:
-            return sync(self.fs.loop, self._read_pinned, container, blob, version_id, start, end - start, info.etag)
+            return self.on_loop(deadline, self._read_pinned, container, blob, version_id, start, end - start,
+                                info.etag)
         except Exception as error:
             # If-Match on a deleted blob is a 412 too (Azurite): deleted is not changed
             if status_of(error) == 412 and not self.fs.exists(path):
@@ -382,7 +398,8 @@ class HfBackend(FsspecBackend):
                 return False
             raise
 
-    def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
+    def read(self, info: ObjectInfo, start: int, end: int, deadline: remote.Deadline | None = None) -> bytes:
+        """One GET of the file's resolve URL, streamed so that the deadline is checked as bytes arrive."""
         import httpx2
         from huggingface_hub import hf_hub_url
         from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
@@ -391,9 +408,14 @@ class HfBackend(FsspecBackend):
                          endpoint=self.fs.endpoint)
         headers = {"Range": f"bytes={start}-{end - 1}", **build_hf_headers(token=self.fs.token)}
         timeout = httpx2.Timeout(self.options.read_timeout, connect=self.options.connect_timeout)
-        response = get_session().get(url, headers=headers, timeout=timeout)
-        hf_raise_for_status(response)
-        return response.content
+        with get_session().stream("GET", url, headers=headers, timeout=timeout) as response:
+            hf_raise_for_status(response)
+            parts = []
+            for part in response.iter_bytes():
+                parts.append(part)
+                if deadline is not None:
+                    deadline.left()
+        return remote.ranged_reply(info, start, end, b"".join(parts))
 
     def translate(self, error: Exception, url: str, expected: ObjectInfo | None) -> Exception:
         if _hub_error(error) == "RevisionNotFoundError":

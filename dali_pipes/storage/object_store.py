@@ -214,13 +214,15 @@ class S3Backend:
                 return False
             raise
 
-    def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
+    def read(self, info: ObjectInfo, start: int, end: int, deadline: remote.Deadline | None = None) -> bytes:
+        if deadline is not None:
+            deadline.left()  # boto3 has no overall timeout per request: checked before it, as stream checks chunks
         url = S3Url.parse(info.url)
         reply = self.client.get_object(Bucket=url.bucket, Key=url.key, IfMatch=info.etag,
                                        Range=f"bytes={start}-{end - 1}")
         return reply["Body"].read()
 
-    def stream(self, info: ObjectInfo, chunk_bytes: int) -> Iterator[bytes]:
+    def stream(self, info: ObjectInfo, chunk_bytes: int, deadline: remote.Deadline) -> Iterator[bytes]:
         """One GET (If-Match) for the whole body, read in chunks; a body cut short is TruncatedDownloadError."""
         from botocore.exceptions import BotoCoreError, IncompleteReadError, ResponseStreamingError
         url = S3Url.parse(info.url)

@@ -17,9 +17,14 @@ and telling its errors apart. Everything else is here and the same for every sch
   * failures as built-in types whose one-line message names the URL, what failed and the fix:
         FileNotFoundError   missing bucket, missing object, nothing matches, object deleted since listing
         PermissionError     no credentials, access denied
-        ConnectionError     endpoint unreachable or timing out after the bounded retries (UnreachableError)
+        ConnectionError     endpoint unreachable or timing out after the bounded retries (UnreachableError);
+                            a download not done within its deadline (DownloadTooSlowError: never retried)
         DatasetError        an object changed since it was listed, a truncated download
         ImportError         the scheme's backend is not installed: names the extra (pip install 'dali_pipes[gcs]')
+  * every download (and ranged read) has an overall deadline (`ClientOptions.deadline`, --download-deadline):
+    a store that keeps sending, too slowly for any read timeout to fire, is warned of at a quarter of it and
+    ends at it; a server that ignores Range requests (answers 200 with the whole body) is read from the
+    whole object it sent;
   * ObjectInfo (size, ETag, generation) keys the shard cache and the index cache, and every read is
     checked against it.
 
@@ -56,6 +61,8 @@ CHUNK_BYTES = 1 << 20  # streaming reads: large enough for throughput, small eno
 DOWNLOAD_ATTEMPTS = 3  # whole-object retries after a cut-off body (requests are retried, bodies are not)
 RETRY_HINT = ("--s3-attempts / --s3-timeout (DaliLoader's s3_attempts / s3_timeout; they apply to every scheme) "
               "set how long to keep trying")
+DEADLINE_HINT = "--download-deadline (DaliLoader's download_deadline)"
+SLOW_FRACTION = 0.25  # a download still running at this fraction of its deadline is warned of, with its progress
 BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 16.0  # waits 1, 2, 4, 8, 16, 16 ... s, each times a jitter in [0.5, 1)
 log = logging.getLogger("dali_pipes")
 T = TypeVar("T")
@@ -204,18 +211,25 @@ class ClientOptions:
     read_timeout: float = 20.0  # seconds without a byte from the server: --s3-timeout
     attempts: int = 8  # tries per request: --s3-attempts
     max_pool_connections: int = 32  # >= parallel downloads, else they queue for a connection
+    # seconds one whole download (or one ranged read, its retries included) may take: --download-deadline. A
+    # store sending a few bytes a second never trips the read timeout; this ends it (10 min: 1 GB at 1.7 MB/s)
+    deadline: float = 600.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.read_timeout <= 0:
             raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, got {self.attempts} and "
                              f"{self.read_timeout}")
+        if not self.deadline > 0:
+            raise ValueError(f"download_deadline must be > 0 seconds, got {self.deadline}")
 
     @classmethod
     def of(cls, attempts: int | None = None, timeout: float | None = None,
-           base: "ClientOptions | None" = None) -> "ClientOptions":
-        """`base` (default: the process's) with these attempts and timeout (seconds to connect, capped at 5,
-        or to wait for the next bytes); None keeps its value."""
+           base: "ClientOptions | None" = None, deadline: float | None = None) -> "ClientOptions":
+        """`base` (default: the process's) with these attempts, timeout (seconds to connect, capped at 5,
+        or to wait for the next bytes) and deadline (seconds per download); None keeps its value."""
         options = base or _default_options
+        if deadline is not None:
+            options = dataclasses.replace(options, deadline=deadline)
         if attempts is not None:
             options = dataclasses.replace(options, attempts=attempts)
         if timeout is not None:
@@ -232,11 +246,12 @@ _active: contextvars.ContextVar[ClientOptions | None] = contextvars.ContextVar("
                                                                               default=None)
 
 
-def configure(attempts: int | None = None, timeout: float | None = None) -> ClientOptions:
-    """The process's default retries and timeout, for calls made outside a loader's `options_in_force`;
-    None keeps the current value. Returns the default now in force."""
+def configure(attempts: int | None = None, timeout: float | None = None,
+              deadline: float | None = None) -> ClientOptions:
+    """The process's default retries, timeout and download deadline, for calls made outside a loader's
+    `options_in_force`; None keeps the current value. Returns the default now in force."""
     global _default_options
-    _default_options = ClientOptions.of(attempts, timeout, _default_options)
+    _default_options = ClientOptions.of(attempts, timeout, _default_options, deadline)
     return _default_options
 
 
@@ -280,11 +295,12 @@ class Backend(Protocol):
         """Every object whose key starts with `prefix`, recursively; may call `retrying` per page."""
         ...
     def head(self, url: RemoteUrl) -> ObjectInfo: ...
-    def read(self, info: ObjectInfo, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the object, pinned to info's version where the store can."""
+    def read(self, info: ObjectInfo, start: int, end: int, deadline: "Deadline | None" = None) -> bytes:
+        """Bytes [start, end) of the object, pinned to info's version where the store can; a request still
+        running at the deadline ends in its error."""
         ...
-    def stream(self, info: ObjectInfo, chunk_bytes: int) -> Iterator[bytes]:
-        """The whole object in order (each request tried by `retrying`); checks are the caller's."""
+    def stream(self, info: ObjectInfo, chunk_bytes: int, deadline: "Deadline") -> Iterator[bytes]:
+        """The whole object in order (each request tried by `retrying`) by the deadline; checks are the caller's."""
         ...
     def upload(self, path: str, url: RemoteUrl) -> None: ...
     def delete(self, url: RemoteUrl) -> None: ...
@@ -358,8 +374,54 @@ class UnreachableError(ConnectionError):
     """A request that failed on every one of its attempts: the store is down or unreachable."""
 
 
+class DownloadTooSlowError(UnreachableError):
+    """A download (or ranged read) not done by its deadline: a store that answers, too slowly. Never retried."""
+
+
 class Cancelled(Exception):
     """A streaming read stopped because its `stop` event was set (a cache closing)."""
+
+
+class Deadline:
+    """When one download (or ranged read, its retries included) must be done, and how far it got: a request
+    still running then is cancelled (where the client can: every fsspec scheme) or checked between chunks (s3),
+    and ends in DownloadTooSlowError naming the object and the flag. `warn`: a timer logs a download still
+    running at SLOW_FRACTION of the deadline, with its progress."""
+
+    def __init__(self, info: ObjectInfo, seconds: float | None = None, *, warn: bool = False) -> None:
+        self.info, self.seconds = info, current_options().deadline if seconds is None else seconds
+        self.started = time.monotonic()
+        self.until, self.got = self.started + self.seconds, 0
+        self._timer: threading.Timer | None = None
+        if warn:
+            self._timer = threading.Timer(self.seconds * SLOW_FRACTION, self._warn)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def left(self) -> float:
+        """Seconds left; DownloadTooSlowError once none are."""
+        left = self.until - time.monotonic()
+        if left <= 0:
+            raise self.error()
+        return left
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.until
+
+    def error(self) -> DownloadTooSlowError:
+        return DownloadTooSlowError(
+            f"{self.info.url}: not downloaded within {self.seconds:g} s ({self.got} of {self.info.size} bytes had "
+            f"arrived): the store or the network is too slow. Check them, or raise {DEADLINE_HINT} for objects "
+            f"this large")
+
+    def _warn(self) -> None:
+        elapsed = time.monotonic() - self.started
+        log.warning("%s: slow download: %d of %d bytes in %.0f s (%.1f KB/s); it fails at %g s (%s)", self.info.url,
+                    self.got, self.info.size, elapsed, self.got / elapsed / 1e3, self.seconds, DEADLINE_HINT)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def changed_error(url: str, expected: ObjectInfo | None, how: str) -> ObjectChangedError:
@@ -372,6 +434,28 @@ def disappeared_error(url: str, expected: ObjectInfo) -> FileNotFoundError:
     return FileNotFoundError(f"{url}: the object disappeared after it was listed (size {expected.size}, "
                              f"ETag {expected.etag}); the dataset changed while being read: "
                              f"restore it, or list it again and rebuild its indexes")
+
+
+_ignores_range: set[str] = set()  # URLs already warned of
+
+
+def ranged_reply(info: ObjectInfo, start: int, end: int, data: bytes) -> bytes:
+    """Bytes [start, end) of a ranged read's reply `data`. A server that ignores Range requests (python -m
+    http.server) answers 200 with the whole object, which holds them: warned of once per URL (every read fetches
+    it all), never "cut short"; more bytes than asked for that are not the whole object is a DatasetError."""
+    if len(data) <= end - start:
+        return data
+    if len(data) != info.size:
+        raise DatasetError(info.url, f"a ranged read of {end - start} bytes got {len(data)}, neither the range nor "
+                                     f"the listed object ({info.size} bytes): the server ignores Range requests "
+                                     f"and the object changed since it was listed",
+                           "Serve it with a server that honours Range requests, and do not change it while read")
+    if info.url not in _ignores_range:
+        _ignores_range.add(info.url)
+        log.warning("%s: the server ignores Range requests (it answered with the whole object, %d bytes): every "
+                    "read of it fetches all of it; serve it with one that honours Range (nginx, a bucket)",
+                    info.url, info.size)
+    return data[start:end]
 
 
 def truncated_error(info: ObjectInfo, got: int, expected: int | None = None) -> TruncatedDownloadError:
@@ -391,8 +475,9 @@ def retrying(url: str, backend: Backend, call: Callable[[], T], expected: Object
         try:
             return call()
         except Exception as raw:
-            clear = raw if isinstance(raw, (DatasetError, Cancelled)) else backend.translate(raw, url, expected)
-            again = isinstance(clear, ConnectionError) or backend.retryable(raw)
+            mine = isinstance(raw, (DatasetError, Cancelled, DownloadTooSlowError))
+            clear = raw if mine else backend.translate(raw, url, expected)
+            again = not mine and (isinstance(clear, ConnectionError) or backend.retryable(raw))
             delay = next(delays, None) if again else None
             if delay is None and again:
                 raise UnreachableError(
@@ -516,8 +601,11 @@ def read_range(where: ObjectInfo | str, start: int, length: int, client: Backend
     if length == 0:
         return b""
     backend = client or backend_for(info.url)
-    data = retrying(info.url, backend, lambda: backend.read(info, start, start + length), info)
+    deadline = Deadline(info)  # for the read and its retries
+    data = retrying(info.url, backend, lambda: backend.read(info, start, start + length, deadline), info)
+    data = ranged_reply(info, start, start + length, data)
     if len(data) != length:
+        _check_unchanged(info, backend)  # a short reply of an unpinned store: a shorter object now?
         raise truncated_error(info, len(data), expected=length)
     return data
 
@@ -528,24 +616,29 @@ def read_bytes(url: str, client: Backend | None = None) -> bytes:
 
 
 def iter_chunks(info: ObjectInfo, *, client: Backend | None = None, stop: threading.Event | None = None,
-                chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+                chunk_bytes: int = CHUNK_BYTES, deadline: Deadline | None = None) -> Iterator[bytes]:
     """The object's bytes in order, as chunks; raises DatasetError when it changed since `info` was
-    taken or when fewer than info.size bytes arrive, Cancelled when `stop` is set."""
+    taken or when fewer than info.size bytes arrive, Cancelled when `stop` is set, DownloadTooSlowError when
+    `deadline` (default: one of the options in force, from the first chunk asked for) passes first."""
     backend = client or backend_for(info.url)
-    got = 0
-    chunks = backend.stream(info, chunk_bytes)
+    timed = deadline or Deadline(info, warn=True)
+    chunks = backend.stream(info, chunk_bytes, timed)
     try:
         for chunk in chunks:
             if stop is not None and stop.is_set():
                 raise Cancelled(info.url)
-            got += len(chunk)
+            timed.got += len(chunk)
+            if timed.passed() and timed.got < info.size:
+                raise timed.error()
             yield chunk
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
-    if got != info.size:
-        raise truncated_error(info, got)
+        if deadline is None:
+            timed.close()
+    if timed.got != info.size:
+        raise truncated_error(info, timed.got)
 
 
 class _ChunkReader(io.RawIOBase):
@@ -587,28 +680,38 @@ def download(info: ObjectInfo, path: str, *, client: Backend | None = None, stop
     """Fetch the whole object to `path`: written to a temporary file beside it, checked against
     info.size and info's version, then renamed into place, so `path` never holds a partial or a changed
     object. A body cut off or stalled midway is retried `attempts` times in all (each request itself is
-    `retrying`'s); a changed or deleted object is not (it would not come back). Returns `path`."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return _download_once(info, path, client or backend_for(info.url), stop, on_bytes)
-        except (TruncatedDownloadError, ConnectionError) as error:
-            if isinstance(error, UnreachableError):
-                raise  # its request was tried the current attempts already
-            if attempt == attempts:
-                if not isinstance(error, TruncatedDownloadError):
-                    raise
-                raise TruncatedDownloadError(f"{error} ({attempts} attempts)") from error
+    `retrying`'s); a changed or deleted object is not (it would not come back), nor one past the deadline of
+    the options in force (its attempts together: DownloadTooSlowError). Returns `path`."""
+    deadline = Deadline(info, warn=True)
+    try:
+        for attempt in range(1, attempts + 1):
+            try:
+                return _download_once(info, path, client or backend_for(info.url), stop, on_bytes, deadline)
+            except (TruncatedDownloadError, ConnectionError) as error:
+                if isinstance(error, UnreachableError):
+                    raise  # its request was tried the current attempts already (or the deadline passed)
+                if attempt == attempts:
+                    if not isinstance(error, TruncatedDownloadError):
+                        raise
+                    raise TruncatedDownloadError(f"{error} ({attempts} attempts)") from error
+                deadline.got = 0  # the next attempt starts over
+    finally:
+        deadline.close()
     raise ValueError(f"attempts must be >= 1, got {attempts}")
 
 
-def _download_once(info: ObjectInfo, path: str, backend: Backend, stop, on_bytes) -> str:
+def _download_once(info: ObjectInfo, path: str, backend: Backend, stop, on_bytes, deadline: Deadline) -> str:
     temporary = private_tmp(path)
     try:
         with open(temporary, "wb") as out:
-            for chunk in iter_chunks(info, client=backend, stop=stop):
-                out.write(chunk)
-                if on_bytes is not None:
-                    on_bytes(len(chunk))
+            try:
+                for chunk in iter_chunks(info, client=backend, stop=stop, deadline=deadline):
+                    out.write(chunk)
+                    if on_bytes is not None:
+                        on_bytes(len(chunk))
+            except TruncatedDownloadError:
+                _check_unchanged(info, backend)  # an unpinned store's short body: a shorter object now?
+                raise
         _check_unchanged(info, backend)
         os.replace(temporary, path)  # atomic: readers see nothing or the whole checked object
     finally:
@@ -620,10 +723,15 @@ def _download_once(info: ObjectInfo, path: str, backend: Backend, stop, on_bytes
 def _check_unchanged(info: ObjectInfo, backend: Backend) -> None:
     """For stores whose reads are not pinned to a version (`pins_reads` False): one HEAD after the
     download, so that a shard replaced while it was fetched is an error, not two versions mixed."""
-    if getattr(backend, "pins_reads", True):
-        return
+    if not getattr(backend, "pins_reads", True):
+        check_unchanged(info, backend)
+
+
+def check_unchanged(info: ObjectInfo, client: Backend | None = None) -> None:
+    """ObjectChangedError (FileNotFoundError: deleted) when the store's object is no longer the one listed as
+    `info`: one HEAD, asked of the store (never a client's listing cache)."""
     try:
-        now = head(info.url, backend)
+        now = head(info.url, client)
     except FileNotFoundError as error:
         raise disappeared_error(info.url, info) from error
     if now != info:

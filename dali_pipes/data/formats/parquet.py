@@ -109,6 +109,7 @@ class RangedFile(io.RawIOBase):
 def storage():
     """The storage layer remote files are read through (any scheme: s3://, gs://, az://, hf://, http(s)://), the one
     place this module names it. What is used of it: is_remote(path), head(url), read_range(info, start, length),
+    check_unchanged(info),
     and the loader's retries (current_options, options_in_force) for the feed's reads in its own threads."""
     from dali_pipes.storage import remote
     return remote
@@ -145,7 +146,15 @@ def open_file(path: str, metadata: Any = None):
     except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError; ArrowIOError an OSError
         if isinstance(e, (FileNotFoundError, ConnectionError, DatasetError)):
             raise
+        _check_unchanged(path)
         raise DatasetError(path, f"not a readable Parquet file ({e})", "Re-create the file") from None
+
+
+def _check_unchanged(path: str) -> None:
+    """A remote file that does not read: ObjectChangedError when the store holds another version of it now (a
+    store that ignores the version a read asks for, as the GCS emulator does, returned the new bytes)."""
+    if is_remote(path):
+        storage().check_unchanged(_remote_info(path))
 
 
 def _stamp(path: str) -> tuple:
@@ -296,6 +305,7 @@ def read_group(path: str, group: int, columns: Columns) -> Group:
     except (OSError, ValueError) as e:  # pyarrow: a damaged page or a truncated file
         if isinstance(e, (ConnectionError, DatasetError)):
             raise
+        _check_unchanged(path)
         raise DatasetError(f"{path} (row group {group})", f"unreadable ({e})", "Re-create the file") from None
     images = table.column(columns.image).combine_chunks()
     if columns.struct:
