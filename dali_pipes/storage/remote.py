@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, TypeVar
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.storage import redact
 from dali_pipes.storage.files import private_tmp
 
 WILDCARDS = "*?["
@@ -105,7 +106,8 @@ def is_remote(location: object) -> bool:
 class RemoteUrl:
     """A parsed URL: scheme, bucket (an S3/GCS bucket, an Azure container, a Hub repo "datasets/ORG/NAME"
     with its revision if one is named, "datasets/ORG/NAME@v1.0", an HTTP host) and key (may be "" or end in
-    "/": a prefix)."""
+    "/": a prefix). An http(s) URL's query string and user info grant access, they do not name the object: they
+    are kept aside (redact.identity) and only its request has them, so a RemoteUrl and its str hold no secret."""
     scheme: str
     bucket: str
     key: str = ""
@@ -117,7 +119,7 @@ class RemoteUrl:
         if scheme is None:
             raise ValueError(f"{url!r}: not a remote URL; expected one of "
                              f"{', '.join(s + '://' for s in SCHEMES)} followed by bucket/key")
-        rest = str(url).split("://", 1)[1]
+        rest = redact.identity(str(url)).split("://", 1)[1]
         parts = rest.split("/")
         width = 3 if scheme == "hf" and parts[0] in HF_REPO_TYPES else 2 if scheme == "hf" else 1
         if scheme == "hf" and parts[width - 1].endswith("@refs") and len(parts) > width + 1:
@@ -143,6 +145,12 @@ def _bucket_word(scheme: str) -> str:
 def _bucket_noun(scheme: str) -> str:
     return {"hf": "repository", "http": "host", "https": "host", "az": "container", "abfs": "container"}.get(
         scheme, "bucket")
+
+
+def identity(url: str) -> str:
+    """The name of `url` in every message, state and cache key: an http(s) URL without its query string and user
+    info (kept aside for its requests: redact.py); any other location unchanged."""
+    return redact.identity(url)
 
 
 def join(base: str, relative: str) -> str:
@@ -384,7 +392,8 @@ def truncated_error(info: ObjectInfo, got: int, expected: int | None = None) -> 
 def retrying(url: str, backend: Backend, call: Callable[[], T], expected: ObjectInfo | None = None) -> T:
     """call(), its errors translated, tried up to the current attempts while it fails retryably (a
     ConnectionError, or what backend.retryable says), with backoff_delays between; then UnreachableError
-    naming the object, the endpoint and the flags."""
+    naming the object, the endpoint and the flags. What it raises or logs names no secret (redact.clean): an
+    SDK's error may quote a signed URL whole."""
     attempts = current_options().attempts
     delays, started = backoff_delays(attempts), time.monotonic()
     for attempt in itertools.count(1):
@@ -395,18 +404,23 @@ def retrying(url: str, backend: Backend, call: Callable[[], T], expected: Object
             again = isinstance(clear, ConnectionError) or backend.retryable(raw)
             delay = next(delays, None) if again else None
             if delay is None and again:
-                raise UnreachableError(
+                raise _raised(UnreachableError(
                     f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
                     f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
-                    f"{RETRY_HINT}") from raw
+                    f"{RETRY_HINT}"), raw)
             if delay is None:
-                if clear is raw:
-                    raise
-                raise clear from raw
+                raise _raised(clear, raw)
             if attempt == 1:
-                log.warning("%s; trying again, %d attempts in all", clear, attempts)
+                log.warning("%s; trying again, %d attempts in all", redact.scrub(str(clear)), attempts)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _raised(error: BaseException, cause: BaseException) -> BaseException:
+    """`error` as raised from `cause`, unless either names a secret (then redact.clean's error)."""
+    if error is not cause:
+        error.__cause__, error.__suppress_context__ = cause, True
+    return redact.clean(error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,6 +450,7 @@ def list_objects(url_or_glob: str, client: Backend | None = None, page_size: int
     An http(s) URL is never listed: one URL is that object (HEAD), a prefix or glob is an error.
     FileNotFoundError when the bucket is missing or nothing matches. `page_size`: keys per request."""
     parsed = RemoteUrl.parse(url_or_glob)
+    url_or_glob = identity(url_or_glob)  # what messages name
     backend = client or backend_for(parsed)
     if not SCHEMES[parsed.scheme].listing:
         return [_unlisted(url_or_glob, parsed, backend)]
@@ -477,7 +492,7 @@ def _check_bucket(backend: Backend, parsed: RemoteUrl, url: str) -> None:
 def head(url: str, client: Backend | None = None) -> ObjectInfo:
     """The current size, ETag and version of one object; FileNotFoundError names whether the bucket or
     the key is missing."""
-    parsed = RemoteUrl.parse(url)
+    parsed, url = RemoteUrl.parse(url), identity(url)
     backend = client or backend_for(parsed)
     try:
         return retrying(url, backend, lambda: backend.head(parsed))
@@ -649,7 +664,7 @@ def local_copy(path: str) -> Iterator[str]:
 
 def upload(path: str, url: str, client: Backend | None = None) -> ObjectInfo:
     """Upload a local file (multipart when large) and return the stored object's info."""
-    parsed = RemoteUrl.parse(url)
+    parsed, url = RemoteUrl.parse(url), identity(url)
     backend = client or backend_for(parsed)
     try:
         retrying(url, backend, lambda: backend.upload(path, parsed))
@@ -664,7 +679,7 @@ def upload(path: str, url: str, client: Backend | None = None) -> ObjectInfo:
 
 def delete(url: str, client: Backend | None = None) -> None:
     """Delete one object (a conversion's old set, replaced with --overwrite); a missing one is no error."""
-    parsed = RemoteUrl.parse(url)
+    parsed, url = RemoteUrl.parse(url), identity(url)
     backend = client or backend_for(parsed)
     with contextlib.suppress(FileNotFoundError):
         retrying(url, backend, lambda: backend.delete(parsed))
