@@ -18,8 +18,8 @@ from train.run import Run, close_run, saved_args
 # ---------------------------------------------------------------------------------------------
 
 def _rng_state() -> dict:
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    numpy_state = (name, keys.tolist(), pos, has_gauss, gauss)  # no ndarray: weights_only=True loads lists
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    numpy_state = (name, list(map(int, keys)), pos, has_gauss, gauss)  # no ndarray: weights_only=True loads lists
     return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
@@ -47,8 +47,8 @@ def load_trusted(path: str) -> dict:
     and arrays of numbers are let in too: checkpoints of dali_pipes 0.3.0 and earlier hold the lr as a numpy
     float and numpy's RNG state as an array (torch's documented allowlist for them)."""
     import pickle
-    numpy_data = [np.float64(0).__reduce__()[0], np.zeros(1).__reduce__()[0], np.ndarray, np.dtype,  # scalar, array
-                  type(np.dtype(np.float64)), type(np.dtype(np.uint32))]  # of the dtypes they held
+    numpy_data: list = [np.float64(0).__reduce__()[0], np.zeros(1).__reduce__()[0], np.ndarray, np.dtype,  # scalar,
+                        type(np.dtype(np.float64)), type(np.dtype(np.uint32))]  # array, of the dtypes they held
     try:
         with torch.serialization.safe_globals(numpy_data):
             return torch.load(path, map_location="cpu", weights_only=True)

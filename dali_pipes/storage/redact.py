@@ -108,7 +108,8 @@ def scrub(text: str) -> str:
 
 def _texts(error: BaseException, depth: int = 8) -> list[str]:
     """The text of an error and of those it was raised from (a traceback prints them all)."""
-    out, seen = [], error
+    out: list[str] = []
+    seen: BaseException | None = error
     for _ in range(depth):
         if seen is None:
             break

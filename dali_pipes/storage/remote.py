@@ -403,23 +403,22 @@ def retrying(url: str, backend: Backend, call: Callable[[], T], expected: Object
             clear = raw if isinstance(raw, (DatasetError, Cancelled)) else backend.translate(raw, url, expected)
             again = isinstance(clear, ConnectionError) or backend.retryable(raw)
             delay = next(delays, None) if again else None
-            if delay is None and again:
-                raise _raised(UnreachableError(
+            if delay is None:
+                failure = _cleaned(UnreachableError(
                     f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
                     f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
-                    f"{RETRY_HINT}"), raw)
-            if delay is None:
-                raise _raised(clear, raw)
+                    f"{RETRY_HINT}") if again else clear, raw)
+                raise failure from failure.__cause__
             if attempt == 1:
                 log.warning("%s; trying again, %d attempts in all", redact.scrub(str(clear)), attempts)
             time.sleep(delay)
     raise AssertionError("unreachable")
 
 
-def _raised(error: BaseException, cause: BaseException) -> BaseException:
-    """`error` as raised from `cause`, unless either names a secret (then redact.clean's error)."""
+def _cleaned(error: BaseException, cause: BaseException) -> BaseException:
+    """`error`, with `cause` as its cause, unless either names a secret (then redact.clean's error)."""
     if error is not cause:
-        error.__cause__, error.__suppress_context__ = cause, True
+        error.__cause__ = cause
     return redact.clean(error)
 
 
