@@ -107,6 +107,18 @@ def test_a_url_is_named_without_what_grants_access_and_requested_with_it():
     assert redact.scrub(f"GET {url} failed") == "GET https://<redacted>@host.example/b/train-0.tar?<redacted> failed"
 
 
+def test_worker_processes_request_a_url_with_what_grants_access():
+    """verify's and convert's workers read remote images by their identity: a spawned worker (DALI is loaded here,
+    so process_pool spawns) requests them with the access this process keeps."""
+    from dali_pipes.storage import redact
+    from dali_pipes.tools.workers import process_pool
+    pytest.importorskip("nvidia.dali")  # loaded here: process_pool spawns its workers
+    url = presigned("https://host.example/b/images/cat/000.jpg")
+    name = remote.identity(url)  # as verify lists the images before it starts its workers
+    with process_pool(1) as pool:
+        assert pool.submit(redact.with_access, name).result(timeout=120) == url
+
+
 def test_an_azure_sas_or_account_key_is_in_no_error_or_log(azure, azurite_server, monkeypatch, caplog):
     """A SAS connection string put its signature into the endpoint every az:// error names."""
     caplog.set_level(logging.DEBUG, logger="dali_pipes")
