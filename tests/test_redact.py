@@ -104,7 +104,10 @@ def test_a_url_is_named_without_what_grants_access_and_requested_with_it():
     assert name == "https://host.example/b/train-0.tar" == str(remote.RemoteUrl.parse(url))
     assert redact.with_access(name) == url
     assert remote.identity("s3://bucket/train-?.tar") == "s3://bucket/train-?.tar"  # a glob, not a query
-    assert redact.scrub(f"GET {url} failed") == "GET https://<redacted>@host.example/b/train-0.tar?<redacted> failed"
+    scrubbed = redact.scrub(f"GET {url} failed")
+    assert scrubbed == "GET https://<redacted>@host.example/b/train-0.tar?<redacted> failed" == redact.scrub(scrubbed)
+    error = redact.clean(remote.UnreachableError(f"{url}: cannot reach it"))
+    assert isinstance(error, remote.UnreachableError) and str(error) == redact.scrub(f"{url}: cannot reach it")
 
 
 def test_worker_processes_request_a_url_with_what_grants_access():

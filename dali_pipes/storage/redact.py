@@ -29,8 +29,9 @@ SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_
                     "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 CONNECTION_STRING_KEYS = ("AccountKey", "SharedAccessSignature", "SharedAccessKey")
 MIN_SECRET = 8
-_HTTP_URL = re.compile(r"(?P<scheme>https?://)(?P<user>[^/\s'\"<>@]*@)?(?P<rest>[^\s'\"<>?#]*)(?P<query>\?[^\s'\"<>#]*)?",
-                       re.IGNORECASE)
+# An http(s) URL in a text: its user info, the rest, its query (not one masked already: scrub is idempotent)
+_HTTP_URL = re.compile(r"(?P<scheme>https?://)(?P<user>[^/\s'\"<>@]*@)?(?P<rest>[^\s'\"<>?#]*)"
+                       r"(?P<query>\?(?!<)[^\s'\"<>#]*)?", re.IGNORECASE)
 
 _lock = threading.Lock()
 _access: dict[str, tuple[str, str]] = {}  # identity -> (user info with its "@", query with its "?")
@@ -125,19 +126,20 @@ def holds_secret(error: BaseException) -> bool:
 
 def clean(error: BaseException) -> BaseException:
     """`error` when neither it nor its causes name a secret; cut from its causes when they alone do (a traceback
-    would print them); else an error of its type (RuntimeError where that cannot be made from one message) with
-    the scrubbed text."""
+    would print them); else an error of its type (or the nearest base type that can be made from one message, so
+    that `except ConnectionError` still catches it) with the scrubbed text."""
     if not holds_secret(error):
         return error
     text = scrub(str(error))
     if text == str(error):
         error.__cause__, error.__suppress_context__ = None, True
         return error
-    try:
-        fresh = type(error)(text)
-    except Exception:
-        fresh = RuntimeError(f"{type(error).__name__}: {text}")
-    if scrub(str(fresh)) != str(fresh):  # a type that formats its arguments its own way
-        fresh = RuntimeError(f"{type(error).__name__}: {text}")
-    fresh.__suppress_context__ = True
-    return fresh
+    for kind in type(error).__mro__:
+        try:
+            fresh = kind(text if kind is type(error) else f"{type(error).__name__}: {text}")
+        except Exception:
+            continue
+        if str(fresh) == scrub(str(fresh)):  # not a type that formats its arguments its own way
+            fresh.__suppress_context__ = True
+            return fresh
+    raise AssertionError("BaseException takes one message")
