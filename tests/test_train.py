@@ -750,3 +750,27 @@ def test_a_label_at_or_above_num_classes_ends_the_run_naming_the_record(tmp_path
     assert line.startswith(where) and "label 9 is not below the 4 classes of the run (num_classes=4, --num-classes)" \
         in line, line
     assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+class _RunsCodeOnLoad:
+    """An object whose unpickling opens (creates) a file: what a checkpoint copied from elsewhere could carry."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_resume_refuses_a_checkpoint_whose_unpickling_runs_code(tmp_path):
+    """--resume loads with weights_only=True: the object is refused, its code never runs (load_checkpoint refuses
+    before it touches the run). A checkpoint of this loop loads so (test_redact's training run checks it)."""
+    import torch
+
+    from train.checkpoint import load_checkpoint
+    marker, path = tmp_path / "code-ran", tmp_path / "checkpoint.pt"
+    torch.save({"model": {"weight": torch.zeros(2)}, "ranks": [_RunsCodeOnLoad(marker)]}, path)
+    with pytest.raises(SystemExit, match=r"checkpoint.pt holds more than weights and numbers, and loading it could "
+                                         r"run code \(.*Unsupported global.*\); .*start afresh with a new --workdir"):
+        load_checkpoint(None, str(path))  # type: ignore[arg-type]
+    assert not marker.exists()

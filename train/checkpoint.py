@@ -13,12 +13,14 @@ import torch.distributed as dist
 
 from train.metrics import atomic_save
 from train.preemption import write_status
-from train.run import Run, close_run
+from train.run import Run, close_run, saved_args
 
 # ---------------------------------------------------------------------------------------------
 
 def _rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    numpy_state = (name, list(map(int, keys)), pos, has_gauss, gauss)  # no ndarray: weights_only=True loads lists
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
@@ -35,15 +37,34 @@ def save_checkpoint(run: Run, pending: dict | None = None) -> None:
         atomic_save({"model": run.unwrapped.state_dict(), "optimizer": run.optimizer.state_dict(),
                      "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
                      "step": run.step, "epoch_start_step": run.epoch_start_step if mid_epoch else run.step,
-                     "pending_epoch": pending, "ranks": gathered, "args": vars(run.args)},
+                     "pending_epoch": pending, "ranks": gathered, "args": saved_args(run.args)},
                     os.path.join(run.args.workdir, "checkpoint.pt"))
+
+
+def load_trusted(path: str) -> dict:
+    """The checkpoint at `path`, unpickled with weights_only=True: tensors, numbers, strings and containers, never
+    an object whose unpickling runs code (a checkpoint copied from elsewhere could carry one). numpy's scalars
+    and arrays of numbers are let in too: checkpoints of dali_pipes 0.3.0 and earlier hold the lr as a numpy
+    float and numpy's RNG state as an array (torch's documented allowlist for them)."""
+    import pickle
+    numpy_data: list = [np.float64(0).__reduce__()[0], np.zeros(1).__reduce__()[0], np.ndarray, np.dtype,  # scalar,
+                        type(np.dtype(np.float64)), type(np.dtype(np.uint32))]  # array, of the dtypes they held
+    try:
+        with torch.serialization.safe_globals(numpy_data):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = next((line.strip() for line in str(error).splitlines() if "Unsupported global" in line),
+                     str(error).splitlines()[0] if str(error) else type(error).__name__)
+        raise SystemExit(f"--resume: {path} holds more than weights and numbers, and loading it could run code "
+                         f"({first}); this training loop never writes such a checkpoint. Resume only from "
+                         f"checkpoints this loop wrote, or start afresh with a new --workdir") from None
 
 
 def load_checkpoint(run: Run, path: str) -> None:
     """Everything as saved. On another world size (elastic resume, DALI loader only) the loaders
     split the rest of the interrupted epoch over the new ranks, the lr schedule goes on by samples
     seen, and the peak lr follows the new global batch (0.1 x global batch / 256) unless --lr is given."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_trusted(path)
     old_world, world = len(state["ranks"]), run.shard.world_size
     if old_world != world and not run.train_loader.supports_elastic:
         raise SystemExit(f"{path} was written by {old_world} ranks; --loader {run.args.loader} resumes only on "
@@ -73,7 +94,8 @@ def load_checkpoint(run: Run, path: str) -> None:
         return
     rng = state["ranks"][run.shard.rank]["rng"]
     random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
+    name, keys, pos, has_gauss, gauss = rng["numpy"]
+    np.random.set_state((name, np.asarray(keys, np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])

@@ -43,7 +43,8 @@ class WarmupCosine:
             # the samples need not land on the warm-up's end
             return min(1.0, (samples + self.global_batch) / self.warmup_samples)
         progress = (samples - self.warmup_samples) / max(1, self.total_samples - self.warmup_samples)
-        return 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
+        # a float, not numpy's: the lr is saved in the checkpoint, which loads with weights_only=True
+        return float(0.5 * (1 + np.cos(np.pi * min(1.0, progress))))
 
 
 def warmup_cosine(total_samples: int, warmup_samples: int, global_batch: int) -> WarmupCosine:

@@ -13,6 +13,7 @@ from torch import nn
 
 from dali_pipes import Shard
 from dali_pipes.loader import Loader
+from dali_pipes.storage.remote import identity
 from train.metrics import MemoryMeter
 from train.observe import Trace
 from train.optim import WarmupCosine
@@ -69,3 +70,9 @@ def close_run(run: Run) -> None:
             loader.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def saved_args(args: argparse.Namespace) -> dict:
+    """The flags as args.json and the checkpoint keep them: a URL by its identity (remote.identity: no query string
+    or user info, which grant access; --resume takes the URL from the command line again)."""
+    return {k: identity(v) if isinstance(v, str) else v for k, v in vars(args).items()}

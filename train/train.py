@@ -44,7 +44,7 @@ from train.models import ARCHS, create_model
 from train.observe import TensorBoard, Trace
 from train.optim import param_groups, warmup_cosine
 from train.preemption import clear_status
-from train.run import Run, close_run
+from train.run import Run, close_run, saved_args
 
 
 def get_args_parser() -> argparse.ArgumentParser:
@@ -262,7 +262,7 @@ def main(args: argparse.Namespace) -> list[dict]:
     run.step_hooks += crash_tests.step_hooks()  # none unless a test's environment asks for a crash
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
-            json.dump(vars(args), f, indent=1)
+            json.dump(saved_args(args), f, indent=1)
         with open(os.path.join(args.workdir, "config.json"), "w") as f:
             json.dump({k: dataclasses.asdict(v) for k, v in loader_configs(args).items()}, f, indent=1)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)

@@ -163,9 +163,18 @@ def _classify_text_list(path: str) -> tuple[str, list[str]]:
 # Remote locations
 # ---------------------------------------------------------------------------------------------
 
+def named(location: Location) -> Location:
+    """A remote location as messages, states and caches name it: each URL's remote.identity (no query string, no
+    user info: they grant access, and are kept aside for the requests)."""
+    if isinstance(location, (str, os.PathLike)):
+        return remote.identity(str(location))
+    return [remote.identity(str(p)) for p in location]
+
+
 def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
     """(kind, shard infos) of a remote location; folders and file lists get [] (their format lists
     them). Errors from remote.py name the bucket, key and endpoint (missing, denied, unreachable)."""
+    location = named(location)
     if not isinstance(location, (str, os.PathLike)):
         urls = [str(p) for p in location]
         infos = _heads(urls)

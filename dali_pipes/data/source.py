@@ -37,7 +37,7 @@ from dali_pipes.data.formats import (
     sharded_format_of,
 )
 from dali_pipes.data.labels import check_label, label_bound, offset_fix
-from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote
+from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote, named
 from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys
 from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.storage import remote
@@ -156,6 +156,7 @@ def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index
                    build: bool, progress: bool, allow_duplicates: bool = False,
                    num_classes: int | None = None) -> Source:
     """open_source for remote locations: listed through storage.remote, indexes built by streaming."""
+    location = named(location)  # from here on, no URL holds what grants access to it
     kind, infos = classify_remote(location)
     if kind == "folder":
         return remote_folder_source(str(location))

@@ -24,7 +24,7 @@ import os
 import posixpath
 from typing import Any, Iterator
 
-from dali_pipes.storage import remote
+from dali_pipes.storage import redact, remote
 from dali_pipes.storage.remote import ClientOptions, ObjectInfo, RemoteUrl
 
 REQUEST_BYTES = 16 << 20  # one ranged GET of a streamed object: few round trips per shard at 20 ms each
@@ -334,7 +334,8 @@ class AzureBackend(FsspecBackend):
             return bytes(await stream.readall())
 
     def endpoint(self, url: str = "") -> str:
-        return str(self.fs.service_client.url).rstrip("/")
+        # a SAS connection string puts its signature in the account URL's query string
+        return redact.redacted_url(str(self.fs.service_client.url)).rstrip("/")
 
     def object_info(self, url: str, meta: dict) -> ObjectInfo:
         return ObjectInfo(url, int(meta["size"]), str(meta.get("etag", "")), _timestamp(meta.get("last_modified")),
@@ -467,10 +468,10 @@ class HttpBackend(FsspecBackend):
         return "{0.scheme}://{0.bucket}".format(RemoteUrl.parse(url)) if url else "the HTTP server"
 
     def path(self, url: RemoteUrl) -> str:
-        return str(url)
+        return redact.with_access(str(url))  # the request alone has the query string (a signature), never a message
 
     def head(self, url: RemoteUrl) -> ObjectInfo:
-        meta = self.fs.info(str(url))
+        meta = self.fs.info(self.path(url))
         if meta.get("size") is None:
             raise remote.DatasetError(str(url), "the server sent no Content-Length", "Serve it with one")
         return self.object_info(str(url), meta)

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, TypeVar
 
 from dali_pipes.errors import DatasetError
+from dali_pipes.storage import redact
 from dali_pipes.storage.files import private_tmp
 
 WILDCARDS = "*?["
@@ -112,7 +113,8 @@ def is_remote(location: object) -> bool:
 class RemoteUrl:
     """A parsed URL: scheme, bucket (an S3/GCS bucket, an Azure container, a Hub repo "datasets/ORG/NAME"
     with its revision if one is named, "datasets/ORG/NAME@v1.0", an HTTP host) and key (may be "" or end in
-    "/": a prefix)."""
+    "/": a prefix). An http(s) URL's query string and user info grant access, they do not name the object: they
+    are kept aside (redact.identity) and only its request has them, so a RemoteUrl and its str hold no secret."""
     scheme: str
     bucket: str
     key: str = ""
@@ -124,7 +126,7 @@ class RemoteUrl:
         if scheme is None:
             raise ValueError(f"{url!r}: not a remote URL; expected one of "
                              f"{', '.join(s + '://' for s in SCHEMES)} followed by bucket/key")
-        rest = str(url).split("://", 1)[1]
+        rest = redact.identity(str(url)).split("://", 1)[1]
         parts = rest.split("/")
         width = 3 if scheme == "hf" and parts[0] in HF_REPO_TYPES else 2 if scheme == "hf" else 1
         if scheme == "hf" and parts[width - 1].endswith("@refs") and len(parts) > width + 1:
@@ -150,6 +152,12 @@ def _bucket_word(scheme: str) -> str:
 def _bucket_noun(scheme: str) -> str:
     return {"hf": "repository", "http": "host", "https": "host", "az": "container", "abfs": "container"}.get(
         scheme, "bucket")
+
+
+def identity(url: str) -> str:
+    """The name of `url` in every message, state and cache key: an http(s) URL without its query string and user
+    info (kept aside for its requests: redact.py); any other location unchanged."""
+    return redact.identity(url)
 
 
 def join(base: str, relative: str) -> str:
@@ -468,7 +476,8 @@ def truncated_error(info: ObjectInfo, got: int, expected: int | None = None) -> 
 def retrying(url: str, backend: Backend, call: Callable[[], T], expected: ObjectInfo | None = None) -> T:
     """call(), its errors translated, tried up to the current attempts while it fails retryably (a
     ConnectionError, or what backend.retryable says), with backoff_delays between; then UnreachableError
-    naming the object, the endpoint and the flags."""
+    naming the object, the endpoint and the flags. What it raises or logs names no secret (redact.clean): an
+    SDK's error may quote a signed URL whole."""
     attempts = current_options().attempts
     delays, started = backoff_delays(attempts), time.monotonic()
     for attempt in itertools.count(1):
@@ -479,19 +488,23 @@ def retrying(url: str, backend: Backend, call: Callable[[], T], expected: Object
             clear = raw if mine else backend.translate(raw, url, expected)
             again = not mine and (isinstance(clear, ConnectionError) or backend.retryable(raw))
             delay = next(delays, None) if again else None
-            if delay is None and again:
-                raise UnreachableError(
+            if delay is None:
+                failure = _cleaned(UnreachableError(
                     f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
                     f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
-                    f"{RETRY_HINT}") from raw
-            if delay is None:
-                if clear is raw:
-                    raise
-                raise clear from raw
+                    f"{RETRY_HINT}") if again else clear, raw)
+                raise failure from failure.__cause__
             if attempt == 1:
-                log.warning("%s; trying again, %d attempts in all", clear, attempts)
+                log.warning("%s; trying again, %d attempts in all", redact.scrub(str(clear)), attempts)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _cleaned(error: BaseException, cause: BaseException) -> BaseException:
+    """`error`, with `cause` as its cause, unless either names a secret (then redact.clean's error)."""
+    if error is not cause:
+        error.__cause__ = cause
+    return redact.clean(error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,6 +534,7 @@ def list_objects(url_or_glob: str, client: Backend | None = None, page_size: int
     An http(s) URL is never listed: one URL is that object (HEAD), a prefix or glob is an error.
     FileNotFoundError when the bucket is missing or nothing matches. `page_size`: keys per request."""
     parsed = RemoteUrl.parse(url_or_glob)
+    url_or_glob = identity(url_or_glob)  # what messages name
     backend = client or backend_for(parsed)
     if not SCHEMES[parsed.scheme].listing:
         return [_unlisted(url_or_glob, parsed, backend)]
@@ -562,7 +576,7 @@ def _check_bucket(backend: Backend, parsed: RemoteUrl, url: str) -> None:
 def head(url: str, client: Backend | None = None) -> ObjectInfo:
     """The current size, ETag and version of one object; FileNotFoundError names whether the bucket or
     the key is missing."""
-    parsed = RemoteUrl.parse(url)
+    parsed, url = RemoteUrl.parse(url), identity(url)
     backend = client or backend_for(parsed)
     try:
         return retrying(url, backend, lambda: backend.head(parsed))
@@ -757,7 +771,7 @@ def local_copy(path: str) -> Iterator[str]:
 
 def upload(path: str, url: str, client: Backend | None = None) -> ObjectInfo:
     """Upload a local file (multipart when large) and return the stored object's info."""
-    parsed = RemoteUrl.parse(url)
+    parsed, url = RemoteUrl.parse(url), identity(url)
     backend = client or backend_for(parsed)
     try:
         retrying(url, backend, lambda: backend.upload(path, parsed))
@@ -772,7 +786,7 @@ def upload(path: str, url: str, client: Backend | None = None) -> ObjectInfo:
 
 def delete(url: str, client: Backend | None = None) -> None:
     """Delete one object (a conversion's old set, replaced with --overwrite); a missing one is no error."""
-    parsed = RemoteUrl.parse(url)
+    parsed, url = RemoteUrl.parse(url), identity(url)
     backend = client or backend_for(parsed)
     with contextlib.suppress(FileNotFoundError):
         retrying(url, backend, lambda: backend.delete(parsed))

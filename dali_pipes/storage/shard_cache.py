@@ -19,7 +19,8 @@ position (the next epoch). Contract:
     from their start) never exceed `max_bytes`: a download waits until releases make room, a
     shard larger than the bound is refused at once, and a consumer that asks for a shard that
     cannot fit beside the ones it still holds gets an error instead of a hang;
-  * files are named by ObjectInfo.version (url, size, ETag, last-modified): an object changed
+  * files are named by ObjectInfo.version (url, size, ETag, last-modified) and the end of the object's name
+    (never a query string: remote.identity), short for any file system: an object changed
     since listing gets a new name, and the download itself fails rather than fetch a changed
     object (If-Match);
   * each cache owns a private folder under `folder`, removed by close(); folders of dead
@@ -53,6 +54,7 @@ CACHE_FLAG = "--cache-dir (another disk; DaliLoader's cache_dir) or a smaller --
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: dozens of typical 100-500 MB shards, small beside a dataset
 DEFAULT_PREFETCH = 4  # shards ahead of the reader; with parallel GETs this hides request latency
 MAX_WORKERS = 16  # parallel downloads at most, whatever the prefetch depth
+NAME_TAIL = 40  # characters of an object's name in its file's: 4-byte UTF-8 and the temp suffix stay below 255 bytes
 
 
 def default_cache_folder() -> str:
@@ -297,7 +299,9 @@ class ReadAheadGate:
 # ---------------------------------------------------------------------------------------------
 
 def _entry_path(state: _State, info: ObjectInfo) -> str:
-    return os.path.join(state.folder, f"{info.version}-{remote.basename(info.url)}")
+    """A name any file system takes: the version (a hash of the object's identity, which holds no query string,
+    size and ETag) and at most NAME_TAIL characters of the object's name, for people reading the folder."""
+    return os.path.join(state.folder, f"{info.version}-{remote.basename(info.url)[-NAME_TAIL:]}")
 
 
 def _schedule(state: _State) -> None:

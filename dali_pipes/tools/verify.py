@@ -24,7 +24,7 @@ from dali_pipes.data import manifest
 from dali_pipes.data.formats import format_of, read_sample, sharded_format_of
 from dali_pipes.data.image_check import DEFAULT_MAX_PIXELS, check_image
 from dali_pipes.data.labels import PADDING_LABEL, check_label
-from dali_pipes.data.location import classify, classify_remote, is_remote
+from dali_pipes.data.location import classify, classify_remote, is_remote, named
 from dali_pipes.data.samples import SampleRef, TFRecordKeys, required
 from dali_pipes.data.source import classes_beside, file_list_source, folder_source
 from dali_pipes.errors import DatasetError
@@ -147,6 +147,7 @@ def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int
 
     from dali_pipes.data.source import remote_folder_source, remote_list_source
     from dali_pipes.storage import remote
+    location = named(location)  # no query string (a signature) in the report
     kind, infos = classify_remote(location)
     report = Report(str(location), kind)
     if kind in ("folder", "file_list"):
