@@ -642,13 +642,19 @@ def _serve(handler) -> tuple:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def dripping_handler(data: bytes, per_second: int = 256):
+def dripping_handler(data: bytes, per_second: int = 256, headers: dict | None = None):
     """An HTTP handler that answers HEAD at once and each GET (ranged: 206) 16 bytes at a time, `per_second`
-    bytes a second: never silent as long as the read timeout, never done in time."""
+    bytes a second: never silent as long as the read timeout, never done in time. `headers`: sent with each reply
+    (an S3 store's ETag and Last-Modified)."""
     import http.server
     import time
 
     class Drip(_QuietHandler, http.server.BaseHTTPRequestHandler):
+        def end_headers(self) -> None:
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            super().end_headers()
+
         def do_HEAD(self) -> None:
             self.send_response(200)
             self.send_header("Content-Length", str(len(data)))
@@ -691,6 +697,30 @@ def test_a_dripping_http_store_ends_at_the_download_deadline_naming_the_url_and_
                 assert time.monotonic() - start < 5
         assert f"{url}: slow download" in caplog.text and "--download-deadline" in caplog.text
         assert os.listdir(tmp_path) == []  # no partial copy left
+    finally:
+        server.shutdown()
+
+
+def test_a_dripping_s3_store_ends_at_the_download_deadline(tmp_path, monkeypatch, aws_empty_file):
+    """boto3's read timeout is per socket read and it has no overall one: the body is cut at the deadline."""
+    import time
+
+    from s3_server import keep_s3_options, point_aws_at
+    pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install '.[s3]'")
+    server, base = _serve(dripping_handler(bytes(range(256)) * 8, headers={
+        "ETag": '"0123456789abcdef0123456789abcdef"', "Last-Modified": "Fri, 27 Nov 2026 00:00:00 GMT"}))
+    point_aws_at(monkeypatch, base, aws_empty_file)
+    keep_s3_options(monkeypatch)
+    try:
+        url = "s3://bucket/train/a.tfrecord"
+        info = remote.head(url)
+        with remote.options_in_force(remote.ClientOptions.of(deadline=2)):
+            for call in (lambda: remote.download(info, str(tmp_path / "a")), lambda: remote.read_range(info, 0, 2048)):
+                start = time.monotonic()
+                with pytest.raises(remote.DownloadTooSlowError, match=f"{url}: not downloaded within 2 s"):
+                    call()
+                assert time.monotonic() - start < 5
+        assert os.listdir(tmp_path) == []
     finally:
         server.shutdown()
 

@@ -11,8 +11,12 @@ remote.py's, shared with every scheme; they are re-exported here under their old
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import socket
+import threading
+import time
 from typing import Iterator
 
 from dali_pipes.storage import remote
@@ -216,11 +220,12 @@ class S3Backend:
 
     def read(self, info: ObjectInfo, start: int, end: int, deadline: remote.Deadline | None = None) -> bytes:
         if deadline is not None:
-            deadline.left()  # boto3 has no overall timeout per request: checked before it, as stream checks chunks
+            deadline.left()  # boto3 has no overall timeout per request: checked before it, the body cut at it
         url = S3Url.parse(info.url)
         reply = self.client.get_object(Bucket=url.bucket, Key=url.key, IfMatch=info.etag,
                                        Range=f"bytes={start}-{end - 1}")
-        return reply["Body"].read()
+        with cut_at(deadline, reply["Body"]):
+            return reply["Body"].read()
 
     def stream(self, info: ObjectInfo, chunk_bytes: int, deadline: remote.Deadline) -> Iterator[bytes]:
         """One GET (If-Match) for the whole body, read in chunks; a body cut short is TruncatedDownloadError."""
@@ -232,10 +237,13 @@ class S3Backend:
             raise changed_error(info.url, info, f"its ETag is now {reply['ETag']}")
         body, got = reply["Body"], 0
         try:
-            for chunk in body.iter_chunks(chunk_bytes):
-                got += len(chunk)
-                yield chunk
+            with cut_at(deadline, body):
+                for chunk in body.iter_chunks(chunk_bytes):
+                    got += len(chunk)
+                    yield chunk
         except (IncompleteReadError, ResponseStreamingError) as error:
+            if deadline.passed():  # the body was cut at the deadline
+                raise deadline.error() from None
             raise truncated_error(info, got) from error
         except BotoCoreError as error:  # a body that stalls past the read timeout: ConnectionError
             raise self.translate(error, info.url, info) from error
@@ -253,3 +261,43 @@ class S3Backend:
 
     def retryable(self, error: Exception) -> bool:
         return retryable(error)
+
+
+@contextlib.contextmanager
+def cut_at(deadline: remote.Deadline | None, body) -> Iterator[None]:
+    """Shut the connection of a boto3 reply's `body` when `deadline` passes, so that a read blocked on a store that
+    drips bytes returns. boto3 has no overall timeout per request, and its read timeout is per socket read: a store
+    sending a byte a second never trips it. Shutting the socket (not closing it: a close from another thread does not
+    wake a blocked recv) ends the read with an incomplete-read error, which the caller turns into the deadline's."""
+    if deadline is None:
+        yield
+        return
+
+    def cut() -> None:
+        sock = reply_socket(body)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+    timer = threading.Timer(max(0.0, deadline.until - time.monotonic()), cut)  # no socket found: checked after
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except Exception:
+        if deadline.passed():
+            raise deadline.error() from None
+        raise
+    finally:
+        timer.cancel()
+
+
+def reply_socket(body) -> socket.socket | None:
+    """The socket a boto3 reply's body is read from, through private attributes (botocore 1.x's StreamingBody over
+    urllib3 2's HTTPResponse over http.client's): the connection's, or, once http.client has let go of it (a reply
+    that closes the connection), the one its response reads. None where the chain has changed."""
+    raw = getattr(body, "_raw_stream", None)
+    sock = getattr(getattr(raw, "connection", None), "sock", None)
+    if sock is None:
+        reader = getattr(getattr(getattr(raw, "_fp", None), "fp", None), "raw", None)  # socket.SocketIO
+        sock = getattr(reader, "_sock", None)
+    return sock if isinstance(sock, socket.socket) else None

@@ -392,7 +392,7 @@ class Cancelled(Exception):
 
 class Deadline:
     """When one download (or ranged read, its retries included) must be done, and how far it got: a request
-    still running then is cancelled (where the client can: every fsspec scheme) or checked between chunks (s3),
+    still running then is cancelled (every fsspec scheme) or its connection shut (s3: object_store.cut_at),
     and ends in DownloadTooSlowError naming the object and the flag. `warn`: a timer logs a download still
     running at SLOW_FRACTION of the deadline, with its progress."""
 
