@@ -259,6 +259,20 @@ def test_a_prefix_missing_one_numbered_shard_is_refused(s3, cache_dirs):
             open_source(location)
 
 
+def test_a_prefix_holding_two_sets_or_images_beside_shards_is_refused(s3, cache_dirs):
+    """Issue 32, below a prefix as in a folder: train-* and val-* sets, or class folders of images beside shards."""
+    tfrecord_shards(s3, prefix="both", shards=2)
+    tfrecord_shards(s3, prefix="both", shards=1, name="val-{:05d}-of-{:05d}")
+    with pytest.raises(DatasetError, match=r"holds 2 numbered shard sets \(train-\*-of-00002 \(2 shards\), "
+                                           r"val-\*-of-00001 \(1 shards\)\).*glob: s3://.*/both/train-\*-of-\*$"):
+        open_source(s3.url("both/"))
+    assert open_source(s3.url("both/train-*-of-*")).num_samples == N
+    tfrecord_shards(s3, prefix="mixed", shards=2)
+    s3.put("mixed/cat/0.jpg", jpeg_bytes(0))
+    with pytest.raises(DatasetError, match=r"/mixed/: holds both shard files and images \(cat/\)"):
+        open_source(s3.url("mixed/"))
+
+
 def test_missing_bucket(s3, cache_dirs):
     with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket' does not exist at http://127.0.0.1"):
         DaliLoader("s3://no-such-bucket/train/", batch_size=2, train=False, **KW)
