@@ -44,7 +44,7 @@ from typing import Any
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
 from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.graph.augment import AugmentConfig
-from dali_pipes.graph.transforms import augment_from_transform
+from dali_pipes.graph.transforms import TransformError, augment_from_transform
 from dali_pipes.run.batch_mix import BatchTransform, batch_transform_of
 
 LOCATION_TYPES = (str, os.PathLike, list)
@@ -96,7 +96,10 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
             files, keys, classes, root, transform = read_hf_dataset(dataset)
         else:
             samples, classes, root, transform = read_dataset(dataset)
-        augment_args, random_transform = augment_from_transform(transform)
+        try:
+            augment_args, random_transform = augment_from_transform(transform)
+        except TransformError as e:
+            raise TransformError(e.step, e.problem, transform_fix(dataset, root, keys)) from None
     drawn = read_sampler(sampler, None if samples is None else len(samples))
     if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
             and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
@@ -135,6 +138,22 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
                           dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
                           keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed),
                           bool(drawn.get("drawn")))
+
+
+def transform_fix(dataset: Any, root: str, keys: TFRecordKeys | None) -> str:
+    """How to build the loader without the dataset's transform, as code that runs: its images' location (a
+    datasets.Dataset: its Arrow files, with its columns) and the loader's own keywords. Keywords given beside the
+    dataset object would not help: its transform is read whatever comes with it."""
+    if keys is not None:
+        files = "[f['filename'] for f in dataset.cache_files]"
+        columns = "" if (keys.image_column, keys.label_column) == ("image", "label") else \
+            f"keys=TFRecordKeys(image_column={keys.image_column!r}, label_column={keys.label_column!r}), "
+        return (f"pass the Dataset's files with the loader's own keywords: DaliLoader({files}, {columns}"
+                f"image_size=..., crop_ratio=..., ...)")
+    if type(dataset).__name__ in ("ImageFolder", "DatasetFolder"):
+        return f"pass its folder with the loader's own keywords: DaliLoader({root!r}, image_size=..., ...)"
+    return "pass the images' location (a folder or a file list) with the loader's own keywords: " \
+        "DaliLoader(PATH, image_size=..., crop_ratio=..., ...)"
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:

@@ -351,10 +351,11 @@ def _check_files(source: Source, skip_bad: bool) -> None:
         raise DatasetError(path, f"{problem}; {len(unreadable)} files in {source.location} cannot be read",
                            "Fix them (permissions, links), remove them, or pass skip_bad=True (--skip-bad)")
     elif empty:
-        what = "images" if source.kind in ("folder", "file_list") else "shards"
-        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} "
-                           f"are empty", f"Remove them, or train from a clean list: python scripts/verify_dataset.py "
-                           f"{source.location} --write-clean-list clean.txt (or: dali-pipes verify ...)")
+        images = source.kind in ("folder", "file_list")
+        clean = image_files.clean_list_fix(source.location) if images else None
+        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {'images' if images else 'shards'} "
+                           f"in {source.location} are empty", "Remove them" + (
+                               f", or train from a clean list: {clean}" if clean else ""))
 
 
 def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], dict[str, str]]:
