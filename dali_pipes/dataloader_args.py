@@ -96,10 +96,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
             files, keys, classes, root, transform = read_hf_dataset(dataset)
         else:
             samples, classes, root, transform = read_dataset(dataset)
-        try:
-            augment_args, random_transform = augment_from_transform(transform)
-        except TransformError as e:
-            raise TransformError(e.step, e.problem, transform_fix(dataset, root, keys)) from None
+        augment_args, random_transform = _augment_of(dataset, transform, root, keys)
     drawn = read_sampler(sampler, None if samples is None else len(samples))
     if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
             and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
@@ -138,6 +135,14 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
                           dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
                           keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed),
                           bool(drawn.get("drawn")))
+
+
+def _augment_of(dataset: Any, transform: Any, root: str, keys: TFRecordKeys | None) -> tuple[dict, bool]:
+    """augment_from_transform of a dataset object's transform; a refusal names how to build the loader without it."""
+    try:
+        return augment_from_transform(transform)
+    except TransformError as e:
+        raise TransformError(e.step, e.problem, transform_fix(dataset, root, keys)) from None
 
 
 def transform_fix(dataset: Any, root: str, keys: TFRecordKeys | None) -> str:

@@ -102,7 +102,8 @@ def test_overwrite_keeps_other_prefixes_and_never_removes_files_no_conversion_wr
     write_tfrecords(source, out, shards=3, prefix="train", overwrite=True, progress=False)
     expected = [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)] + ["val-00000-of-00001.tfrecord"]
     assert [n for n in _listing(out) if n.endswith(".tfrecord")] == expected
-    assert open_source(os.path.join(out, "train-*")).num_samples == 12 == open_source(os.path.join(out, "val-*")).num_samples
+    assert open_source(os.path.join(out, "train-*")).num_samples == 12
+    assert open_source(os.path.join(out, "val-*")).num_samples == 12
     (tmp_path / "both" / "notes.md").write_text("mine")
     for overwrite in (False, True):
         with pytest.raises(DatasetError, match=rf"^{out}: not empty: holds 1 files or folders that no conversion "

@@ -67,8 +67,9 @@ def test_a_folder_holding_train_and_val_sets_is_refused_naming_both_and_the_glob
     write_tfrecords(source, out, shards=2, prefix="train", progress=False)
     write_tfrecords(source, out, shards=1, prefix="val", progress=False)
     with pytest.raises(DatasetError, match=rf"^{out}: holds 2 numbered shard sets \(train-\*-of-00002.tfrecord "
-                                           r"\(2 shards\), val-\*-of-00001.tfrecord \(1 shards\)\), which would be "
-                                           rf"read as one dataset\. Point at one set with a glob: {out}/train-\*-of-\*$"):
+                                           r"\(2 shards\), val-\*-of-00001.tfrecord \(1 shards\)\), which would "
+                                           rf"be read as one dataset\. Point at one set with a glob: "
+                                           rf"{out}/train-\*-of-\*$"):
         open_source(out)
     assert open_source(f"{out}/train-*-of-*").num_samples == 12 and open_source(f"{out}/val-*-of-*").num_samples == 12
 

@@ -70,8 +70,9 @@ def check_no_images_beside_shards(images: Sequence[str], where: str) -> None:
     """Raise DatasetError when a folder or prefix that holds shards also holds images (class folders or image
     files): the shards alone would be read and the images left out without a word."""
     if images:
-        raise DatasetError(where, f"holds both shard files and images ({', '.join(images[:3])}"
-                           f"{', ...' if len(images) > 3 else ''}), so it is neither a shard folder nor an image folder",
+        named = ", ".join(images[:3]) + (", ..." if len(images) > 3 else "")
+        raise DatasetError(where, f"holds both shard files and images ({named}), so it is neither a shard folder "
+                           f"nor an image folder",
                            "Keep shards and images in separate folders, or point at the shards with a glob such as "
                            f"{where.rstrip('/')}/train-*-of-*")
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from dali_pipes.config import SourceConfig, run_cli
 from dali_pipes.data.samples import required
-from dali_pipes.options import add_arguments, from_args, option
+from dali_pipes.options import CommandParser, DefaultsFormatter, RawDefaultsFormatter, add_arguments, from_args, option
 
 DESCRIPTION = """Image datasets for NVIDIA DALI: make the built-in sample dataset, convert, index and verify
 datasets, run the benchmarks, the profile and the doctor. Each COMMAND has --help.
@@ -146,7 +146,7 @@ def doctor(argv: Sequence[str]) -> int:
 
 def _subcommand(commands, name: str, run: Callable, help: str, description: str = "",
                 raw: bool = False) -> argparse.ArgumentParser:
-    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
+    formatter = RawDefaultsFormatter if raw else DefaultsFormatter
     parser = commands.add_parser(name, help=help, description=description or help, formatter_class=formatter)
     parser.set_defaults(run=run)
     return parser
@@ -175,8 +175,7 @@ def _add_convert_parsers(commands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from dali_pipes import __version__
-    parser = argparse.ArgumentParser(prog="dali-pipes", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="dali-pipes", description=DESCRIPTION, formatter_class=RawDefaultsFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sample_parser(commands)

@@ -77,8 +77,8 @@ def _image_info(data: bytes, where: str) -> tuple[int, int, str]:
             return img.height, img.width, img.format or "JPEG"
     except Exception as e:  # PIL raises several types for undecodable bytes
         raise DatasetError(where, f"not a readable image ({e})", "Find every bad sample with: "
-                           "dali-pipes verify SRC --write-clean-list SRC/clean.txt (or: python scripts/verify_dataset.py "
-                           "...), then convert SRC/clean.txt") from None
+                           "dali-pipes verify SRC --write-clean-list SRC/clean.txt (or: python "
+                           "scripts/verify_dataset.py ...), then convert SRC/clean.txt") from None
 
 
 _classes: list[str] | None = None  # set in each worker by _init_worker
