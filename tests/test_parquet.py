@@ -5,6 +5,7 @@ of sample i is i (one class per sample), so a label names its sample and counts 
 
 import collections
 import os
+import re
 import warnings
 
 import numpy as np
@@ -403,8 +404,10 @@ def test_a_hub_parquet_dataset_reads_exactly_on_one_and_two_ranks(hub_parquet):
 def test_a_hub_repo_root_names_where_its_parquet_files_are(hub_parquet):
     root = hub_parquet.split("data/")[0]
     with pytest.raises(DatasetError, match=r"no images found.*3 shards are in subfolders \(data/test-00000-of-00001"
-                                           r"\.parquet ...\): point at them, e.g. .*data/, or at one split's files"):
+                                           r"\.parquet ...\): point at one split's files with a glob such as "
+                                           r"(\S+/data/train-\*)$") as error:
         open_source(root)
+    assert open_source(re.search(r"glob such as (\S+)$", str(error.value)).group(1)).num_samples > 0  # as written
 
 
 # ---------------------------------------------------------------------------------------------

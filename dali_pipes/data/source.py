@@ -185,8 +185,13 @@ def _nested_shards_fix(prefix: str, listed: list[ObjectInfo]) -> str:
     if not nested:
         return ""
     folder = posixpath.dirname(nested[0])
-    return (f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at them, e.g. {prefix}{folder}/, or at "
-            f"one split's files with a glob such as {prefix}{folder}/train-*")
+    splits = sorted({posixpath.basename(n).split("-")[0] for n in nested if posixpath.dirname(n) == folder})
+    split = "train" if "train" in splits else splits[0]
+    glob_fix = f"one split's files with a glob such as {prefix}{folder}/{split}-*"
+    if len(splits) > 1:  # a folder of several splits is refused as one dataset (location.check_one_set)
+        return f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at {glob_fix}"
+    return f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at them, e.g. {prefix}{folder}/, or at " \
+        f"{glob_fix}"
 
 
 def remote_folder_source(prefix: str) -> Source:
