@@ -47,7 +47,7 @@ from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
 from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph.augment import AugmentConfig
-from dali_pipes.graph.transforms import augment_from_transform
+from dali_pipes.graph.transforms import TransformError, augment_from_transform
 from dali_pipes.run.batch_mix import DEFAULT_FORM, BatchTransform, SampleForm, batch_transform_of, check_form
 
 LOCATION_TYPES = (str, os.PathLike, list)
@@ -97,7 +97,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     form: SampleForm | None = DEFAULT_FORM  # what a collate_fn that is run gets per sample
     if not is_location:
         samples, files, keys, classes, root, transform, form = read_dataset_object(dataset)
-        augment_args, random_transform = augment_from_transform(transform)
+        augment_args, random_transform = _augment_of(dataset, transform, root, keys)
     drawn = read_sampler(sampler, None if samples is None else len(samples))
     if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
             and (rank, world_size) != (drawn["rank"], drawn["world_size"]):
@@ -148,6 +148,30 @@ def read_dataset_object(dataset: Any) -> tuple[list | None, Any, TFRecordKeys | 
         return None, files, keys, classes, root, transform, None
     samples, classes, root, transform = read_dataset(dataset)
     return samples, None, None, classes, root, transform, sample_form_of(dataset)
+
+
+def _augment_of(dataset: Any, transform: Any, root: str, keys: TFRecordKeys | None) -> tuple[dict, bool]:
+    """augment_from_transform of a dataset object's transform; a refusal names how to build the loader without it."""
+    try:
+        return augment_from_transform(transform)
+    except TransformError as e:
+        raise TransformError(e.step, e.problem, transform_fix(dataset, root, keys)) from None
+
+
+def transform_fix(dataset: Any, root: str, keys: TFRecordKeys | None) -> str:
+    """How to build the loader without the dataset's transform, as code that runs: its images' location (a
+    datasets.Dataset: its Arrow files, with its columns) and the loader's own keywords. Keywords given beside the
+    dataset object would not help: its transform is read whatever comes with it."""
+    if keys is not None:
+        files = "[f['filename'] for f in dataset.cache_files]"
+        columns = "" if (keys.image_column, keys.label_column) == ("image", "label") else \
+            f"keys=TFRecordKeys(image_column={keys.image_column!r}, label_column={keys.label_column!r}), "
+        return (f"pass the Dataset's files with the loader's own keywords: DaliLoader({files}, {columns}"
+                f"image_size=..., crop_ratio=..., ...)")
+    if type(dataset).__name__ in ("ImageFolder", "DatasetFolder"):
+        return f"pass its folder with the loader's own keywords: DaliLoader({root!r}, image_size=..., ...)"
+    return "pass the images' location (a folder or a file list) with the loader's own keywords: " \
+        "DaliLoader(PATH, image_size=..., crop_ratio=..., ...)"
 
 
 def read_as_pil(augment: AugmentConfig, call: DataLoaderCall) -> AugmentConfig:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
-from typing import Any, Callable, Sequence
+import sys
+from typing import Any, Callable, NoReturn, Sequence
 
 
 def option(default: Any, help: str, *, type: Callable | None = None, choices: Sequence | None = None,
@@ -20,6 +22,61 @@ def option(default: Any, help: str, *, type: Callable | None = None, choices: Se
     None (the flag's type cannot be read from it); `aliases` are extra flag spellings."""
     return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices,
                                                         "aliases": tuple(aliases)})
+
+
+class _DefaultsShown(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless the help already says it (the generated options and
+    flags whose default is a rule, "default: all cores", say their own)."""
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or action.default is argparse.SUPPRESS or "default" in text.lower()
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        shown = _default_text(action.default).replace("%", "%%")  # argparse %-formats the help
+        return f"{text} (default: {shown})".lstrip()
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None or value == "" else _show(value)
+
+
+class DefaultsFormatter(_DefaultsShown, argparse.HelpFormatter):
+    pass
+
+
+class RawDefaultsFormatter(_DefaultsShown, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The project's commands' parser: no abbreviations (--shard is not --shards), every default in --help,
+    and bad flags end with the failing (sub)command's own usage, a "did you mean", and exit status 1 (as
+    every other bad input does). Subcommands made with add_subparsers are CommandParsers too."""
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        # a subcommand's parser is asked for known args by its parent: refusing the rest here shows its usage
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._did_you_mean(extras)}")
+        return parsed, extras
+
+    def _did_you_mean(self, extras: list[str]) -> str:
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.split("=")[0], list(self._option_string_actions), n=1)
+                if close:
+                    return f". Did you mean {close[0]}?"
+        return ""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
 
 
 def flag_name(name: str) -> str:

@@ -3,6 +3,7 @@ into a prefix of its own, run from a folder outside the repository. Also: the li
 training loop never import the benchmarks, and every loader option is a benchmark flag
 (tests/test_soak.py runs `python -m dali_pipes bench soak`)."""
 
+import argparse
 import ast
 import dataclasses
 import importlib.util
@@ -139,3 +140,59 @@ def test_doctor_runs_or_says_it_is_missing(capsys):
         assert "has no dali_pipes/tools/doctor.py" in str(exit.value.code)
     else:
         assert exit.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def _parsers(parser):
+    """A parser and every subcommand parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases name one parser twice
+                yield from _parsers(sub)
+
+
+@pytest.mark.parametrize("argv,usage,guess", [
+    (["convert", "tfrecord", "a", "b", "--shard", "2"], "dali-pipes convert tfrecord",
+     "--shard 2. Did you mean --shards?"),
+    (["verify", "d", "--max-pixel", "9"], "dali-pipes verify", "--max-pixel 9. Did you mean --max-pixels?"),
+    (["doctor", "--quik"], "python -m dali_pipes.tools.doctor", "--quik. Did you mean --quick?"),
+])
+def test_a_mistyped_or_abbreviated_flag_ends_with_the_subcommands_usage_a_guess_and_exit_1(capsys, argv, usage, guess):
+    """Issue 32: `--shard 2` (for --shards) was accepted as an abbreviation; a mistyped flag exited 2 after the
+    top-level usage. Now: exit 1 (as docs/data.md promises for bad input), the subcommand's own usage, a guess."""
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 1 and err[0].startswith(f"usage: {usage} ")
+    assert err[-1] == f"{usage}: error: unrecognized arguments: {guess}"
+
+
+def test_python_m_train_refuses_an_abbreviated_flag_the_same_way(capsys):
+    from train.train import get_args_parser
+    with pytest.raises(SystemExit) as ended:
+        get_args_parser().parse_args(["--epoch", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 1 and err[0].startswith("usage: python -m train ")
+    assert err[-1] == "python -m train: error: unrecognized arguments: --epoch 1. Did you mean --epochs?"
+
+
+def test_every_flag_of_every_command_shows_its_default_in_help():
+    """Issue 32: `python -m train --help` showed no default for --epochs, --batch-size, --arch, --lr, --workdir."""
+    from dali_pipes.tools import doctor
+    from dali_pipes.tools.cli import build_parser
+    from train.train import get_args_parser
+    missing = []
+    for top in (build_parser(), get_args_parser(), doctor.build_parser()):
+        for parser in _parsers(top):
+            formatter = parser._get_formatter()
+            for action in parser._actions:
+                if action.option_strings and action.help is not argparse.SUPPRESS and not isinstance(
+                        action, (argparse._HelpAction, argparse._VersionAction)):
+                    text = formatter._expand_help(action) if action.help else ""
+                    if "default" not in text.lower():
+                        missing.append(f"{parser.prog} {action.option_strings[0]}")
+    assert missing == []
+    help_text = get_args_parser().format_help()
+    for shown in ("passes over the train data (default: 90)", "per rank (default: 256)", "(default: resnet50)",
+                  "(default: runs/latest)", "default: 0.1 x global batch / 256"):
+        assert shown in " ".join(help_text.split()), shown

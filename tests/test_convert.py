@@ -77,10 +77,11 @@ def test_converting_again_into_a_folder_is_refused_and_overwrite_replaces_the_ol
                                            r"Pass --overwrite \(overwrite=True\)"):
         write_tfrecords(source, out, shards=4, progress=False)
     with pytest.raises(SystemExit, match=rf"^error: {out}: not empty: holds an earlier conversion"):
-        main(["convert", "webdataset", str(tmp_path / "images"), out, "--shards", "4", "--workers", "1"])
+        main(["convert", "webdataset", str(tmp_path / "images"), out, "--shards", "4", "--workers", "1", "--prefix",
+              "train"])
     assert {n: os.path.getmtime(os.path.join(out, n)) for n in os.listdir(out)} == before  # untouched
     assert main(["convert", "webdataset", str(tmp_path / "images"), out, "--shards", "4", "--workers", "1",
-                 "--overwrite"]) == 0
+                 "--prefix", "train", "--overwrite"]) == 0
     assert _listing(out) == ["classes.json", "manifest.json"] + [f"train-{i:05d}-of-00004.tar{idx}"
                                                                  for i in range(4) for idx in ("", ".idx")]
     assert open_source(out).num_samples == 12 and verify(out, progress=False).ok
@@ -101,13 +102,14 @@ def test_overwrite_keeps_other_prefixes_and_never_removes_files_no_conversion_wr
     write_tfrecords(source, out, shards=3, prefix="train", overwrite=True, progress=False)
     expected = [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)] + ["val-00000-of-00001.tfrecord"]
     assert [n for n in _listing(out) if n.endswith(".tfrecord")] == expected
-    assert open_source(os.path.join(out, "train-*")).num_samples == 12 and open_source(out).num_samples == 24
+    assert open_source(os.path.join(out, "train-*")).num_samples == 12
+    assert open_source(os.path.join(out, "val-*")).num_samples == 12
     (tmp_path / "both" / "notes.md").write_text("mine")
     for overwrite in (False, True):
         with pytest.raises(DatasetError, match=rf"^{out}: not empty: holds 1 files or folders that no conversion "
                                                r"with prefix 'train' wrote \(notes.md\)\. .* move them away"):
             write_tfrecords(source, out, shards=2, overwrite=overwrite, progress=False)
-    assert (tmp_path / "both" / "notes.md").read_text() == "mine" and open_source(out).num_samples == 24
+    assert (tmp_path / "both" / "notes.md").read_text() == "mine"
     with pytest.raises(DatasetError, match=r"images: not empty: holds 3 files or folders .* \(cat, dog, fish\)"):
         write_tfrecords(source, str(tmp_path / "images"), shards=2, overwrite=True, progress=False)
 
@@ -136,3 +138,19 @@ def test_the_manifest_lists_the_box_around_each_shards_images_and_a_source_reads
     assert sized_to_data(AugmentConfig(), open_source(jpeg_folder)).decoder_size_hint is None
     given = AugmentConfig(decoder_size_hint=(0, 0))
     assert sized_to_data(given, open_source(str(tmp_path / "write_tfrecords"))) is given  # the flag wins
+
+
+def test_the_prefix_defaults_to_the_source_folders_name(tmp_path, capsys):
+    """Issue 32: `dali-pipes convert` named a val split's shards train-* unless told --prefix; now the source
+    folder's name (data/val -> val-*), so train and val converted into one folder keep apart."""
+    from dali_pipes.tools.cli import main
+    for split in ("train", "val"):
+        write_folder(str(tmp_path / "data" / split), counts=(2, 1, 1))
+        assert main(["convert", "tfrecord", str(tmp_path / "data" / split), str(tmp_path / "tfr"), "--shards", "1",
+                     "--workers", "1"]) == 0
+    assert [n for n in _listing(tmp_path / "tfr") if n.endswith(".tfrecord")] == \
+        ["train-00000-of-00001.tfrecord", "val-00000-of-00001.tfrecord"]
+    assert main(["convert", "tfrecord", str(tmp_path / "data" / "val"), str(tmp_path / "tfr"), "--shards", "1",
+                 "--workers", "1", "--prefix", "heldout"]) == 0
+    assert "heldout-00000-of-00001.tfrecord" in _listing(tmp_path / "tfr")
+    capsys.readouterr()

@@ -56,3 +56,35 @@ def test_an_incomplete_numbered_set_is_refused_unless_listed(jpeg_folder, tmp_pa
         verify(out)
     listed = sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tfrecord"))
     assert open_source(listed).num_samples > 0  # an explicit list reads what it names
+
+
+def test_a_folder_holding_train_and_val_sets_is_refused_naming_both_and_the_glob_reads_one(tmp_path):
+    """Issue 32: train and val converted into one folder read as one dataset of both splits, without a word.
+    Refused, naming each set; the suggested glob, followed literally, reads the one set."""
+    from conftest import write_folder
+    write_folder(str(tmp_path / "images"), counts=(4, 3, 5))
+    source, out = open_source(str(tmp_path / "images")), str(tmp_path / "both")
+    write_tfrecords(source, out, shards=2, prefix="train", progress=False)
+    write_tfrecords(source, out, shards=1, prefix="val", progress=False)
+    with pytest.raises(DatasetError, match=rf"^{out}: holds 2 numbered shard sets \(train-\*-of-00002.tfrecord "
+                                           r"\(2 shards\), val-\*-of-00001.tfrecord \(1 shards\)\), which would "
+                                           rf"be read as one dataset\. Point at one set with a glob: "
+                                           rf"{out}/train-\*-of-\*$"):
+        open_source(out)
+    assert open_source(f"{out}/train-*-of-*").num_samples == 12 and open_source(f"{out}/val-*-of-*").num_samples == 12
+
+
+def test_images_beside_shard_files_are_refused(jpeg_folder, tmp_path):
+    """Issue 32: class folders of images beside shards were left out without a word (the shards alone read)."""
+    import shutil
+    out = str(tmp_path / "tfr")
+    write_tfrecords(open_source(jpeg_folder), out, shards=2, progress=False)
+    shutil.copytree(os.path.join(jpeg_folder, "cat"), os.path.join(out, "cat"))
+    expected = rf"^{out}: holds both shard files and images \(cat/\), so it is neither a shard folder nor an image"
+    with pytest.raises(DatasetError, match=expected):
+        open_source(out)
+    shutil.rmtree(os.path.join(out, "cat"))
+    shutil.copy(os.path.join(jpeg_folder, "dog", os.listdir(os.path.join(jpeg_folder, "dog"))[0]), out)
+    with pytest.raises(DatasetError, match=r"holds both shard files and images \(\w+\.jpg\)"):
+        open_source(out)
+    assert open_source(f"{out}/train-*-of-*").num_samples == 12  # the suggested glob

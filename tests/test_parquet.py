@@ -5,6 +5,7 @@ of sample i is i (one class per sample), so a label names its sample and counts 
 
 import collections
 import os
+import re
 import warnings
 
 import numpy as np
@@ -271,6 +272,26 @@ def test_a_corrupt_image_met_in_a_shuffled_epoch_is_found_where_the_read_order_s
         assert 9 not in real and len(real) == len(set(real)) and len(labels) == N // BATCH * BATCH
 
 
+def test_a_corrupt_images_message_suggests_only_what_parquet_can_do_and_each_fix_runs(tmp_path, capsys):
+    """Issue 32: the message said "train from a clean list", which Parquet cannot do (clean lists name image files).
+    Now it says to find every bad sample with verify, or to exclude them with skip_bad=True; both run as written."""
+    import re
+    import shlex
+
+    from dali_pipes.tools.cli import main
+    data = write_datasets_parquet(tmp_path / "bad", bad={9: GARBAGE})
+    with pytest.raises(DatasetError) as error:
+        [None for _ in DaliLoader(data, train=False, **KW)]
+    assert "clean list" not in str(error.value) and "--write-clean-list" not in str(error.value)
+    verify = re.search(rf"Find every bad sample with: (dali-pipes verify {re.escape(data)}), or exclude bad samples "
+                       r"as they are met with skip_bad=True \(train: --skip-bad\)$", error.value.fix).group(1)
+    assert main([*shlex.split(verify)[1:], "--workers", "1"]) == 1
+    assert "train-00000-of-00002.parquet#9" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match="excluding a bad sample"):
+        labels = [y for _, ys in DaliLoader(data, train=False, skip_bad=True, **KW) for y in ys.tolist() if y >= 0]
+    assert labels == [i for i in range(N) if i != 9]
+
+
 def test_bad_images_over_the_budget_stop_the_loader(tmp_path):
     data = write_datasets_parquet(tmp_path / "bad", bad={3: GARBAGE, 15: GARBAGE})
     with pytest.warns(UserWarning), pytest.raises(DatasetError, match="over the budget of 1"):
@@ -383,8 +404,10 @@ def test_a_hub_parquet_dataset_reads_exactly_on_one_and_two_ranks(hub_parquet):
 def test_a_hub_repo_root_names_where_its_parquet_files_are(hub_parquet):
     root = hub_parquet.split("data/")[0]
     with pytest.raises(DatasetError, match=r"no images found.*3 shards are in subfolders \(data/test-00000-of-00001"
-                                           r"\.parquet ...\): point at them, e.g. .*data/, or at one split's files"):
+                                           r"\.parquet ...\): point at one split's files with a glob such as "
+                                           r"(\S+/data/train-\*)$") as error:
         open_source(root)
+    assert open_source(re.search(r"glob such as (\S+)$", str(error.value)).group(1)).num_samples > 0  # as written
 
 
 def test_a_parquet_file_replaced_on_gs_after_opening_is_object_changed_not_unreadable(hf, request, tmp_path,
@@ -438,6 +461,27 @@ def test_a_datasets_dataset_is_read_from_its_files_with_its_transform(saved_data
     assert [y for _, ys in got for y in ys] == list(range(N))  # storage order, every sample once
     assert all(shape[1:] == (3, 16, 16) for shape, _ in got)
     assert loader.source.classes == [f"c{i:03d}" for i in range(N)]
+
+
+def test_a_datasets_dataset_with_a_transform_dali_cannot_run_is_refused_with_a_fix_that_runs(saved_dataset,
+                                                                                               torchvision):
+    """Issue 32: the refusal said "or build the loader with its own keywords", refused the same way (the Dataset's
+    transform is read whatever keywords come with it). Now it gives the call on the Dataset's files, which runs."""
+    import re
+
+    import torchvision.transforms as T
+    blur = T.Compose([T.Resize(20), T.CenterCrop(16), T.GaussianBlur(3), T.ToTensor()])
+    dataset = saved_dataset.with_transform(lambda batch: {"pixel_values": [blur(i) for i in batch["image"]]})
+    with pytest.raises(ValueError) as error:
+        DaliLoader(dataset, batch_size=BATCH, device="cpu", image_size=16)
+    call = re.search(r"pass the Dataset's files with the loader's own keywords: (DaliLoader\(.*\))$",
+                     str(error.value)).group(1)
+    assert call == "DaliLoader([f['filename'] for f in dataset.cache_files], image_size=..., crop_ratio=..., ...)"
+    keywords = "image_size=16, crop_ratio=0.8, batch_size=3, train=False, device='cpu', num_threads=1"
+    loader = eval(call.replace("image_size=..., crop_ratio=..., ...", keywords), {"DaliLoader": DaliLoader,
+                                                                                   "dataset": dataset})
+    assert sorted(y for _, ys in loader for y in ys.tolist() if y >= 0) == list(range(N))
+    loader.close()
 
 
 def test_what_a_datasets_dataset_cannot_be_read_as_is_refused_naming_why(saved_dataset, torchvision):

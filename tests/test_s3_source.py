@@ -320,6 +320,20 @@ def test_a_prefix_missing_one_numbered_shard_is_refused(s3, cache_dirs):
             open_source(location)
 
 
+def test_a_prefix_holding_two_sets_or_images_beside_shards_is_refused(s3, cache_dirs):
+    """Issue 32, below a prefix as in a folder: train-* and val-* sets, or class folders of images beside shards."""
+    tfrecord_shards(s3, prefix="both", shards=2)
+    tfrecord_shards(s3, prefix="both", shards=1, name="val-{:05d}-of-{:05d}")
+    with pytest.raises(DatasetError, match=r"holds 2 numbered shard sets \(train-\*-of-00002 \(2 shards\), "
+                                           r"val-\*-of-00001 \(1 shards\)\).*glob: s3://.*/both/train-\*-of-\*$"):
+        open_source(s3.url("both/"))
+    assert open_source(s3.url("both/train-*-of-*")).num_samples == N
+    tfrecord_shards(s3, prefix="mixed", shards=2)
+    s3.put("mixed/cat/0.jpg", jpeg_bytes(0))
+    with pytest.raises(DatasetError, match=r"/mixed/: holds both shard files and images \(cat/\)"):
+        open_source(s3.url("mixed/"))
+
+
 def test_missing_bucket(s3, cache_dirs):
     with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket' does not exist at http://127.0.0.1"):
         DaliLoader("s3://no-such-bucket/train/", batch_size=2, train=False, **KW)
@@ -445,7 +459,8 @@ def test_convert_writes_shards_to_s3_that_verify_and_the_loader_read(s3, cache_d
 
     from conftest import write_folder
     expected = write_folder(str(tmp_path / "images"))
-    assert main(["convert", fmt, str(tmp_path / "images"), s3.url("out/"), "--shards", "2", "--workers", "1"]) == 0
+    assert main(["convert", fmt, str(tmp_path / "images"), s3.url("out/"), "--shards", "2", "--workers", "1",
+                 "--prefix", "train"]) == 0
     keys = sorted(object_store.S3Url.parse(o.url).key for o in object_store.list_objects(s3.url("out/")))
     ext = ".tfrecord" if fmt == "tfrecord" else ".tar"
     assert keys == sorted(["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002{ext}{idx}"
@@ -465,7 +480,8 @@ def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs
 
     from conftest import write_folder
     write_folder(str(tmp_path / "images"))
-    assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1"]) == 0
+    assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1",
+                 "--prefix", "train"]) == 0
     manifest = json.loads(object_store.read_bytes(s3.url("m/manifest.json")))
     assert [s["name"] for s in manifest["shards"]] == [f"train-{i:05d}-of-00002.tfrecord" for i in range(2)]
     shard = s3.url("m/train-00001-of-00002.tfrecord")
@@ -487,7 +503,7 @@ def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_
 
     from conftest import write_folder
     write_folder(str(tmp_path / "images"))
-    convert = ["convert", "tfrecord", str(tmp_path / "images"), s3.url("out/"), "--workers", "1"]
+    convert = ["convert", "tfrecord", str(tmp_path / "images"), s3.url("out/"), "--workers", "1", "--prefix", "train"]
     assert main(convert + ["--shards", "3"]) == 0
     with pytest.raises(SystemExit, match=r"^error: s3://.*/out/: not empty: holds an earlier conversion "
                                          r"\(classes.json, manifest.json, train-00000-of-00003.tfrecord"):

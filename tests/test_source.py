@@ -12,7 +12,7 @@ from dali_pipes import DatasetError, Source, TFRecordKeys, open_source
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
-from conftest import dali_read_epoch, expected_multiset, jpeg_bytes
+from conftest import CLASSES, dali_read_epoch, expected_multiset, jpeg_bytes
 
 
 @pytest.fixture
@@ -179,6 +179,35 @@ def test_zero_byte_image_named_before_dali(jpeg_folder):
     open(os.path.join(jpeg_folder, "dog", "empty.jpg"), "wb").close()
     with pytest.raises(DatasetError, match=r"dog/empty.jpg: empty \(0-byte\) file.*--write-clean-list"):
         open_source(jpeg_folder)
+
+
+@pytest.mark.parametrize("given", ["folder", "file list"])
+def test_the_zero_byte_messages_clean_list_fix_runs_as_written(jpeg_folder, capsys, given):
+    """Issue 32: the 0-byte-file message said --write-clean-list clean.txt, which verify refuses (a list must sit
+    with its images). The fix's commands, run as written, give a list that trains: the 12 good images of 13."""
+    import re
+    import shlex
+
+    from dali_pipes import DaliLoader
+    from dali_pipes.tools.cli import main
+    open(os.path.join(jpeg_folder, "dog", "empty.jpg"), "wb").close()
+    location = jpeg_folder
+    if given == "file list":
+        location = os.path.join(jpeg_folder, "all.txt")
+        files = sorted(glob.glob(f"{jpeg_folder}/*/*.jpg"))
+        with open(location, "w") as f:
+            f.writelines(f"{os.path.relpath(p, jpeg_folder)} {CLASSES.index(p.split('/')[-2])}\n"
+                         for p in files)
+    with pytest.raises(DatasetError) as error:
+        open_source(location)
+    verify, target = re.search(r"train from a clean list: (dali-pipes verify \S+ --write-clean-list (\S+)) \(or: "
+                               r"python scripts/verify_dataset.py \.\.\.\), then train from \2 \(--data \2\)$",
+                               error.value.fix).groups()
+    assert main(shlex.split(verify)[1:]) == 1  # the problem is listed, and the clean list written
+    loader = DaliLoader(target, batch_size=4, train=False, device="cpu", num_threads=1, image_size=16)
+    assert sum(int((labels >= 0).sum()) for _, labels in loader) == 12
+    loader.close()
+    capsys.readouterr()
 
 
 def test_file_list_problems(jpeg_folder):

@@ -511,7 +511,7 @@ def test_convert_to_a_bucket_then_verify_and_read(scheme, request, tmp_path, mon
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     expected = write_folder(str(tmp_path / "images"))
     assert main(["convert", "tfrecord", str(tmp_path / "images"), store.url("out/"), "--shards", "2",
-                 "--workers", "1"]) == 0
+                 "--workers", "1", "--prefix", "train"]) == 0
     assert sorted(keys(remote.list_objects(store.url("out/")))) == sorted(
         ["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002.tfrecord{idx}"
                                                      for i in range(2) for idx in ("", ".idx")])

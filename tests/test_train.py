@@ -774,3 +774,50 @@ def test_resume_refuses_a_checkpoint_whose_unpickling_runs_code(tmp_path):
                                          r"run code \(.*Unsupported global.*\); .*start afresh with a new --workdir"):
         load_checkpoint(None, str(path))  # type: ignore[arg-type]
     assert not marker.exists()
+
+
+def _train(work, data, *extra, epochs=1):
+    cmd = [sys.executable, "-m", "train", "--data", str(data), "--device", "cpu", "--arch", "resnet10", "--width", "8",
+           "--image-size", "32", "--batch-size", "16", "--epochs", str(epochs), "--threads", "1", "--workdir",
+           str(work), *map(str, extra)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_a_second_run_in_a_workdir_is_refused_unless_resumed_or_overwritten_and_each_line_names_its_run(tmp_path):
+    """Issue 32: a second `python -m train` into the same workdir overwrote the first run's checkpoint and added
+    its epochs to the same metrics.jsonl. Now refused in one line; --resume goes on under the same run_id,
+    --overwrite starts a new run whose lines carry a new one. The start-up line names the data found."""
+    tiny, work = tmp_path / "data", tmp_path / "run"
+    _learnable(tiny / "train", 4, 0)  # 16 train
+    _learnable(tiny / "val", 1, 1)    # 4 val
+    first = _train(work, tiny / "train")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (f"data: {tiny}/train (folder): 16 images, 4 classes; val: {tiny}/val (folder): 4 images, found beside "
+            f"the train data") in first.stdout.splitlines()
+    (run_id,) = {line["run_id"] for line in metrics(work)}
+    before = (work / "checkpoint.pt").read_bytes(), (work / "metrics.jsonl").read_text()
+    again = _train(work, tiny / "train")
+    assert again.returncode == 1 and again.stderr.strip().splitlines() == [
+        f"error: {work}: holds another run's checkpoint ({work}/checkpoint.pt); a new run would overwrite it and add "
+        f"its epochs to that run's metrics.jsonl. Pass --resume to continue that run, --overwrite to start a new one "
+        f"there, or another --workdir"]
+    assert ((work / "checkpoint.pt").read_bytes(), (work / "metrics.jsonl").read_text()) == before
+    resumed = _train(work, tiny / "train", "--resume", epochs=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [(line["epoch"], line["run_id"]) for line in metrics(work)] == [(0, run_id), (1, run_id)]
+    fresh = _train(work, tiny / "train", "--overwrite")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    ids = [line["run_id"] for line in metrics(work)]
+    assert ids[:2] == [run_id, run_id] and len(ids) == 3 and ids[2] != run_id
+    assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", ids[2])
+
+
+def test_data_smaller_than_one_batch_ends_in_one_error_line(tmp_path):
+    """Issue 32: a dataset smaller than one batch ended `python -m train` in a 23-line traceback."""
+    data = _numbered(tmp_path / "few", 3)
+    run = _train(tmp_path / "run", data)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"error: {data}: 3 samples over 1 ranks give less than one batch of 16 per rank in train mode (the tail is "
+        f"dropped). Lower batch_size (--batch-size) to at most 3, or give more data"]

@@ -37,7 +37,7 @@ def save_checkpoint(run: Run, pending: dict | None = None) -> None:
         atomic_save({"model": run.unwrapped.state_dict(), "optimizer": run.optimizer.state_dict(),
                      "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
                      "step": run.step, "epoch_start_step": run.epoch_start_step if mid_epoch else run.step,
-                     "pending_epoch": pending, "ranks": gathered, "args": saved_args(run.args)},
+                     "pending_epoch": pending, "ranks": gathered, "args": saved_args(run.args), "run_id": run.run_id},
                     os.path.join(run.args.workdir, "checkpoint.pt"))
 
 
@@ -76,6 +76,7 @@ def load_checkpoint(run: Run, path: str) -> None:
     run.scaler.load_state_dict(state["scaler"])
     run.step = state["step"]
     run.pending_epoch = state.get("pending_epoch")
+    run.run_id = state.get("run_id") or run.run_id  # the same run goes on (older checkpoints have none)
     schedule = run.schedule
     schedule.rebase(run.step, run.args.batch_size * world)  # by samples: the global batch may have changed
     if old_world != world:

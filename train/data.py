@@ -39,3 +39,13 @@ def num_classes_of(source: Source) -> int:
     if source.labels:
         return max(source.labels) + 1
     raise SystemExit(f"{source.location}: cannot tell the number of classes (no classes.json); pass --num-classes")
+
+
+def data_line(args: argparse.Namespace, train: Source, val: Source | None) -> str:
+    """The start-up line: the data found (images, classes) and where val comes from."""
+    classes = args.num_classes or num_classes_of(train)
+    line = f"data: {train.location} ({train.kind}): {train.num_samples} images, {classes} classes; val: "
+    if val is None:
+        return line + "none (no --val-data, and no val folder beside the train data)"
+    found = "" if args.val_data else ", found beside the train data"
+    return line + f"{val.location} ({val.kind}): {val.num_samples} images{found}"

@@ -4,6 +4,8 @@ the loop (train.py), the checkpoints (checkpoint.py) and the crash tests' hooks 
 from __future__ import annotations
 
 import argparse
+import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +45,7 @@ class Run:
     loaders_built_at: float = 0.0          # perf_counter() before the loaders were constructed
     trace: Trace = field(default_factory=lambda: Trace(None, 0))
     first_batch_s: float | None = None     # construction -> first batch in hand (this process)
+    run_id: str = field(default_factory=lambda: new_run_id())  # in every metrics.jsonl line; a resume keeps it
 
     @property
     def is_main(self) -> bool:
@@ -61,6 +64,11 @@ class Run:
         if not isinstance(schedule, WarmupCosine):
             raise TypeError(f"the scheduler's factor is a {type(schedule).__name__}, not a WarmupCosine")
         return schedule
+
+
+def new_run_id() -> str:
+    """A short id, unique per run: its start time and 6 random hex digits (20260127-101500-3fa2c1)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def close_run(run: Run) -> None:

@@ -30,13 +30,13 @@ from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceCon
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.graph import resolution
 from dali_pipes.loader import Loader
-from dali_pipes.options import add_arguments, from_args
+from dali_pipes.options import CommandParser, RawDefaultsFormatter, add_arguments, from_args
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.procfs import gpu_used_mb
 from train import crash_tests, observe
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train.compiled import CompileCounter, add_compile_arguments, training_forward
-from train.data import DEFAULT_DATA, num_classes_of, resolve_data
+from train.data import DEFAULT_DATA, data_line, num_classes_of, resolve_data
 from train.distributed import mean_over_ranks, setup_distributed, sum_over_ranks
 from train.lock import hold as hold_workdir
 from train.metrics import MemoryMeter
@@ -48,28 +48,33 @@ from train.run import Run, close_run, saved_args
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog="python -m train", description=__doc__, formatter_class=RawDefaultsFormatter)
     p.add_argument("--data", default="", help="train data (any dataset open_source takes); "
                    f"default: the built-in dataset, made in {DEFAULT_DATA} if missing")
     p.add_argument("--val-data", default="", help="val data; default: DATA/../val when that exists")
-    p.add_argument("--loader", choices=["dali", "torch"], default="dali")
-    p.add_argument("--arch", choices=list(ARCHS), default="resnet50")
+    p.add_argument("--loader", choices=["dali", "torch"], default="dali", help="DaliLoader, or DataLoader + PIL")
+    p.add_argument("--arch", choices=list(ARCHS), default="resnet50", help="the ResNet")
     p.add_argument("--width", type=int, default=64, help="channels of the first ResNet stage (64 = standard)")
     p.add_argument("--num-classes", type=int, default=0, help="default: from the dataset")
-    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--epochs", type=int, default=90, help="passes over the train data")
     p.add_argument("--batch-size", type=int, default=256, help="per rank")
     p.add_argument("--lr", type=float, default=0.0, help="default: 0.1 x global batch / 256")
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=5e-5)
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--warmup-epochs", type=float, default=1.0)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD's (Nesterov)")
+    p.add_argument("--weight-decay", type=float, default=5e-5, help="on weights, not on norms and biases")
+    p.add_argument("--label-smoothing", type=float, default=0.1, help="of the cross-entropy loss")
+    p.add_argument("--warmup-epochs", type=float, default=1.0, help="linear lr warm-up, then cosine decay")
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None, help="bf16 autocast (default: on GPU)")
     p.add_argument("--workers", type=int, default=0, help="torch loader workers per rank (default: cores / ranks)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workdir", default="runs/latest")
+    p.add_argument("--seed", type=int, default=0, help="initial weights, shuffling and augmentation")
+    p.add_argument("--workdir", default="runs/latest", help="checkpoint.pt, metrics.jsonl, args.json and config.json "
+                   "go here; one that holds another run's checkpoint is refused unless --resume, --resume-if-present "
+                   "or --overwrite")
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (and at epoch end)")
     p.add_argument("--resume", action="store_true", help="continue from WORKDIR/checkpoint.pt (an error if none)")
     p.add_argument("--resume-if-present", action="store_true", help="continue from it if there is one, else start")
+    p.add_argument("--overwrite", action="store_true", help="start a new run in a WORKDIR that holds another run's "
+                   "checkpoint: it is replaced at the first save; metrics.jsonl keeps the old run's lines, told "
+                   "apart by their run_id")
     p.add_argument("--record-labels", action="store_true",
                    help="write each step's labels to WORKDIR/labels-rank<R>.jsonl")
     p.add_argument("--dist-timeout", type=int, default=600, help="seconds a collective may wait for a lost rank")
@@ -251,12 +256,18 @@ def main(args: argparse.Namespace) -> list[dict]:
     checkpoint = os.path.join(args.workdir, "checkpoint.pt")
     if args.resume and not os.path.exists(checkpoint):  # a mistyped workdir must not start from step 0
         raise SystemExit(f"--resume: no checkpoint at {checkpoint}; check --workdir, or pass --resume-if-present")
+    if os.path.exists(checkpoint) and not (args.resume or args.resume_if_present or args.overwrite):
+        raise SystemExit(f"error: {args.workdir}: holds another run's checkpoint ({checkpoint}); a new run would "
+                         f"overwrite it and add its epochs to that run's metrics.jsonl. Pass --resume to continue "
+                         f"that run, --overwrite to start a new one there, or another --workdir")
     os.makedirs(args.workdir, exist_ok=True)
     if hold_workdir(args.workdir):  # rank 0: one live job per workdir (lock.py), refused naming the holder
         clear_status(args.workdir)  # the last run's preempted.json: stale from now on, whatever comes next
     run = create_run(args)
+    if run.is_main:
+        print(data_line(args, run.train_loader.source, run.val_loader.source if run.val_loader else None), flush=True)
     if (args.resume or args.resume_if_present) and os.path.exists(checkpoint):
-        load_checkpoint(run, checkpoint)
+        load_checkpoint(run, checkpoint)  # the run goes on under its own run_id
         if run.is_main:
             print(f"resumed from {checkpoint} at step {run.step}", flush=True)
     run.step_hooks += crash_tests.step_hooks()  # none unless a test's environment asks for a crash
@@ -296,7 +307,7 @@ def finish_epoch(run: Run, stats: dict, history: list, board: TensorBoard) -> No
         with open(os.path.join(run.args.workdir, f"bad_samples-rank{run.shard.rank}.txt"), "w") as f:
             f.writelines(f"{b}\n" for b in bad)
     stats.update(run.memory.peaks(), bad_samples=len(bad), lr=run.scheduler.get_last_lr()[0], step=run.step,
-                 loader=run.args.loader, device=run.args.device, world_size=run.shard.world_size)
+                 loader=run.args.loader, device=run.args.device, world_size=run.shard.world_size, run_id=run.run_id)
     history.append(stats)
     if run.is_main:
         with open(os.path.join(run.args.workdir, "metrics.jsonl"), "a") as f:

@@ -19,7 +19,7 @@ import re
 from typing import Sequence
 
 from dali_pipes.data.formats import SNIFF_BYTES, UNNAMED_SHARD_KIND, not_a_shard, shard_kind_by_name, shard_kind_of
-from dali_pipes.data.formats.image_files import looks_like_file_list_line
+from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS, looks_like_file_list_line
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage import remote
 from dali_pipes.storage.files import remove_stale_temps
@@ -48,6 +48,42 @@ def check_complete(names: Sequence[str], where: str) -> None:
             raise DatasetError(where, f"{len(missing)} of {int(total)} shards {stem}-*-of-{total}{ext} are missing "
                                f"(first: {first}), as after a copy or a conversion cut short",
                                "Complete the set, or pass the shards to read as an explicit list")
+
+
+def check_one_set(names: Sequence[str], where: str) -> None:
+    """Raise DatasetError when a folder or prefix holds numbered sets of several stems (train-* and val-*, as
+    convert writes them into one output folder): read together they would be one dataset of both splits."""
+    sets: dict[str, int] = {}
+    for name in names:
+        found = _NUMBERED.match(os.path.basename(name.rstrip("/")))
+        if found:
+            label = f"{found['stem']}-*-of-{found['total']}{found['ext']}"
+            sets[label] = sets.get(label, 0) + 1
+    stems = sorted({label.split("-*-of-")[0] for label in sets})
+    if len(stems) > 1:
+        listed = ", ".join(f"{label} ({count} shards)" for label, count in sorted(sets.items()))
+        raise DatasetError(where, f"holds {len(sets)} numbered shard sets ({listed}), which would be read as one "
+                           f"dataset", f"Point at one set with a glob: {where.rstrip('/')}/{stems[0]}-*-of-*")
+
+
+def check_no_images_beside_shards(images: Sequence[str], where: str) -> None:
+    """Raise DatasetError when a folder or prefix that holds shards also holds images (class folders or image
+    files): the shards alone would be read and the images left out without a word."""
+    if images:
+        named = ", ".join(images[:3]) + (", ..." if len(images) > 3 else "")
+        raise DatasetError(where, f"holds both shard files and images ({named}), so it is neither a shard folder "
+                           f"nor an image folder",
+                           "Keep shards and images in separate folders, or point at the shards with a glob such as "
+                           f"{where.rstrip('/')}/train-*-of-*")
+
+
+def _image_entries(entries: list[os.DirEntry]) -> list[str]:
+    """Names of the image files, and of the folders that hold image files (first level), among `entries`."""
+    def holds_images(folder: str) -> bool:
+        with os.scandir(folder) as inside:
+            return any(e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS) for e in inside)
+    return [e.name + ("/" if e.is_dir() else "") for e in entries
+            if (e.is_dir() and holds_images(e.path)) or (e.is_file() and e.name.lower().endswith(IMAGE_EXTENSIONS))]
 
 
 def describe(location: Location) -> str:
@@ -101,6 +137,8 @@ def _classify_folder(location: str) -> tuple[str, list[str]]:
     entries = [e for e in sorted(os.scandir(location), key=lambda e: e.name) if not e.name.startswith(".")]
     files = [e.path for e in entries if e.is_file() and not e.name.endswith(NOT_SHARDS)]
     if any(local_shard_kind(p) for p in files):
+        check_no_images_beside_shards(_image_entries(entries), location)
+        check_one_set(files, location)
         check_complete(files, location)
         return shard_kind(files, location), files
     if any(e.is_dir() for e in entries):
@@ -211,6 +249,8 @@ def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, 
     top = [o for o in found if "/" not in remote.relative_to(o.url, prefix)]
     shards = [o for o in top if not _not_shard(o.url)]
     if any(shard_kind_by_name(o.url) for o in shards) or (shards and remote_kind(shards[0])):
+        check_no_images_beside_shards(_remote_image_entries(found, prefix), prefix)
+        check_one_set([o.url for o in shards], prefix)
         check_complete([o.url for o in shards], prefix)
         return remote_shard_kind(shards, prefix), shards
     if len(top) < len(found):
@@ -219,6 +259,16 @@ def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, 
         return remote_shard_kind(shards, prefix), shards  # raises: names an object that is no shard
     raise DatasetError(prefix, "no shards below this prefix (only index or metadata objects)",
                        "Point at the prefix of the shards, e.g. s3://bucket/imagenet/train/")
+
+
+def _remote_image_entries(found: list[ObjectInfo], prefix: str) -> list[str]:
+    """Image objects directly below the prefix, and the "folders" below it that hold image objects."""
+    names = set()
+    for o in found:
+        if o.url.lower().endswith(IMAGE_EXTENSIONS):
+            relative = remote.relative_to(o.url, prefix)
+            names.add(relative.split("/")[0] + "/" if "/" in relative else relative)
+    return sorted(names)
 
 
 def remote_kind(info: ObjectInfo) -> str | None:

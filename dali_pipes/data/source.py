@@ -186,8 +186,13 @@ def _nested_shards_fix(prefix: str, listed: list[ObjectInfo]) -> str:
     if not nested:
         return ""
     folder = posixpath.dirname(nested[0])
-    return (f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at them, e.g. {prefix}{folder}/, or at "
-            f"one split's files with a glob such as {prefix}{folder}/train-*")
+    splits = sorted({posixpath.basename(n).split("-")[0] for n in nested if posixpath.dirname(n) == folder})
+    split = "train" if "train" in splits else splits[0]
+    glob_fix = f"one split's files with a glob such as {prefix}{folder}/{split}-*"
+    if len(splits) > 1:  # a folder of several splits is refused as one dataset (location.check_one_set)
+        return f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at {glob_fix}"
+    return f"{len(nested)} shards are in subfolders ({nested[0]} ...): point at them, e.g. {prefix}{folder}/, or at " \
+        f"{glob_fix}"
 
 
 def remote_folder_source(prefix: str) -> Source:
@@ -352,10 +357,11 @@ def _check_files(source: Source, skip_bad: bool) -> None:
         raise DatasetError(path, f"{problem}; {len(unreadable)} files in {source.location} cannot be read",
                            "Fix them (permissions, links), remove them, or pass skip_bad=True (--skip-bad)")
     elif empty:
-        what = "images" if source.kind in ("folder", "file_list") else "shards"
-        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {what} in {source.location} "
-                           f"are empty", f"Remove them, or train from a clean list: python scripts/verify_dataset.py "
-                           f"{source.location} --write-clean-list clean.txt (or: dali-pipes verify ...)")
+        images = source.kind in ("folder", "file_list")
+        clean = image_files.clean_list_fix(source.location) if images else None
+        raise DatasetError(next(iter(empty)), f"empty (0-byte) file; {len(empty)} {'images' if images else 'shards'} "
+                           f"in {source.location} are empty", "Remove them" + (
+                               f", or train from a clean list: {clean}" if clean else ""))
 
 
 def _local_sizes(paths: list[str], check_read: bool = True) -> tuple[list[int], dict[str, str]]:

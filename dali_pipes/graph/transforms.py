@@ -39,13 +39,22 @@ PRESET_ATTRIBUTES = ("transforms", "transform")
 _GEOMETRY = ("RandomResizedCrop", "Resize", "CenterCrop")
 
 
-class TransformError(ValueError):
-    """A transform step the DALI graph cannot reproduce exactly."""
+OWN_KEYWORDS = "pass the images' location instead, with the loader's own keywords: DaliLoader(PATH, image_size=, " \
+    "crop_ratio=, ...)"  # a dataset object's transform is read whatever keywords come with it
 
-    def __init__(self, step: Any, problem: str) -> None:
+
+class TransformError(ValueError):
+    """A transform step the DALI graph cannot reproduce exactly; `fix` says how to build the loader without it
+    (the DataLoader form says where the dataset's images are: dataloader_args.transform_fix)."""
+
+    def __init__(self, step: Any, problem: str, fix: str = OWN_KEYWORDS) -> None:
+        self.step, self.problem, self.fix = step, problem, fix
         super().__init__(f"transform step {step!r}: {problem}. DaliLoader runs the transform as a DALI graph and "
                          f"reads these steps only: {', '.join(SUPPORTED)} (see dali_pipes/graph/transforms.py); use "
-                         f"them, or build the loader with its own keywords (image_size=, crop_ratio=, ...)")
+                         f"them, or {fix}")
+
+    def __reduce__(self):  # picklable with its fields
+        return type(self), (self.step, self.problem, self.fix)
 
 
 def transform_steps(transform: Any) -> list:

@@ -29,7 +29,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dali_pipes.errors import DatasetError
+
 VAL_PADDINGS = ("repeat", "label", "none")
+
+
+def _fewer(num_samples: int, world_size: int) -> str:
+    most = max(1, num_samples // world_size)
+    return f"Lower batch_size (--batch-size) to at most {most}, or give more data"
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -81,11 +88,11 @@ class Contract:
             raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks leave a rank with none; "
                              f"use at most {num_samples} ranks for this data")
         if self.dali_drop and num_samples // world_size < b:
-            raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks give less than one batch of "
-                             f"{b} per rank in train mode (the tail is dropped); lower batch_size")
+            raise DatasetError(where, f"{num_samples} samples over {world_size} ranks give less than one batch of "
+                               f"{b} per rank in train mode (the tail is dropped)", _fewer(num_samples, world_size))
         if self.drop_last and self.per_rank(num_samples, world_size) < b:
-            raise ValueError(f"{where}: {num_samples} samples over {world_size} ranks give less than one batch of "
-                             f"{b} per rank with drop_last=True; lower batch_size")
+            raise DatasetError(where, f"{num_samples} samples over {world_size} ranks give less than one batch of "
+                               f"{b} per rank with drop_last=True", _fewer(num_samples, world_size))
 
     def per_rank(self, num_samples: int, world_size: int) -> int:
         """DistributedSampler's num_samples: what one rank yields per epoch, repeats included."""

@@ -83,6 +83,12 @@ def budget_of(max_bad: int | float | None, num_samples: int) -> int | None:
     return max_bad
 
 
+def _clean_list(source: Source) -> str | None:
+    """How to write and train from a clean list, where one can be written: a local image folder or file list
+    (shards, Parquet and remote images have none: their bad samples are excluded with skip_bad)."""
+    return image_files.clean_list_fix(source.location) if source.kind in ("folder", "file_list") else None
+
+
 class BadSamplePolicy:
     """What the loader does about bad samples, in one object: find them after a pipeline error,
     raise naming them (skip=False) or exclude them in place (skip=True) within `max_bad`, and keep
@@ -116,10 +122,12 @@ class BadSamplePolicy:
                                f"reader's position: {message}") from error
         found = [b for _, b in bad]
         if not self.skip:
+            clean = _clean_list(source)
+            first = f"Remove or replace the file, train from a clean list ({clean})" if clean else \
+                f"Find every bad sample with: dali-pipes verify {source.location}"
             raise DatasetError(f"decoding failed: {listing(found)}", "",
-                               f"Remove or replace the file, train from a clean list (python scripts/verify_dataset.py "
-                               f"{source.location} --write-clean-list clean.txt), or exclude bad samples as "
-                               f"they are met with skip_bad=True (train: --skip-bad)") from error
+                               f"{first}, or exclude bad samples as they are met with skip_bad=True (train: "
+                               f"--skip-bad)") from error
         for b in found:  # one warning per sample, each naming it
             warnings.warn(f"excluding a bad sample and resuming at the last good batch: {b}", stacklevel=1)
         self.bad_samples += found
@@ -146,11 +154,12 @@ class BadSamplePolicy:
     def check_budget(self, source: Source) -> None:
         budget = budget_of(self.max_bad, source.num_samples)
         if budget is not None and len(self.bad_samples) > budget:
+            clean = _clean_list(source)
             raise DatasetError(
                 source.location, f"{len(self.bad_samples)} bad samples excluded, over the budget of {budget} "
                 f"(max_bad={self.max_bad}); first: {listing(self.bad_samples)}",
-                f"Check the data and train from a clean list: python scripts/verify_dataset.py {source.location} "
-                f"--write-clean-list clean.txt (or: dali-pipes verify ...), or raise --max-bad")
+                f"Check the data and train from a clean list: {clean}, or raise --max-bad" if clean else
+                f"Check the data (dali-pipes verify {source.location} lists every bad sample), or raise --max-bad")
 
     def state(self) -> dict:
         return {"bad_samples": [dataclasses.asdict(b) for b in self.bad_samples], "excluded": self.excluded}

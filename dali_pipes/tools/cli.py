@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from dali_pipes.config import SourceConfig, run_cli
 from dali_pipes.data.samples import required
-from dali_pipes.options import add_arguments, from_args, option
+from dali_pipes.options import CommandParser, DefaultsFormatter, RawDefaultsFormatter, add_arguments, from_args, option
 
 DESCRIPTION = """Image datasets for NVIDIA DALI: make the built-in sample dataset, convert, index and verify
 datasets, run the benchmarks, the profile and the doctor. Each COMMAND has --help.
@@ -49,7 +49,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
 class ConvertConfig:
     """Shard layout of `dali-pipes convert tfrecord|webdataset`: keywords of write_tfrecords / write_webdataset."""
     shards: int = option(8, "output shards; samples are shuffled across them with a seeded permutation")
-    prefix: str = option("train", "shard file names: PREFIX-00000-of-0000K")
+    prefix: str | None = option(None, "shard file names: PREFIX-00000-of-0000K (default: the name of SRC's folder, "
+                                "so data/val gives val-*; None reads as that)", type=str)
     seed: int = option(0, "seed of that shuffle (the same seed gives the same bytes)")
     workers: int | None = option(None, "encoding processes; None: all cores", type=int)
     overwrite: bool = option(False, "OUT holds an earlier conversion with this prefix: remove it first (its "
@@ -76,10 +77,11 @@ def sample(args: argparse.Namespace) -> int:
 
 def convert(args: argparse.Namespace) -> int:
     from dali_pipes import open_source
-    from dali_pipes.tools.convert import write_tfrecords, write_webdataset
+    from dali_pipes.tools.convert import default_prefix, write_tfrecords, write_webdataset
     write = {"tfrecord": write_tfrecords, "webdataset": write_webdataset}[args.format]
     source = open_source(args.src, **from_args(SourceConfig, args).open_kwargs())
-    stats = write(source, args.out, **asdict(from_args(ConvertConfig, args)))
+    layout = from_args(ConvertConfig, args, prefix=args.prefix or default_prefix(args.src))
+    stats = write(source, args.out, **asdict(layout))
     print(f"{args.out}: {stats}")
     return 0
 
@@ -144,7 +146,7 @@ def doctor(argv: Sequence[str]) -> int:
 
 def _subcommand(commands, name: str, run: Callable, help: str, description: str = "",
                 raw: bool = False) -> argparse.ArgumentParser:
-    formatter = argparse.RawDescriptionHelpFormatter if raw else argparse.HelpFormatter
+    formatter = RawDefaultsFormatter if raw else DefaultsFormatter
     parser = commands.add_parser(name, help=help, description=description or help, formatter_class=formatter)
     parser.set_defaults(run=run)
     return parser
@@ -173,8 +175,7 @@ def _add_convert_parsers(commands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from dali_pipes import __version__
-    parser = argparse.ArgumentParser(prog="dali-pipes", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="dali-pipes", description=DESCRIPTION, formatter_class=RawDefaultsFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sample_parser(commands)

@@ -53,6 +53,19 @@ class ConvertStats:
                 f"{self.seconds:.2f} s ({self.mb_per_s:.1f} MB/s)")
 
 
+def default_prefix(src: str) -> str:
+    """The shard name prefix for a source named `src`: its folder's name (data/val -> "val"; a glob or a list
+    file -> the folder it sits in), so that a val split converted beside train keeps its own name."""
+    from dali_pipes.storage import remote
+    if remote.is_remote(src):  # unlisted: a key with a wildcard or an extension is an object or a glob
+        key = remote.RemoteUrl.parse(src).key.rstrip("/")
+        last = os.path.basename(key)
+        folder = os.path.dirname(key) if remote.has_wildcard(last) or "." in last else key
+    else:
+        folder = os.path.abspath(src) if os.path.isdir(src) else os.path.dirname(os.path.abspath(src))
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(folder)) or "train"
+
+
 def shard_name(prefix: str, index: int, count: int, ext: str) -> str:
     return f"{prefix}-{index:05d}-of-{count:05d}{ext}"
 
@@ -64,8 +77,8 @@ def _image_info(data: bytes, where: str) -> tuple[int, int, str]:
             return img.height, img.width, img.format or "JPEG"
     except Exception as e:  # PIL raises several types for undecodable bytes
         raise DatasetError(where, f"not a readable image ({e})", "Find every bad sample with: "
-                           "python scripts/verify_dataset.py SRC --write-clean-list clean.txt "
-                           "(or: dali-pipes verify ...)") from None
+                           "dali-pipes verify SRC --write-clean-list SRC/clean.txt (or: python "
+                           "scripts/verify_dataset.py ...), then convert SRC/clean.txt") from None
 
 
 _classes: list[str] | None = None  # set in each worker by _init_worker

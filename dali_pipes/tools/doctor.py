@@ -429,8 +429,13 @@ def _rate(row: dict) -> str:
 # -- the command ---------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m dali_pipes.tools.doctor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dali_pipes.options import CommandParser, RawDefaultsFormatter
+    parser = CommandParser(prog="python -m dali_pipes.tools.doctor", description=__doc__,
+                           formatter_class=RawDefaultsFormatter)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     from dali_pipes.storage.files import cache_root
     parser.add_argument("--out", default=os.path.join(cache_root(), "doctor", stamp),
@@ -440,7 +445,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "default: data/sample/images, else one made in the results folder")
     parser.add_argument("--seconds", type=float, default=None, help="throughput run in all, shared by its 4 cases in "
                         "alternating rounds (default: 120, 30 s a case; quick: 20)")
-    return parser.parse_args(argv)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,20 @@ PYTHON_FED = False  # read by a DALI reader (dali_reader)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2")
 
 
+def clean_list_fix(location: str) -> str | None:
+    """The commands, as they run, that train without an image folder's or a local file list's bad images: verify
+    writes a clean list where a list may sit (inside the folder, or beside the list: its paths are relative to its
+    folder), and the loader reads it. None where no list can be written (remote images)."""
+    if os.path.isdir(location):
+        target = os.path.join(location, "clean.txt")
+    elif os.path.isfile(location):
+        target = os.path.splitext(location)[0] + "-clean.txt"
+    else:
+        return None
+    return (f"dali-pipes verify {location} --write-clean-list {target} (or: python scripts/verify_dataset.py ...), "
+            f"then train from {target} (--data {target})")
+
+
 def list_folder(root: str, skip_bad: bool = False) -> tuple[list[str], list[int], list[str]]:
     """(files, labels, classes) of ROOT/<class>/**/<image>: classes are the sorted subfolder names
     (empty ones included, so labels do not shift when a class is empty). A class entry that is a dangling
