@@ -255,9 +255,14 @@ def wait_for_data(paths: Paths, budget: float) -> dict:
     return {**line, "status": PASSED if rc == 0 else FAILED, "rc": rc}
 
 
-def has_cuda(env: dict) -> bool:
-    probe = [sys.executable, "-c", "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"]
-    return subprocess.run(probe, env=env, capture_output=True).returncode == 0
+def environment_report(env: dict) -> dict:
+    """env.json's content, read in a process with the installed wheels on its path (`env` action)."""
+    report = subprocess.run([sys.executable, "-m", "dali_pipes_bench.gpu_session", "env"], env=env, cwd=ROOT,
+                            capture_output=True, text=True)
+    try:
+        return json.loads(report.stdout)
+    except ValueError:
+        return {"cuda_available": False, "error": report.stderr[-2000:]}
 
 
 def run(paths: Paths, out: Path, dry_run: bool = False, budgets: dict[str, float] | None = None,
@@ -267,13 +272,13 @@ def run(paths: Paths, out: Path, dry_run: bool = False, budgets: dict[str, float
     start, env, lines = time.monotonic(), step_env(paths), []
     with open(out / "session.log", "wb") as log:
         lines.append(_guarded("install", lambda: reassemble(paths)))
+        report = {**environment_report(env), "dry_run": dry_run}  # after the install: the versions that run
         lines.append(wait_for_data(paths, min(120.0, deadline_s / 4)))
-        gpu = has_cuda(env)
         for step in steps(paths):
             left = deadline_s - (time.monotonic() - start)
             budget = min((budgets or {}).get(step.name, step.budget_s), max(0.0, left))
-            lines.append(run_step(step, budget, env, log, dry_run, gpu))
-    write_outputs(out, lines, env, paths, dry_run)
+            lines.append(run_step(step, budget, env, log, dry_run, report["cuda_available"] is True))
+    write_outputs(out, lines, env, paths, report)
     return lines
 
 
@@ -284,16 +289,12 @@ def _guarded(name: str, work) -> dict:
         return {"step": name, "status": FAILED, "reason": f"{type(e).__name__}: {e}"}
 
 
-def write_outputs(out: Path, lines: list[dict], env: dict, paths: Paths, dry_run: bool) -> None:
+def write_outputs(out: Path, lines: list[dict], env: dict, paths: Paths, report: dict) -> None:
+    """results.jsonl, env.json and commands.sh beside session.log: OUT_FILES, never more than 8 files."""
+    dry_run = report["dry_run"]
     with open(out / "results.jsonl", "w") as f:
         f.writelines(json.dumps(line) + "\n" for line in lines)
-    report = subprocess.run([sys.executable, "-m", "dali_pipes_bench.gpu_session", "env"], env=env, cwd=ROOT,
-                            capture_output=True, text=True)
-    try:
-        environment = json.loads(report.stdout)
-    except ValueError:
-        environment = {"error": report.stderr[-2000:]}
-    (out / "env.json").write_text(json.dumps({**environment, "dry_run": dry_run}, indent=1))
+    (out / "env.json").write_text(json.dumps(report, indent=1))
     commands = [shlex.join(data_command(paths, dry_run))] + [shlex.join(s.dry if dry_run and s.dry else s.argv)
                                                              for s in steps(paths)]
     (out / "commands.sh").write_text("#!/usr/bin/env bash\n# every command of the run, in order (docs/gpu.md)\n"

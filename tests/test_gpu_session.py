@@ -7,7 +7,6 @@ import io
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -141,3 +140,31 @@ def test_features_are_read_from_the_gpu_tests_junit(tmp_path):
     assert report["val cache in device memory"] == {"tests": 1, "passed": 1,
                                                     "names": ["tests.test_val_cache::test_val_cache_on_gpu"]}
     assert report["hybrid decode"]["passed"] == 0 and report["augmix"] == "no test"
+
+
+class Parsed(Exception):
+    """Raised by a patched ArgumentParser.parse_args once a command's flags have parsed."""
+
+
+def test_every_steps_flags_parse(tmp_path, monkeypatch):
+    """The GPU steps run only on a lent GPU: their flags are parsed here by each module's own parser, so that
+    a renamed or removed flag fails CI, not the device run."""
+    import argparse
+    import importlib
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise Parsed(real(self, args, namespace))
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    checked = []
+    for step in gpu_session.steps(gpu_session.Paths(tmp_path)):
+        for argv in filter(None, (step.argv, step.dry)):
+            module, args = argv[2], list(argv[3:])
+            if module == "pytest":
+                continue
+            with pytest.raises(Parsed):
+                importlib.import_module(module).main(args)
+            checked.append(module)
+    assert {"dali_pipes_bench.doctor_throughput", "dali_pipes_bench.epochs", "dali_pipes_bench.profile",
+            "dali_pipes_bench.training", "dali_pipes_bench.startup", "dali_pipes.tools.doctor",
+            "dali_pipes_bench.gpu_agreement", "dali_pipes_bench.gpu_session"} <= set(checked)
