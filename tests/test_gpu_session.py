@@ -56,12 +56,11 @@ def test_the_pins_are_pinned_and_grouped(tmp_path):
 def test_a_corrupted_part_is_refused_and_named(tmp_path):
     carried, manifest = fake_parts(tmp_path)
     paths = gpu_session.Paths(tmp_path / "work")
-    gpu_session.receive(0, carried, paths, dry_run=True)  # also starts the (tiny) data generation
-    name = manifest["parts"][1]["name"]
-    (carried / name).write_bytes(b"not the part")
-    with pytest.raises(ValueError, match=f"{name}: sha256 differs from manifest.json's; pack again"):
-        gpu_session.receive(1, carried, paths)
-    with pytest.raises(FileNotFoundError, match=f"missing {name}.*stay warm"):
+    (carried / "part-00").write_bytes(b"not the part")
+    with pytest.raises(ValueError, match="part-00: sha256 differs from manifest.json's; pack again"):
+        gpu_session.receive(0, carried, paths, dry_run=True)
+    assert not paths.data_done.parent.joinpath("data.log").exists()  # refused before the data generation starts
+    with pytest.raises(FileNotFoundError, match="missing part-00, part-01, .*stay warm"):
         gpu_session.reassemble(paths)
 
 
