@@ -12,7 +12,8 @@ machine stays warm, so /tmp and detached processes survive between them.
                                                    # run every step, write $OUT
 
 `run` checks the archive's sha256 against the manifest, installs the wheels with pip (--no-index --no-deps
---target WORK/site), waits for the data, then runs STEPS in order, most important first, each under its own
+--target WORK/site), then runs STEPS in order, most important first (the first that reads the data of call 1
+waits for it), each under its own
 budget in seconds and within the run's deadline: a step that runs out is stopped (its whole process group) and
 its line says "cut"; the steps after it still run. It writes at most 8 files to $OUT (OUT_FILES):
 results.jsonl (a line per step: status, seconds, budget, command, the tail of its output and the JSON it
@@ -58,6 +59,7 @@ class Step:
     gpu: bool = True
     result: str = ""
     dry: tuple[str, ...] | None = None
+    data: bool = True  # reads the data of call 1: the run waits for it before the first such step
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,9 @@ def steps(paths: Paths) -> list[Step]:
     agree = ("-m", "dali_pipes_bench.gpu_agreement")
     return [
         Step("gpu-tests", 100, (py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE",
-                                f"--junitxml={work}/gpu-tests.xml", "tests")),
+                                f"--junitxml={work}/gpu-tests.xml", "tests"), data=False),
         Step("doctor", 40, (py, "-m", "dali_pipes.tools.doctor", "--quick", "--out", f"{work}/doctor"),
-             gpu=False, result=f"{work}/doctor/doctor.json"),  # on CPU it checks what applies
+             gpu=False, result=f"{work}/doctor/doctor.json", data=False),  # on CPU it checks what applies
         Step("agreement", 75, (py, *agree, "check", hard, "--loads", "0,0.65,0.99", "--out", f"{work}/agreement.json"),
              result=f"{work}/agreement.json",
              dry=(py, *agree, "check", hard, "--device", "cpu", "--loads", "0", "--batch", "8", "--image-size", "32",
@@ -221,8 +223,11 @@ def run_step(step: Step, budget: float, env: dict, log, dry_run: bool, has_gpu: 
     log.write(f"\n===== {step.name} (budget {budget:.0f} s): {line['command']}\n".encode())
     log.flush()
     start = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:  # a missing program fails its step, not the run
+        return {**line, "status": FAILED, "reason": f"{type(e).__name__}: {e}"}
     try:
         rc = proc.wait(timeout=budget)
         status = PASSED if rc == 0 else FAILED
@@ -273,8 +278,11 @@ def run(paths: Paths, out: Path, dry_run: bool = False, budgets: dict[str, float
     with open(out / "session.log", "wb") as log:
         lines.append(_guarded("install", lambda: reassemble(paths)))
         report = {**environment_report(env), "dry_run": dry_run}  # after the install: the versions that run
-        lines.append(wait_for_data(paths, min(120.0, deadline_s / 4)))
+        waited = False
         for step in steps(paths):
+            if step.data and not waited:  # the steps before it ran while the data was being made
+                waited = True
+                lines.append(wait_for_data(paths, min(120.0, deadline_s - (time.monotonic() - start))))
             left = deadline_s - (time.monotonic() - start)
             budget = min((budgets or {}).get(step.name, step.budget_s), max(0.0, left))
             lines.append(run_step(step, budget, env, log, dry_run, report["cuda_available"] is True))
