@@ -13,10 +13,9 @@ machine stays warm, so /tmp and detached processes survive between them.
 
 `run` checks the archive's sha256 against the manifest, installs the wheels with pip (--no-index --no-deps
 --target WORK/site), then runs STEPS in order, most important first (the first that reads the data of call 1
-waits for it), each under its own
-budget in seconds and within the run's deadline: a step that runs out is stopped (its whole process group) and
-its line says "cut"; the steps after it still run. It writes at most 8 files to $OUT (OUT_FILES):
-results.jsonl (a line per step: status, seconds, budget, command, the tail of its output and the JSON it
+waits for it), each under its own budget in seconds and within the run's deadline: a step that runs out is
+stopped (its whole process group) and its line says "cut"; the steps after it still run. It writes at most 8
+files to $OUT (OUT_FILES): results.jsonl (a line per step: status, seconds, budget, command and the JSON it
 wrote), session.log (every step's output), env.json (GPU, driver, CUDA, torch, DALI, codec versions) and
 commands.sh (every command, to run again by hand).
 
