@@ -17,9 +17,29 @@ from dali_pipes_bench import gpu_agreement, gpu_pack, gpu_session
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def tiny_wheel(folder: Path) -> Path:
+    """A real, deflated wheel of one module, `gpu_session_fake` (pip installs it offline)."""
+    import base64
+    import hashlib
+    import zipfile
+    info = "gpu_session_fake-0.1.dist-info"
+    members = {"gpu_session_fake/__init__.py": b"VALUE = 33\n" * 50,
+               f"{info}/METADATA": b"Metadata-Version: 2.1\nName: gpu-session-fake\nVersion: 0.1\n",
+               f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    digest = lambda data: base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record = "".join(f"{name},sha256={digest(data)},{len(data)}\n" for name, data in members.items())
+    members[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "gpu_session_fake-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return wheel
+
+
 def fake_parts(tmp_path: Path, part_bytes: int = 4096) -> tuple[Path, dict]:
-    """A fake part set: random (incompressible) files packed by the packer into several parts."""
-    files = []
+    """A fake part set: a tiny wheel and random (incompressible) files, packed by the packer into several parts."""
+    files = [tiny_wheel(tmp_path / "files")]
     for i in range(3):
         (f := tmp_path / "files" / f"blob-{i}.bin").parent.mkdir(exist_ok=True)
         f.write_bytes(np.random.default_rng(i).integers(0, 256, 5000, np.uint8).tobytes())
@@ -35,6 +55,8 @@ def test_the_packer_splits_into_checked_parts_that_fit_a_call(tmp_path):
     assert len(parts) == len(manifest["parts"]) >= 2 and all(p.stat().st_size <= 4096 for p in parts)
     assert [p["sha256"] for p in manifest["parts"]] == [gpu_pack.sha256(p) for p in parts]
     assert (carried / "early.tar").exists() and manifest["versions"] == {"nvidia-dali-cuda130": "fake"}
+    shipped = manifest["wheels"]["gpu_session_fake-0.1-py3-none-any.whl"]
+    assert shipped["version"] == "0.1" and shipped["sha256"] != shipped["index_sha256"]  # rewritten uncompressed
     # a part is as large as a call carries beside this checkout's working tree
     tree = gpu_pack.tree_bytes(ROOT)
     assert 0 < tree < 32 * gpu_pack.MiB
@@ -81,6 +103,7 @@ def test_the_dry_run_end_to_end(tmp_path):
     names = [s.name for s in gpu_session.steps(gpu_session.Paths(work))]
     assert list(lines) == ["install", *names[:2], "data", *names[2:]]  # the data is awaited where first needed
     assert lines["install"]["status"] == "ok" and lines["install"]["versions"] == {"nvidia-dali-cuda130": "fake"}
+    assert (work / "site" / "gpu_session_fake" / "__init__.py").exists()  # the wheel, shipped uncompressed
     assert lines["data"]["status"] == "ok"
     assert lines["doctor"]["status"] == "cut" and lines["doctor"]["reason"] == "cut: ran out of its 1 s budget"
     for name in ("gpu-tests", "throughput", "epochs", "ceiling", "training", "startup"):
