@@ -142,7 +142,7 @@ class Decoder:
     hw_decoder_load: float = 0.0
     image_size: int = 224
     batch: int = 64
-    threads: int = 4
+    threads: int = field(default_factory=lambda: min(16, len(os.sched_getaffinity(0))))  # the CPU reference's pace
     seed: int = 0
 
     def __post_init__(self) -> None:
