@@ -1,0 +1,193 @@
+"""The prepared GPU session (issue 33) rehearsed on CPU: the packer, the device script's dry run end to end,
+and the GPU-against-CPU agreement and stress checks with the CPU graph as the candidate."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dali_pipes_bench import gpu_agreement, gpu_pack, gpu_session
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """A real, deflated wheel of one module, `gpu_session_fake` (pip installs it offline)."""
+    import base64
+    import hashlib
+    import zipfile
+    info = "gpu_session_fake-0.1.dist-info"
+    members = {"gpu_session_fake/__init__.py": b"VALUE = 33\n" * 50,
+               f"{info}/METADATA": b"Metadata-Version: 2.1\nName: gpu-session-fake\nVersion: 0.1\n",
+               f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    digest = lambda data: base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record = "".join(f"{name},sha256={digest(data)},{len(data)}\n" for name, data in members.items())
+    members[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "gpu_session_fake-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return wheel
+
+
+def fake_parts(tmp_path: Path, part_bytes: int = 4096) -> tuple[Path, dict]:
+    """A fake part set: a tiny wheel and random (incompressible) files, packed by the packer into several parts."""
+    files = [tiny_wheel(tmp_path / "files")]
+    for i in range(3):
+        (f := tmp_path / "files" / f"blob-{i}.bin").parent.mkdir(exist_ok=True)
+        f.write_bytes(np.random.default_rng(i).integers(0, 256, 5000, np.uint8).tobytes())
+        files.append(f)
+    carried = tmp_path / "carried"
+    manifest = gpu_pack.pack_files(files, carried, part_bytes, versions={"nvidia-dali-cuda130": "fake"}, preset=1)
+    return carried, manifest
+
+
+def test_the_packer_splits_into_checked_parts_that_fit_a_call(tmp_path):
+    carried, manifest = fake_parts(tmp_path)
+    parts = sorted(carried.glob("part-*"))
+    assert len(parts) == len(manifest["parts"]) >= 2 and all(p.stat().st_size <= 4096 for p in parts)
+    assert [p["sha256"] for p in manifest["parts"]] == [gpu_pack.sha256(p) for p in parts]
+    assert (carried / "early.tar").exists() and manifest["versions"] == {"nvidia-dali-cuda130": "fake"}
+    shipped = manifest["wheels"]["gpu_session_fake-0.1-py3-none-any.whl"]
+    assert shipped["version"] == "0.1" and shipped["sha256"] != shipped["index_sha256"]  # rewritten uncompressed
+    # a part is as large as a call carries beside this checkout's working tree
+    tree = gpu_pack.tree_bytes(ROOT)
+    assert 0 < tree < 32 * gpu_pack.MiB
+    assert gpu_pack.part_bytes_for(ROOT, 0) == gpu_pack.CALL_LIMIT - tree - 64 * 1024 - gpu_pack.MARGIN
+    with pytest.raises(ValueError, match="the working tree leaves .* commit or ignore less"):
+        gpu_pack.part_bytes_for(ROOT, 0, limit=tree)
+
+
+def test_the_pins_are_pinned_and_grouped(tmp_path):
+    groups = gpu_pack.read_pins()
+    assert set(groups) == {"early", "dali", "tests"} and "google-crc32c==1.9.0" in groups["early"]
+    assert any(p.startswith("nvidia-dali-cuda130==") for p in groups["dali"])
+    assert any(p.startswith("nvidia-nvimgcodec-cu13==") for p in groups["dali"])
+    (bad := tmp_path / "wheels.txt").write_text("[dali]\nnvidia-dali-cuda130>=2.4\n")
+    with pytest.raises(ValueError, match=r"wheels.txt:2: expected .*pinned"):
+        gpu_pack.read_pins(bad)
+
+
+def test_a_corrupted_part_is_refused_and_named(tmp_path):
+    carried, manifest = fake_parts(tmp_path)
+    paths = gpu_session.Paths(tmp_path / "work")
+    (carried / "part-00").write_bytes(b"not the part")
+    with pytest.raises(ValueError, match="part-00: sha256 differs from manifest.json's; pack again"):
+        gpu_session.receive(0, carried, paths, dry_run=True)
+    assert not paths.data_done.parent.joinpath("data.log").exists()  # refused before the data generation starts
+    with pytest.raises(FileNotFoundError, match="missing part-00, part-01, .*stay warm"):
+        gpu_session.reassemble(paths)
+
+
+def test_the_dry_run_end_to_end(tmp_path):
+    """receive every part (call 1 starts the data generation detached), then run: the files written are at
+    most 8, every step has its line, a step given 1 s is cut and says so, and the steps after it still run."""
+    carried, manifest = fake_parts(tmp_path)
+    device_run = [sys.executable, str(ROOT / "scripts" / "gpu" / "device_run.py")]
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = ["--carried", str(carried), "--work", str(work), "--dry-run"]
+    for n in range(len(manifest["parts"])):
+        subprocess.run([*device_run, "receive", str(n), *common], check=True, cwd=tmp_path, timeout=60)
+    ran = subprocess.run([*device_run, "run", *common, "--out", str(out), "--budget", "doctor=1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(gpu_session.OUT_FILES)
+    lines = {line["step"]: line for line in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    names = [s.name for s in gpu_session.steps(gpu_session.Paths(work))]
+    assert list(lines) == ["install", *names[:2], "data", *names[2:]]  # the data is awaited where first needed
+    assert lines["install"]["status"] == "ok" and lines["install"]["versions"] == {"nvidia-dali-cuda130": "fake"}
+    assert (work / "site" / "gpu_session_fake" / "__init__.py").exists()  # the wheel, shipped uncompressed
+    assert lines["data"]["status"] == "ok"
+    assert lines["doctor"]["status"] == "cut" and lines["doctor"]["reason"] == "cut: ran out of its 1 s budget"
+    for name in ("gpu-tests", "throughput", "epochs", "ceiling", "training", "startup"):
+        assert lines[name] == {**lines[name], "status": "skipped", "reason": "skipped: no GPU"}
+    assert lines["agreement"]["status"] == "ok" and lines["stress"]["status"] == "ok"  # after the cut step
+    assert {r["graph"]: r["mismatched"] for r in lines["agreement"]["result"]} == {"val": 0, "roi": 0}
+    assert lines["stress"]["result"]["corrupt"] == 0 and lines["stress"]["result"]["images"] == 2 * 3 * 8
+    assert "gpu-tests.xml: missing" in lines["features"]["result"]["error"]
+    env = json.loads((out / "env.json").read_text())
+    assert env["dry_run"] is True and "torch" in env and "nvidia-nvimgcodec-cu13" in env
+    assert "dali_pipes sample" in (out / "commands.sh").read_text()
+    assert "===== doctor (budget 1 s)" in (out / "session.log").read_text()
+
+
+def test_the_agreement_check_counts_a_mutated_graph(tmp_path):
+    """The CPU graph against itself agrees on every hard kind; a graph that brightens by 4 levels, or that
+    flips, is counted as mismatched in every image: the check can fail."""
+    from nvidia.dali import fn
+    gpu_agreement.make_hard_images(str(tmp_path), len(gpu_agreement.KINDS), workers=1)
+    files = gpu_agreement.hard_files(str(tmp_path))
+    assert {Path(f).parent.name for f in files} == set(gpu_agreement.KINDS)
+    brighter = lambda *args: gpu_agreement.val_graph(*args) + 4
+    flipped = lambda *args: fn.flip(gpu_agreement.roi_graph(*args), horizontal=1)
+    rows = gpu_agreement.agreement(files, (0.0,), device="cpu", candidate={"val": brighter, "roi": flipped},
+                                   image_size=32, batch=8)
+    assert {r["graph"]: r["mismatched"] for r in rows} == {"val": len(files), "roi": len(files)}, rows
+    same = gpu_agreement.agreement(files, (0.0,), device="cpu", image_size=32, batch=8)
+    assert all(r["mismatched"] == 0 and r["worst_levels"] == 0 for r in same)
+
+
+def test_the_hard_kinds_are_what_they_say(tmp_path):
+    """Each kind's bytes are the format, chroma subsampling, mode or orientation it is named for."""
+    from PIL import Image, JpegImagePlugin
+    pixels = np.random.default_rng(0).integers(0, 255, (40, 56, 3), np.uint8)
+    opened = {k: Image.open(io.BytesIO(gpu_agreement.encode(pixels, k))) for k in gpu_agreement.KINDS}
+    assert [JpegImagePlugin.get_sampling(opened[k]) for k in ("444", "422", "420")] == [0, 1, 2]
+    assert opened["progressive"].info.get("progressive") and opened["png"].format == "PNG"
+    assert opened["cmyk"].mode == "CMYK" and opened["grey"].mode == "L"
+    assert opened["exif_rotated"].getexif()[0x0112] == 6
+    with pytest.raises(ValueError, match="unknown image kind 'gif'"):
+        gpu_agreement.encode(pixels, "gif")
+
+
+def test_the_stress_compares_every_output(tmp_path):
+    gpu_agreement.make_hard_images(str(tmp_path), 8, workers=1)
+    result = gpu_agreement.stress(gpu_agreement.hard_files(str(tmp_path)), iterations=3, device="cpu",
+                                  image_size=32, batch=4)
+    assert result["corrupt"] == 0 and result["images"] == 2 * 3 * 4 and not result["errors"]
+
+
+def test_features_are_read_from_the_gpu_tests_junit(tmp_path):
+    (junit := tmp_path / "j.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.test_val_cache" name="test_val_cache_on_gpu"/>'
+        '<testcase classname="tests.test_graph" name="test_hybrid_decode"><failure message="x"/></testcase>'
+        '</testsuite></testsuites>')
+    report = gpu_session.features(junit)
+    assert report["val cache in device memory"] == {"tests": 1, "passed": 1,
+                                                    "names": ["tests.test_val_cache::test_val_cache_on_gpu"]}
+    assert report["hybrid decode"]["passed"] == 0 and report["augmix"] == "no test"
+
+
+class Parsed(Exception):
+    """Raised by a patched ArgumentParser.parse_args once a command's flags have parsed."""
+
+
+def test_every_steps_flags_parse(tmp_path, monkeypatch):
+    """The GPU steps run only on a lent GPU: their flags are parsed here by each module's own parser, so that
+    a renamed or removed flag fails CI, not the device run."""
+    import argparse
+    import importlib
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise Parsed(real(self, args, namespace))
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    checked = []
+    for step in gpu_session.steps(gpu_session.Paths(tmp_path)):
+        for argv in filter(None, (step.argv, step.dry)):
+            module, args = argv[2], list(argv[3:])
+            if module == "pytest":
+                continue
+            with pytest.raises(Parsed):
+                importlib.import_module(module).main(args)
+            checked.append(module)
+    assert {"dali_pipes_bench.doctor_throughput", "dali_pipes_bench.epochs", "dali_pipes_bench.profile",
+            "dali_pipes_bench.training", "dali_pipes_bench.startup", "dali_pipes.tools.doctor",
+            "dali_pipes_bench.gpu_agreement", "dali_pipes_bench.gpu_session"} <= set(checked)
