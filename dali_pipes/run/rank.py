@@ -13,7 +13,7 @@ from typing import Callable
 from dali_pipes.data.reader import ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.errors import DatasetError
-from dali_pipes.run import elastic, tuning
+from dali_pipes.run import elastic, lifetime, tuning
 from dali_pipes.run.contract import Contract
 from dali_pipes.run.delivery import DeliveryRecord, pack
 from dali_pipes.run.hooks import BatchHook, BatchTiming
@@ -202,5 +202,7 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     drawn = [SampledEpochs(sampler, source, contract, position)] if sampler is not None else []
     hooks: list[BatchHook] = [*drawn, clock, *([tuner] if tuner else []), SizeSchedule(),
                               ShardingCheck(sharding_check and not drawn, every_sample=every_sample), outage]
-    return RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, drop=contract.dali_drop,
+    rank = RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, drop=contract.dali_drop,
                         clock=clock, outage=outage)
+    lifetime.close_at_exit(rank)  # closed while modules are whole (a loader kept in a global lives till exit)
+    return rank
