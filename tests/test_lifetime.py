@@ -2,6 +2,7 @@
 refused at once and the first goes on; a KeyboardInterrupt landing inside DALI leaves a loader whose next `for`
 is a whole new epoch; a loader kept in a module's global is closed at exit without a word on stderr."""
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -59,14 +60,14 @@ class InterruptIn:
     `nth` time (a trace function's exception lands in the frame it traces). Deterministic, DALI untouched."""
 
     def __init__(self, name: str, nth: int) -> None:
-        self.name, self.left, self.fired = name, nth, False
+        self.name, self.left = name, nth
 
     def __call__(self, frame, event, arg):
         code = frame.f_code
-        if event == "call" and code.co_name == self.name and "nvidia/dali" in code.co_filename.replace("\\", "/"):
+        if event == "call" and code.co_name == self.name and "nvidia/dali" in code.co_filename.replace("\\", "/") \
+                and self.left > 0:
             self.left -= 1
             if self.left == 0:
-                self.fired = True
                 raise KeyboardInterrupt
         return None
 
@@ -79,25 +80,50 @@ class InterruptIn:
         sys.settrace(self.before)
 
 
+class InterruptAt:
+    """A batch transform (DaliLoader's batch_transform=, run on each batch after DALI gave it) that raises
+    KeyboardInterrupt at its `nth` batch: the interrupt lands after DALI moved on, before the loader counted it."""
+
+    def __init__(self, nth: int) -> None:
+        self.left = nth
+
+    def __call__(self, images, labels):
+        self.left -= 1
+        if self.left == 0:
+            raise KeyboardInterrupt
+        return images, labels
+
+
 @pytest.mark.parametrize("where,nth,set_epoch,yielded", [
     ("schedule_run", 2, None, 2),  # inside DALI's iterator: a batch released, the next run never scheduled
     ("build", 1, 1, 0),            # while set_epoch's jump builds the pipeline
+    ("batch_transform", 3, None, 2),  # after DALI gave the batch, before the loader counted it: DALI whole
 ])
 def test_a_keyboard_interrupt_inside_next_leaves_a_loader_whose_next_for_is_a_new_epoch(numbered, where, nth,
                                                                                          set_epoch, yielded):
-    loader = make(numbered)
+    """The next for is the whole next epoch (the same one if none of it was yielded). Interrupted inside DALI,
+    from a fresh pipeline: exactly a loader's that jumps there with set_epoch; interrupted after DALI gave the
+    batch, DALI's own next epoch: exactly an uninterrupted loader's. And so on after it."""
+    transform = InterruptAt(nth) if where == "batch_transform" else None
+    loader = make(numbered, batch_transform=transform)
     if set_epoch is not None:
         loader.set_epoch(set_epoch)
     got = []
-    with pytest.raises(KeyboardInterrupt), InterruptIn(where, nth) as interrupt:
+    with pytest.raises(KeyboardInterrupt), InterruptIn(where, nth) if transform is None else contextlib.nullcontext():
         for _, labels in loader:
             got.append(labels)
-    assert interrupt.fired and len(got) == yielded
+    assert len(got) == yielded
     assert len(loader) == 5  # DataLoader's count, asked before the next for (tqdm does)
-    epoch = epoch_labels(loader)
-    assert len(epoch) == 20 and len(set(epoch)) == 20  # a whole train epoch, each sample at most once
-    assert loader.epoch == (set_epoch or 0) + 1 + (yielded > 0)  # the interrupted epoch ended where it stopped
-    assert len(epoch_labels(loader)) == 20  # and on
+    after = [epoch_labels(loader), epoch_labels(loader)]
+    next_epoch = (set_epoch or 0) + (yielded > 0)  # the interrupted epoch ended where it stopped
+    reference = make(numbered)
+    if transform is None:
+        reference.set_epoch(next_epoch)
+    else:
+        epoch_labels(reference)  # the epoch the other was interrupted in, uninterrupted
+    assert after == [epoch_labels(reference), epoch_labels(reference)]
+    assert len(after[0]) == 20 and len(set(after[0])) == 20  # a whole train epoch, each sample at most once
+    assert loader.epoch == next_epoch + 2
 
 
 def test_a_val_loader_interrupted_midway_gives_every_sample_next_epoch(numbered):

@@ -7,11 +7,14 @@ DALI (Ctrl-C), and closing at interpreter exit.
   thread's iteration is refused at its first batch, before it touches the pipeline (`OneIteration`); the
   first one goes on undisturbed. In one thread a new iteration replaces an unfinished one (DataLoader's
   habit: the rest of the abandoned epoch is read first), as before.
-* An interruption inside DALI. A KeyboardInterrupt (or any exception) that lands inside DALI's iterator or
-  while a pipeline is built leaves that pipeline in an unknown state: a batch released but none scheduled, or
-  no pipeline at all. PipelineRun marks itself `interrupted`; before the loader next uses it, `recover` counts
-  the interrupted epoch as ended where it stopped (as a `break` does) and builds a fresh pipeline at the next
-  epoch's start, as set_epoch's jump does: a full epoch, with DataLoader's counts.
+* An interruption inside DALI. A KeyboardInterrupt (Ctrl-C; or any exception) that lands inside DALI's
+  iterator or while a pipeline is built leaves that pipeline in an unknown state: a batch released but none
+  scheduled, or no pipeline at all. PipelineRun marks itself `interrupted`; before the loader is next used,
+  `recover` counts the interrupted epoch as ended where it stopped (as a `break` does) and builds a fresh
+  pipeline at the next epoch's start, as set_epoch's jump does: a whole epoch, with DataLoader's counts. One
+  that lands after DALI gave a batch, before the loader counted it (a hook, a batch transform), leaves DALI
+  whole and one batch ahead of the position: the next iteration finishes the epoch as after a `break`, and
+  DALI's own end of the epoch stops it there, so the next epoch is DALI's next, as uninterrupted.
 * Exit. At interpreter shutdown module globals become None one module at a time; a pipeline freed then (a loader
   kept in a module's global) would fail inside its own cleanup. Every rank pipeline is closed at exit instead
   (atexit runs before the modules go), and a loader's __del__ keeps quiet whatever is left.
@@ -55,8 +58,8 @@ class OneIteration:
     @contextlib.contextmanager
     def begin(self, pipe: Rank, at: Position) -> Iterator[None]:
         """Held for one iteration (the body of the loader's epoch generator): this thread's, unless another
-        thread's is unfinished (RuntimeError, at once); a loader that failed raises its failure again, one
-        interrupted inside DALI is recovered (`recover`)."""
+        thread's is unfinished (RuntimeError, at once, the other's untouched); a loader that failed raises its
+        failure again, an interrupted one is recovered first (`recover`)."""
         me, token = threading.current_thread(), object()
         with self._lock:
             owner = self._owner
@@ -78,10 +81,12 @@ class OneIteration:
                     self._owner = None
 
 
+
 def recover(pipe: Rank, at: Position) -> None:
-    """After an interruption inside DALI (pipe.run.interrupted): the interrupted epoch ends where it stopped,
-    as after a `break`, and a fresh pipeline starts the next epoch (the same epoch, if none of it was yielded).
-    Nothing to do otherwise, or once the loader failed (it refuses to go on: pipe.failure)."""
+    """After an interruption inside DALI (pipe.run.interrupted; in a state_dict's drain too): the interrupted
+    epoch ends where it stopped, as after a `break`, and a fresh pipeline starts the next epoch (the same epoch,
+    if none of it was yielded). Nothing to do otherwise, or once the loader failed (it refuses to go on:
+    pipe.failure)."""
     if not pipe.run.interrupted or pipe.failure is not None:
         return
     if at.batch:
