@@ -248,7 +248,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         return self._cut().batches
 
     def _cut(self) -> EpochCut:
-        recover(self.pipe, self.position)  # after a Ctrl-C inside DALI: the next epoch, afresh (run/lifetime.py)
+        recover(self.pipe, self.position, lazily=True)  # after a Ctrl-C inside DALI (run/lifetime.py)
         pipe = self.pipe  # a sampler read by drawing: its epoch's order cuts it (run/sampled.py)
         return pipe.sampled.cut(self.position.epoch) if pipe.sampled else self.contract.epoch_cut(
             pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run), self.num_samples)

@@ -82,12 +82,16 @@ class OneIteration:
 
 
 
-def recover(pipe: Rank, at: Position) -> None:
+def recover(pipe: Rank, at: Position, *, lazily: bool = False) -> None:
     """After an interruption inside DALI (pipe.run.interrupted; in a state_dict's drain too): the interrupted
     epoch ends where it stopped, as after a `break`, and a fresh pipeline starts the next epoch (the same epoch,
     if none of it was yielded). Nothing to do otherwise, or once the loader failed (it refuses to go on:
-    pipe.failure)."""
-    if not pipe.run.interrupted or pipe.failure is not None:
+    pipe.failure). `lazily` (len(), state_dict()): only where the pipeline cannot answer without it, none being
+    built or no checkpoint of the last delivered batch kept; where one is (s3:// data, skip_bad), a state taken
+    after the error (a store's outage given up on) resumes exactly at its last batch, and no store is asked."""
+    run = pipe.run
+    if not run.interrupted or pipe.failure is not None or (lazily and run.iterator is not None
+                                                                   and run.last_good is not None):
         return
     if at.batch:
         at.next_epoch()
