@@ -52,6 +52,7 @@ from dali_pipes.run import resume
 from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
+from dali_pipes.run.lifetime import OneIteration, recover
 from dali_pipes.run.pipeline import PipelineSpec
 from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
@@ -144,6 +145,13 @@ class BadSampleView:
         return self.pipe.policy.bad_samples
 
 
+def _close_quietly(loader: DaliLoader) -> None:
+    try:
+        loader.close()
+    except Exception:  # at garbage collection, or at shutdown (other modules' names None by then): no one to tell
+        pass
+
+
 class DaliLoader(DataLoaderAttributes, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
@@ -189,7 +197,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
-        self._epoch_requests = EpochRequests(call.sampler)  # set_epoch's, followed at the next epoch's start
+        self._epoch_requests, self._iterations = EpochRequests(call.sampler), OneIteration()  # set_epoch's; threads'
         sizes = {"image_size": image_size} if image_size is not None else {}
         self.augment = read_as_pil(augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args}), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
@@ -218,8 +226,8 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         if "pipe" in vars(self):  # absent when __init__ failed before building it
             self.pipe.close()
 
-    def __del__(self) -> None:
-        _close_quietly(self)
+    def __del__(self, _close=_close_quietly) -> None:  # bound now: at shutdown the module's names may be None
+        _close(self)
 
     @property
     def epoch(self) -> int:  # epochs completed
@@ -240,6 +248,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         return self._cut().batches
 
     def _cut(self) -> EpochCut:
+        recover(self.pipe, self.position, lazily=True)  # after a Ctrl-C inside DALI (run/lifetime.py)
         pipe = self.pipe  # a sampler read by drawing: its epoch's order cuts it (run/sampled.py)
         return pipe.sampled.cut(self.position.epoch) if pipe.sampled else self.contract.epoch_cut(
             pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run), self.num_samples)
@@ -265,14 +274,13 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         return self._epoch()
 
     def _epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self.pipe.failure is not None:
-            raise self.pipe.failure
-        if self.position.batch and not self.position.resumed:
-            for _ in self._batches():  # an epoch abandoned midway: DALI can only start at a boundary
-                pass
-        self._follow_requested_epoch()
-        self.position.resumed = False
-        yield from self._batches()
+        with self._iterations.begin(self.pipe, self.position):  # refused in a second thread; after a Ctrl-C, afresh
+            if self.position.batch and not self.position.resumed:
+                for _ in self._batches():  # an epoch abandoned midway: DALI can only start at a boundary
+                    pass
+            self._follow_requested_epoch()
+            self.position.resumed = False
+            yield from self._batches()
 
     def _follow_requested_epoch(self) -> None:
         requested, at = self._epoch_requests.take(), self.position
@@ -373,10 +381,3 @@ def facts_of(loader: DaliLoader) -> resume.LoaderFacts:
     contract = loader.contract
     return resume.LoaderFacts(identity, dataclasses.asdict(contract), resume.image_sizes(loader.augment, loader.train),
                               loader.train and (contract.dali_drop or contract.drop_last))
-
-
-def _close_quietly(loader: DaliLoader) -> None:
-    try:
-        loader.close()
-    except Exception:  # at garbage collection: nothing to report to
-        pass

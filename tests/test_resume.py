@@ -197,6 +197,57 @@ def test_a_checkpoint_that_cannot_be_restored_is_refused_naming_its_release_neve
                      (broken_crop, "Philox")):
         loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3)
         with pytest.raises(CheckpointError, match=rf"written by dali_pipes \S+\) cannot be restored .*{why}") as e:
-            loader.load_state_dict({**state, "pipeline": {**state["pipeline"], "dali": bad}})
+            loader.load_state_dict({**state, "pipeline": {**state["pipeline"], "dali": bad, "dali_sha256": None}})
         assert not isinstance(e.value, DatasetError) and "bad sample" not in str(e.value)
         loader.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32: a damaged DALI checkpoint, or a state without one, is a CheckpointError naming the release and the fix
+# ---------------------------------------------------------------------------------------------
+
+def _flipped(dali: bytes, at: int) -> bytes:
+    damaged = bytearray(dali)
+    damaged[at] ^= 0xFF
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("where", ["in an operator's name", "past the reader's name", "the last byte"])
+def test_a_checkpoint_with_a_flipped_byte_is_refused_and_the_loader_goes_on(numbered, where):
+    """Each flip on its own: one in a name DALI failed to decode (UnicodeDecodeError), one DALI restored without
+    a word, and the last. The digest saved beside the checkpoint finds each,
+    before anything is restored: the loader goes on from where it was."""
+    from dali_pipes.run.dali_checkpoint import CheckpointError
+    state, _ = _state_and_rest(numbered)
+    dali = state["pipeline"]["dali"]
+    at = {"in an operator's name": dali.index(b"Reader"), "past the reader's name": dali.index(b"Reader") + 20,
+          "the last byte": len(dali) - 1}[where]
+    loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3)
+    damaged = {**state, "pipeline": {**state["pipeline"], "dali": _flipped(dali, at)}}
+    with pytest.raises(CheckpointError, match=r"written by dali_pipes \S+\) is damaged: .* Load an undamaged copy "
+                                              r"of the state .*, or start afresh"):
+        loader.load_state_dict(damaged)
+    assert loader.next_batch == (0, 0) and len(_batches(loader)) == len(loader)  # untouched
+
+
+def test_a_damaged_checkpoint_of_a_state_without_a_digest_is_a_checkpoint_error(numbered):
+    """States written before the digest: a flipped byte in a name made DALI raise UnicodeDecodeError."""
+    from dali_pipes.run.dali_checkpoint import CheckpointError
+    state, _ = _state_and_rest(numbered)
+    dali = state["pipeline"]["dali"]
+    pipeline = {k: v for k, v in state["pipeline"].items() if k != "dali_sha256"}
+    loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3)
+    with pytest.raises(CheckpointError, match=r"written by dali_pipes \S+\) cannot be restored .*Resume with the "
+                                              r"dali_pipes version that wrote it, or start afresh"):
+        loader.load_state_dict({**state, "pipeline": {**pipeline, "dali": _flipped(dali, dali.index(b"Reader"))}})
+
+
+def test_a_state_without_its_dali_checkpoint_is_a_checkpoint_error(numbered):
+    from dali_pipes.run.dali_checkpoint import CheckpointError
+    state, _ = _state_and_rest(numbered)
+    pipeline = {k: v for k, v in state["pipeline"].items() if k != "dali"}
+    loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1, seed=3)
+    with pytest.raises(CheckpointError, match=r"loader state \(written by dali_pipes \S+\) has no DALI checkpoint "
+                                              r"\('dali' of its 'pipeline' part\).* Load the whole state, or start "
+                                              r"afresh"):
+        loader.load_state_dict({**state, "pipeline": pipeline})

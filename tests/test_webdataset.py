@@ -76,3 +76,47 @@ def test_an_index_read_for_another_label_extension_names_the_sample(tmp_path):
     with pytest.raises(DatasetError, match=r"s\.tar#a_0: no image or no \.txt member \(members: jpg, cls\)\. "
                                            r"Pass the label extension"):
         webdataset.sample_refs(source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32: member names with spaces (legal in tar and in webdataset) in DALI's whitespace-split index
+# ---------------------------------------------------------------------------------------------
+
+SPACED = ("a cat 0", "b\tdog 1", "c_50%20off", "d_plain")  # a space, a tab, a literal "%20", none
+
+
+def _spaced_shard(folder) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "s.tar")
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for label, key in enumerate(SPACED):
+            webdataset.add_member(tar, f"{key}.jpg", jpeg_bytes(label))
+            webdataset.add_member(tar, f"{key}.cls", str(label).encode())
+    return path
+
+
+def test_an_index_of_members_with_spaces_reads_back_as_written(tmp_path):
+    path = _spaced_shard(tmp_path)
+    samples = webdataset.build_tar_index(path)
+    webdataset.write_tar_index(samples, path + ".idx")
+    lines = open(path + ".idx").read().splitlines()
+    assert all(len(line.split()) == 8 for line in lines[1:])  # ext offset size name, twice: one token each
+    assert "a%20cat%200.jpg" in lines[1] and "c_50%2520off.jpg" in lines[3]
+    assert webdataset.read_tar_index(path + ".idx") == samples
+    assert webdataset.tar_index_matches(path, path + ".idx")
+
+
+def test_members_with_spaces_are_indexed_read_and_verified(tmp_path, capsys):
+    """`dali-pipes index` wrote an index it could not read back (invalid literal for int()), the loader failed
+    with a bare ValueError, verify found no problem: each sample is now read, with its label."""
+    from dali_pipes import DaliLoader
+    from dali_pipes.tools.cli import main
+    from dali_pipes.tools.verify import verify
+    folder = str(tmp_path / "shards")
+    _spaced_shard(folder)
+    assert main(["index", folder]) == 0
+    assert "s.tar: 4 samples" in capsys.readouterr().out
+    loader = DaliLoader(folder, batch_size=2, train=False, device="cpu", image_size=16, num_threads=1)
+    assert sorted(label for _, labels in loader for label in labels.tolist()) == [0, 1, 2, 3]
+    report = verify(folder, progress=False)
+    assert (report.checked, report.problems) == (4, [])

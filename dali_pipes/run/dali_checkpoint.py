@@ -12,10 +12,15 @@ old operator of the same name or, failing that, of the same kind in the same ord
 one coin flip, ...). The reader's position always carries over exactly, or the restore is refused; an
 augmentation operator without a counterpart starts its random draws afresh, and a warning says so.
 A checkpoint that cannot be restored raises CheckpointError: never a data error, never a search for
-bad samples."""
+bad samples.
+
+A state keeps its checkpoint with a digest (`sealed`): a byte changed after the state was taken (a damaged
+file, a bad copy), which DALI might restore without a word, is refused before anything is restored (`unsealed`),
+as is a state that lacks its checkpoint. States written before the digest are checked as DALI parses them."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from typing import TYPE_CHECKING, Callable
@@ -30,10 +35,36 @@ log = logging.getLogger("dali_pipes")
 _GENERATED_NAME = re.compile(r"^__(.+)_\d+$")  # DALI's name of an operator nobody named: __<schema>_<n>
 # What DALI says when a checkpoint does not fit the graph or its states do not parse (DALI 2.4.0).
 _REFUSALS = ("checkpoint", "Philox", "doesn't recognize")
+_AFRESH = " (python -m train: a new --workdir)"
 
 
 class CheckpointError(ValueError):
     """A loader state's DALI checkpoint that cannot be restored into this loader's graph."""
+
+
+def sealed(checkpoint: bytes | None) -> dict:
+    """A state's DALI checkpoint ("dali") with its digest ("dali_sha256"); None: the state starts afresh."""
+    return {"dali": checkpoint, "dali_sha256": None if checkpoint is None else hashlib.sha256(checkpoint).hexdigest()}
+
+
+def unsealed(state: dict, written_by: str) -> bytes | None:
+    """The DALI checkpoint of a flat loader state (written by `written_by`), checked against its digest where the
+    state has one. CheckpointError when it is missing, not bytes, or not the bytes that were saved."""
+    if "dali" not in state:
+        raise CheckpointError(f"the loader state (written by {written_by}) has no DALI checkpoint ('dali' of its "
+                              f"'pipeline' part): it is not a whole state as state_dict() gives it. Load the whole "
+                              f"state, or start afresh without it{_AFRESH}")
+    checkpoint, digest = state["dali"], state.get("dali_sha256")
+    if checkpoint is not None and not isinstance(checkpoint, (bytes, bytearray)):
+        raise CheckpointError(f"the loader state's DALI checkpoint (written by {written_by}) is a "
+                              f"{type(checkpoint).__name__}, not bytes. Load the state as state_dict() gave it "
+                              f"(torch.save / torch.load keep bytes), or start afresh without it{_AFRESH}")
+    if digest is not None and (checkpoint is None or hashlib.sha256(checkpoint).hexdigest() != digest):
+        raise CheckpointError(f"the loader state's DALI checkpoint (written by {written_by}) is damaged: its bytes "
+                              f"are not the bytes that were saved (sha256 {digest[:16]}... expected). Load an "
+                              f"undamaged copy of the state (an earlier checkpoint of the run), or start afresh "
+                              f"without the state{_AFRESH}")
+    return None if checkpoint is None else bytes(checkpoint)
 
 
 def restored_pipeline(define: Callable[[bytes | None], Pipeline], checkpoint: bytes, written_by: str) -> Pipeline:
@@ -47,8 +78,8 @@ def restored_pipeline(define: Callable[[bytes | None], Pipeline], checkpoint: by
         return pipe
     except (RuntimeError, ValueError) as error:  # DALI 2.4 raises ValueError for a state it cannot parse
         _shutdown_quietly(pipe)
-        if not any(word in str(error) for word in _REFUSALS):
-            raise  # not about the checkpoint: the caller's recovery hears it
+        if not isinstance(error, UnicodeDecodeError) and not any(word in str(error) for word in _REFUSALS):
+            raise  # not about the checkpoint (DALI decodes its names: a damaged one fails so): recovery hears it
         refusal = error
     carried = carried_over(define, checkpoint, written_by, refusal)
     pipe = define(carried)
@@ -123,8 +154,8 @@ def _schema_of(name: str, schemas: dict[str, str]) -> str | None:
 
 def _refused(written_by: str, why: object) -> str:
     return (f"the loader state's DALI checkpoint (written by {written_by}) cannot be restored into this loader's "
-            f"graph: {why}. Resume with the dali_pipes version that wrote it, or start afresh without the state "
-            f"(python -m train: a new --workdir)")
+            f"graph: {why}. Resume with the dali_pipes version that wrote it, or start afresh without the "
+            f"state{_AFRESH}")
 
 
 def _shutdown_quietly(pipe) -> None:

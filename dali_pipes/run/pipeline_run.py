@@ -3,7 +3,8 @@ checkpoint, its batches, the last good checkpoint to recover to, shutdown."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import contextlib
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from dali_pipes.data.reader import READER_NAME
 from dali_pipes.data.source import Source
@@ -50,11 +51,17 @@ class PipelineRun:
         self.last_good: bytes | None = None  # DALI checkpoint after the last delivered batch
         self.drain_due = False  # drain_later
         self.ended = False  # a fed pipeline read its feed's epoch end
+        self.interrupted = False  # an exception (Ctrl-C) left DALI in an unknown state: rebuild (lifetime.py)
         self._length: int | None = None  # batches per epoch of a Python-fed source (no reader to ask)
 
     def build(self, checkpoint: bytes | None = None, written_by: str = "this loader") -> None:
         """Build fresh, or at `checkpoint` (taken by `written_by`: a saved state's may come from an older
         graph, which dali_checkpoint.py carries over, or refuses with CheckpointError: never a data error)."""
+        with self._watched():
+            self._build(checkpoint, written_by)
+        self.interrupted = False  # a whole pipeline again
+
+    def _build(self, checkpoint: bytes | None, written_by: str) -> None:
         require_dali()
         self.drain_due = self.ended = False
         while True:
@@ -83,6 +90,20 @@ class PipelineRun:
 
     def next(self, before: Callable[[], None]) -> dict | None:
         """The next batch (`before()` first), recovering from bad samples; None at DALI's epoch end."""
+        with self._watched():
+            return self._next(before)
+
+    @contextlib.contextmanager
+    def _watched(self) -> Iterator[None]:
+        """An exception out of a build or a batch (a KeyboardInterrupt inside DALI's iterator: a batch released
+        and none scheduled, say) leaves the pipeline in an unknown state: marked, never read again."""
+        try:
+            yield
+        except BaseException:
+            self.interrupted, self.drain_due = True, False
+            raise
+
+    def _next(self, before: Callable[[], None]) -> dict | None:
         while True:
             before()
             self._restart()

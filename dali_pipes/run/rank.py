@@ -13,8 +13,9 @@ from typing import Callable
 from dali_pipes.data.reader import ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.errors import DatasetError
-from dali_pipes.run import elastic, tuning
+from dali_pipes.run import elastic, lifetime, tuning
 from dali_pipes.run.contract import Contract
+from dali_pipes.run.dali_checkpoint import sealed
 from dali_pipes.run.delivery import DeliveryRecord, pack
 from dali_pipes.run.hooks import BatchHook, BatchTiming
 from dali_pipes.run.outage import StoreOutage, network_fault
@@ -110,7 +111,7 @@ class RankPipeline:
         """Its parts of the loader state, each from its owner (resume.py lays them out)."""
         base = self.remainder.base if self.remainder is not None and not epoch_done else None
         dali = None if epoch_done and self.remainder is not None else self.run.checkpoint()  # None: afresh
-        return {"pipeline": {"dali": dali, "dali_epoch0": self.first_epoch,
+        return {"pipeline": {**sealed(dali), "dali_epoch0": self.first_epoch,
                              **{hook.name: hook.state() for hook in self.hooks if hook.name}},
                 "bad_samples": self.policy.state(),
                 "record": {**self.record.state(epoch_done), "elastic_base": None if base is None else pack(base)}}
@@ -204,5 +205,7 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     drawn = [SampledEpochs(sampler, source, contract, position)] if sampler is not None else []
     hooks: list[BatchHook] = [*drawn, clock, *([tuner] if tuner else []), SizeSchedule(),
                               ShardingCheck(sharding_check and not drawn, every_sample=every_sample), outage]
-    return RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, drop=contract.dali_drop,
+    rank = RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, drop=contract.dali_drop,
                         clock=clock, outage=outage)
+    lifetime.close_at_exit(rank)  # closed while modules are whole (a loader kept in a global lives till exit)
+    return rank

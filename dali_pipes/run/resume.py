@@ -3,7 +3,8 @@
     {"version": 3,
      "loader":      {"epoch", "position", "rank", "world_size", "batch_size", "train", "num_samples", "seed",
                      "contract", "fingerprint", "image_size"},  # where the loader is, what it must match
-     "pipeline":    {"dali", "dali_epoch0", "tuned"}, # DALI's checkpoint, the epoch its pipeline began at,
+     "pipeline":    {"dali", "dali_sha256", "dali_epoch0", "tuned"},  # DALI's checkpoint and its digest
+                                                      # (dali_checkpoint.sealed), the epoch its pipeline began at,
                                                       # the tuner's choice once made (tuning.py; absent before 0.3)
      "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
      "record":      {"delivered", "delivered_complete", "elastic_base"}}   # delivery.DeliveryRecord.state()
@@ -34,6 +35,7 @@ from dali_pipes.errors import DatasetError
 from dali_pipes.graph import resolution
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.run import elastic
+from dali_pipes.run.dali_checkpoint import unsealed
 from dali_pipes.run.delivery import pack as pack_bits
 from dali_pipes.run.delivery import unpack
 
@@ -175,6 +177,7 @@ def restore_flat(rank: RankPipeline, position: Position, facts: LoaderFacts, min
     world, me = facts.identity["world_size"], facts.identity["rank"]
     check_data(mine, rank.source)
     check_fits(mine, facts.identity, facts.contract)
+    checkpoint = unsealed(mine, written_by(mine))  # damaged or missing: refused before anything is restored
     base, n = mine.get("elastic_base"), facts.identity["num_samples"]
     remainder = elastic.plan_remainder(unpack(base, n), epoch=mine["epoch"], rank=me, world_size=world,
                                        batch_size=facts.identity["batch_size"], train=facts.identity["train"],
@@ -183,7 +186,7 @@ def restore_flat(rank: RankPipeline, position: Position, facts: LoaderFacts, min
     # searched for from this position (and this epoch's slice), not from the start.
     position.restore(mine["epoch"], mine["position"])
     rank.restore(mine, remainder)  # taken in an elastic resume's remainder epoch: the same slice again
-    rank.build(checkpoint=mine["dali"], written_by=written_by(mine))
+    rank.build(checkpoint=checkpoint, written_by=written_by(mine))
 
 
 def replayed_draw(read: SamplerRead, states: list[dict], identity: dict) -> dict:

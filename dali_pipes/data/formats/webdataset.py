@@ -6,13 +6,17 @@ Layout (webdataset's convention): consecutive tar members that share a key form 
 the member path up to the first dot of its basename, as in DALI's `wds2idx`.
 
 DALI's index ("v1.2") holds a header line "v1.2 <samples>" and one line per sample listing,
-for each component, "<ext> <data offset> <size> <member name>".
+for each component, "<ext> <data offset> <size> <member name>". DALI splits the lines at whitespace
+(webdataset_loader.cc reads them with `>>`, DALI 2.4), so a member name that holds a space (legal in tar and
+in webdataset) is written percent-escaped ("a b.jpg" as "a%20b.jpg", "%" as "%25"): DALI finds members by
+offset and only reports the name (source_info), so such members are read as any other.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 from dataclasses import dataclass
 from typing import Any
@@ -178,9 +182,23 @@ def build_index_stream(f, where: str, index_path: str, label_ext: str = "cls") -
     write_tar_index(samples, index_path)
 
 
+_ESCAPED = re.compile(r"[\t\n\x0b\x0c\r %]")  # what C++'s >> splits at (ASCII whitespace), and the escape itself
+_UNESCAPED = re.compile(r"%(09|0A|0B|0C|0D|20|25)")
+
+
+def index_token(text: str) -> str:
+    """`text` (a member name, an extension) as one token of an index line: whitespace and "%" escaped."""
+    return _ESCAPED.sub(lambda m: f"%{ord(m.group()):02X}", text)
+
+
+def from_index_token(token: str) -> str:
+    return _UNESCAPED.sub(lambda m: chr(int(m.group(1), 16)), token)
+
+
 def write_tar_index(samples: list[list[Member]], index_path: str) -> None:
     lines = [f"{INDEX_VERSION} {len(samples)}\n"]
-    lines += [" ".join(f"{m.key_ext[1]} {m.offset} {m.size} {m.name}" for m in s) + "\n" for s in samples]
+    lines += [" ".join(f"{index_token(m.key_ext[1])} {m.offset} {m.size} {index_token(m.name)}" for m in s) + "\n"
+              for s in samples]
     with atomic_write(index_path, "w") as f:
         f.writelines(lines)
 
@@ -195,7 +213,7 @@ def read_tar_index(index_path: str) -> list[list[Member]]:
             parts = line.split()
             if len(parts) % 4:
                 raise ValueError("malformed index line")
-            samples.append([Member(parts[i + 3], int(parts[i + 1]), int(parts[i + 2]))
+            samples.append([Member(from_index_token(parts[i + 3]), int(parts[i + 1]), int(parts[i + 2]))
                             for i in range(0, len(parts), 4)])
     if len(samples) != int(count):
         raise ValueError("index sample count does not match its header")
@@ -293,8 +311,9 @@ read_index, write_index = read_tar_index, write_tar_index  # one list of members
 
 
 def source_info(ref: SampleRef) -> str:
-    """What DALI 2.4's webdataset reader reports as a sample's source_info: tar:offset:member."""
-    return f"{ref.path}:{ref.offset}:{ref.extra[0].name}"
+    """What DALI 2.4's webdataset reader reports as a sample's source_info: tar:offset:member (as the index
+    names it: escaped)."""
+    return f"{ref.path}:{ref.offset}:{index_token(ref.extra[0].name)}"
 
 
 def split_source_info(info: str) -> tuple[str, int]:
