@@ -45,6 +45,7 @@ import posixpath
 import random
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, TypeVar
 
@@ -392,19 +393,26 @@ def retrying(url: str, backend: Backend, call: Callable[[], T], expected: Object
             return call()
         except Exception as raw:
             clear = raw if isinstance(raw, (DatasetError, Cancelled)) else backend.translate(raw, url, expected)
-            again = isinstance(clear, ConnectionError) or backend.retryable(raw)
-            delay = next(delays, None) if again else None
-            if delay is None and again:
-                raise UnreachableError(
-                    f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
-                    f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
-                    f"{RETRY_HINT}") from raw
-            if delay is None:
-                if clear is raw:
-                    raise
-                raise clear from raw
-            if attempt == 1:
-                log.warning("%s; trying again, %d attempts in all", clear, attempts)
+            # The finished frames below keep no locals, nor this frame the error: an error held by a frame in its
+            # own traceback (fsspec's sync holds the error it raises) is a reference cycle that pins every caller's
+            # frame, a loader's too, until the cycle collector runs (an expected miss, a HEAD of classes.json)
+            traceback.clear_frames(raw.__traceback__)
+            try:
+                again = isinstance(clear, ConnectionError) or backend.retryable(raw)
+                delay = next(delays, None) if again else None
+                if delay is None and again:
+                    raise UnreachableError(
+                        f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
+                        f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
+                        f"{RETRY_HINT}") from raw
+                if delay is None:
+                    if clear is raw:
+                        raise
+                    raise clear from raw
+                if attempt == 1:
+                    log.warning("%s; trying again, %d attempts in all", clear, attempts)
+            finally:
+                del clear
             time.sleep(delay)
     raise AssertionError("unreachable")
 

@@ -10,7 +10,8 @@ ParquetFeed: a callable of (epoch, iteration), so that DALI's own checkpoint hol
 restored pipeline asks for the very batch it stopped at. What it reads, in which order, is reader.ReaderModel's
 (slices, their rotation, padding), the read order of a shuffled epoch `read_order` here: the row groups of the
 slice in a random order per (seed, epoch), cut into windows of about `shuffle_buffer` samples whose rows are
-shuffled together. Row groups are read whole (the unit Parquet compresses), in threads, a window ahead.
+shuffled together. Row groups are read whole (the unit Parquet compresses), a window ahead, in the process's
+reading threads (shared by its feeds: none start or linger per loader).
 
 An "index" here lists each sample as (row group, row of the file): it comes from the file's footer alone,
 and is what elastic resume's subsets and the exclusion of bad samples rewrite, as for TFRecord.
@@ -47,7 +48,7 @@ MAGIC = b"PAR1"
 SNIFF_BYTES = len(MAGIC)
 INDEX_VERSION = "parquet-v1"
 MISSING_LABEL = -2_147_483_000  # a null label: fails its batch in the graph, as TFRecord's missing key does
-GROUP_THREADS = 4  # row groups read at once (pyarrow decompresses outside the GIL)
+GROUP_THREADS = 4  # row groups read at once, per process (pyarrow decompresses outside the GIL)
 INSTALL = "pip install 'dali_pipes[parquet]' (pyarrow)"
 
 
@@ -672,10 +673,7 @@ class ParquetFeed:
         self._at = self.table.row - np.asarray(firsts, np.int64)[self._gid]  # row within its group
         self._epochs: dict[int, _Epoch] = {}
         self._loaded: dict[int, Future] = {}
-        self._pool = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
-        # The pool's threads end with the feed (its owner, the pipeline, frees it by reference counting), not at
-        # some later collection; the reads they run hold no reference to the feed.
-        weakref.finalize(self, self._pool.shutdown, wait=True, cancel_futures=True)
+        weakref.finalize(self, _cancel, self._loaded)  # a dropped feed's reads not yet begun are not made
         self._options = storage().current_options()  # the loader's retries, for reads in the pool's threads
 
     def __call__(self, info) -> tuple:
@@ -725,8 +723,8 @@ class ParquetFeed:
         for g in wanted:
             if g not in self._loaded:
                 file, group = self._groups[g]
-                self._loaded[g] = self._pool.submit(_read_group_with, self._options, self.table.files[file], group,
-                                                    self.columns[file])
+                self._loaded[g] = _group_pool().submit(_read_group_with, self._options, self.table.files[file],
+                                                       group, self.columns[file])
         keep = set(wanted)
         for g in [g for g in self._loaded if g not in keep]:
             del self._loaded[g]
@@ -735,6 +733,24 @@ class ParquetFeed:
 class NoImage(RuntimeError):
     """A row the feed met with no image to decode, raised in DALI's place: a pipeline failure, so that the
     bad-sample search names the row (and skip_bad excludes it)."""
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker makes its own
+_POOLS_LOCK = threading.Lock()
+
+
+def _group_pool() -> ThreadPoolExecutor:
+    """The process's row-group readers, shared by its feeds: threads that live with the process, as DALI's and
+    pyarrow's do, so that none start or linger per loader."""
+    with _POOLS_LOCK:
+        if os.getpid() not in _POOLS:
+            _POOLS[os.getpid()] = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
+        return _POOLS[os.getpid()]
+
+
+def _cancel(loaded: dict[int, Future]) -> None:
+    for future in list(loaded.values()):
+        future.cancel()
 
 
 def _read_group_with(options: Any, path: str, group: int, columns: Columns) -> Group:
