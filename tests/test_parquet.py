@@ -321,6 +321,121 @@ def test_a_label_offset_applies_to_stored_labels(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
+# Images stored as paths: datasets' imagefolder written with to_parquet, and the Dataset itself
+# ---------------------------------------------------------------------------------------------
+
+FOLDER_COUNTS = (4, 3, 5)
+
+
+@pytest.fixture(scope="module")
+def imagefolder(tmp_path_factory):
+    """(image folder, the folder of its Parquet file, the Dataset) made the way most people make one:
+    datasets.load_dataset("imagefolder", data_dir=...) and .to_parquet(...), which keeps each image's absolute
+    path and no bytes. Row groups of 5 rows, so that the file has several."""
+    from conftest import write_folder
+    root = tmp_path_factory.mktemp("imagefolder")
+    write_folder(str(root / "images"), FOLDER_COUNTS)
+    ds = datasets.load_dataset("imagefolder", data_dir=str(root / "images"), split="train",
+                               cache_dir=str(root / "hf_cache"))
+    ds.to_parquet(str(root / "parquet" / "train.parquet"), batch_size=5)
+    return str(root / "images"), str(root / "parquet"), ds
+
+
+def stored_paths(ds) -> list[str]:
+    return [cell["path"] for cell in ds.cast_column("image", datasets.Image(decode=False))["image"]]
+
+
+def test_a_datasets_imagefolder_parquet_of_paths_is_read_from_the_files(imagefolder):
+    folder, parquet, ds = imagefolder
+    table = pq.read_table(os.path.join(parquet, "train.parquet"))
+    assert table.column("image").combine_chunks().field("bytes").null_count == len(ds)  # paths, no bytes
+    paths = stored_paths(ds)
+    expected = [(open(path, "rb").read(), label) for path, label in zip(paths, ds["label"])]
+    source = open_source(parquet)
+    assert source.classes == ["cat", "dog", "fish"] and source.num_samples == sum(FOLDER_COUNTS)
+    assert [(s.data, s.label) for s in source.iter_samples()] == expected
+    kw = dict(batch_size=4, image_size=16, device="cpu", num_threads=1)
+    ours = batches(DaliLoader(parquet, train=False, **kw))
+    files = batches(DaliLoader(folder, train=False, **kw))  # DALI decoding the very files, sorted as datasets does
+    assert sorted(paths) == paths and same(ours, files)
+
+
+def test_a_datasets_imagefolder_dataset_reads_as_torchs_dataloader_reads_it(imagefolder, torchvision):
+    _, _, ds = imagefolder
+    import torchvision.transforms as T
+    compose = val_transform(T)
+
+    def apply(batch):
+        batch["pixel_values"] = [compose(image.convert("RGB")) for image in batch["image"]]
+        return batch
+
+    def collate(rows):
+        return torch.stack([r["pixel_values"] for r in rows]), torch.tensor([r["label"] for r in rows])
+
+    dataset = ds.with_transform(apply)
+    ours = batches(DaliLoader(dataset, batch_size=4, num_workers=1, device="cpu"))
+    theirs = batches(torch.utils.data.DataLoader(dataset, batch_size=4, collate_fn=collate))
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs] == [[0, 0, 0, 0], [1, 1, 1, 2],
+                                                                                 [2, 2, 2, 2]]
+    for (x, _), (ref, _) in zip(ours, theirs):
+        assert x.shape == ref.shape and (x - ref).abs().mean() < 0.06, (x - ref).abs().mean()
+
+
+def write_cells(folder, cells: dict[int, object], files: int = 1) -> str:
+    """write_datasets_parquet's files with the image cells of `cells` as given: None (a null cell), or a
+    {"bytes", "path"} dict (bytes None with a relative or missing path; b"" empty)."""
+    os.makedirs(folder, exist_ok=True)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(
+        names=[f"c{i:03d}" for i in range(N)])})
+    images = [cells.get(i, {"bytes": image(i), "path": f"{i:03d}.jpg"}) for i in range(N)]
+    ds = datasets.Dataset.from_dict({"image": images, "label": list(range(N))}, features=features)
+    for k in range(files):
+        part = ds.select(range(k * N // files, (k + 1) * N // files))
+        part.to_parquet(os.path.join(folder, f"train-{k:05d}-of-{files:05d}.parquet"), batch_size=ROWS_PER_GROUP)
+    return str(folder)
+
+
+BAD_CELLS = {  # each kind of cell with no image, at row 9: what it is called, and where it is found
+    "null cell": ({9: None}, r"#9: no image \(a null cell\)", "open"),
+    "relative path": ({9: {"bytes": None, "path": "009.jpg"}}, r"#9: no image bytes, and its path '009.jpg' is "
+                      r"not absolute", "open"),
+    "missing file": ({9: {"bytes": None, "path": "/nowhere/009.jpg"}}, r"#9: no image bytes, and its path "
+                     r"'/nowhere/009.jpg' does not exist", "open"),
+    "empty bytes": ({9: {"bytes": b"", "path": None}}, r"#9: empty image bytes", "feed"),  # no footer counts these
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_CELLS))
+def test_a_row_without_an_image_is_named_and_skipped_with_skip_bad_never_reaching_dali(tmp_path, kind):
+    """Null cells are found at open (the footer counts them), empty ones by the feed; neither reaches DALI's
+    decoder (nor the bad-sample search's: DALI 2.4 crashes the process on a batch of empty buffers)."""
+    cells, problem, where = BAD_CELLS[kind]
+    data = write_cells(tmp_path / "d", cells)
+    fix = r".*embed_table_storage.*skip_bad=True" if where == "open" else r".*skip_bad=True"
+    if where == "open":
+        with pytest.raises(DatasetError, match=rf"train-00000-of-00001.parquet{problem}{fix}"):
+            open_source(data)
+    with pytest.raises(DatasetError, match=rf"train-00000-of-00001.parquet{problem}{fix}"):
+        [None for _ in DaliLoader(data, train=False, **KW)]
+    with pytest.warns(UserWarning, match=rf"excluding a bad sample.*parquet{problem}"):
+        loader = DaliLoader(data, train=True, skip_bad=True, max_bad=1, **KW)
+        epochs = [[y for _, ys in loader for y in ys.tolist()] for _ in range(2)]
+    for labels in epochs:
+        real = [y for y in labels if y >= 0]
+        assert 9 not in real and len(real) == len(set(real)) and len(labels) == N // BATCH * BATCH
+
+
+def test_a_row_without_an_image_in_a_datasets_dataset_is_named(tmp_path, torchvision):
+    import torchvision.transforms as T
+    ds = datasets.load_dataset("parquet", data_files=write_cells(tmp_path / "d", BAD_CELLS["missing file"][0]) +
+                               "/*.parquet", split="train", cache_dir=str(tmp_path / "hf_cache"))
+    compose = val_transform(T)
+    dataset = ds.with_transform(lambda b: {**b, "pixel_values": [compose(i) for i in b["image"]]})
+    with pytest.raises(DatasetError, match=r"\.arrow#9: no image bytes, and its path '/nowhere/009.jpg' does not"):
+        DaliLoader(dataset, batch_size=BATCH, device="cpu")
+
+
+# ---------------------------------------------------------------------------------------------
 # Conversion
 # ---------------------------------------------------------------------------------------------
 

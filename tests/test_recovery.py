@@ -197,6 +197,19 @@ def test_header_claiming_60000_by_60000_pixels(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # Lifetime
+def test_the_decode_probe_answers_for_empty_buffers_without_giving_them_to_dali():
+    """DALI 2.4's CPU decoder crashes the process (a segmentation fault, no message) on a batch holding several
+    dozen empty buffers: what the bad-sample search asked when many null Parquet cells came in one window. Run in
+    a child process, so that a crash fails this test rather than ending the suite."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+            "from conftest import jpeg_bytes\n"
+            "from dali_pipes.run.decode_probe import dali_decodes\n"
+            "datas = [b'' if i % 3 else jpeg_bytes(i) for i in range(150)]\n"
+            "print(dali_decodes(datas) == [i % 3 == 0 for i in range(150)])\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (run.returncode, run.stdout.strip()) == (0, "True"), run.stderr[-2000:]
+
+
 # ---------------------------------------------------------------------------------------------
 
 def _threads_fds_rss():

@@ -79,6 +79,7 @@ class SourceRecord(Protocol):
     keys: TFRecordKeys
     label_ext: str
     remote: list[Any] | None  # remote.ObjectInfo per file, for remote (s3://, gs://, ...) sources
+    damaged: list[tuple[SampleRef | None, Any]]  # (ref, errors.DatasetError): bad samples found at open
 
 
 def required(value: T | None, source: SourceRecord, name: str) -> T:

@@ -136,7 +136,17 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
     _check_files(source, skip_bad)
     if check_keys:
         source.format.check_source(source, keys)  # the format's own check, before DALI sees the data
+        _refuse_damage(source, skip_bad)
     return source
+
+
+def _refuse_damage(source: Source, skip_bad: bool) -> None:
+    """Bad samples a format's own check lists whatever skip_bad (Parquet: rows with no image to decode) stop the
+    open unless skip_bad: the first is named, with how many there are."""
+    if source.damaged and not skip_bad:
+        first = source.damaged[0][1]
+        count = f" ({len(source.damaged)} samples of {source.location} so)" if len(source.damaged) > 1 else ""
+        raise DatasetError(first.where, f"{first.problem}{count}", first.fix)
 
 
 def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, label_ext: str,

@@ -219,7 +219,7 @@ def find_bad_samples(source: Source, indices: Sequence[int], window: int, device
                 reasons.append(e.problem if isinstance(e, DatasetError) else str(e))
                 continue
             too_big = oversized(data, max_pixels)
-            datas.append(b"" if too_big else data)  # b"": fails in DALI without allocating anything
+            datas.append(b"" if too_big else data)  # b"": undecodable, never given to DALI (dali_decodes)
             reasons.append(too_big)
         ok = dali_decodes(datas, device, device_id)
         bad = [(ref, BadSample(ref.origin, reason or check_image(data) or "DALI's decoder rejects it"))

@@ -50,6 +50,7 @@ import posixpath
 import random
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, TypeVar
 
@@ -486,16 +487,24 @@ def retrying(url: str, backend: Backend, call: Callable[[], T], expected: Object
         except Exception as raw:
             mine = isinstance(raw, (DatasetError, Cancelled, DownloadTooSlowError))
             clear = raw if mine else backend.translate(raw, url, expected)
-            again = not mine and (isinstance(clear, ConnectionError) or backend.retryable(raw))
-            delay = next(delays, None) if again else None
-            if delay is None:
-                failure = _cleaned(UnreachableError(
-                    f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
-                    f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
-                    f"{RETRY_HINT}") if again else clear, raw)
-                raise failure from failure.__cause__
-            if attempt == 1:
-                log.warning("%s; trying again, %d attempts in all", redact.scrub(str(clear)), attempts)
+            # The finished frames below keep no locals, nor this frame the error: an error held by a frame in its
+            # own traceback (fsspec's sync holds the error it raises) is a reference cycle that pins every caller's
+            # frame, a loader's too, until the cycle collector runs (an expected miss, a HEAD of classes.json)
+            traceback.clear_frames(raw.__traceback__)
+            failure: BaseException | None = None
+            try:
+                again = not mine and (isinstance(clear, ConnectionError) or backend.retryable(raw))
+                delay = next(delays, None) if again else None
+                if delay is None:
+                    failure = _cleaned(UnreachableError(
+                        f"{url}: cannot reach the {backend.service} endpoint {backend.endpoint(url)} after {attempt} "
+                        f"attempts in {time.monotonic() - started:.0f} s ({clear}); {backend.endpoint_hint}; "
+                        f"{RETRY_HINT}") if again else clear, raw)
+                    raise failure from failure.__cause__
+                if attempt == 1:
+                    log.warning("%s; trying again, %d attempts in all", redact.scrub(str(clear)), attempts)
+            finally:
+                del clear, failure  # the error goes on up; this frame keeps none of it
             time.sleep(delay)
     raise AssertionError("unreachable")
 

@@ -10,7 +10,8 @@ ParquetFeed: a callable of (epoch, iteration), so that DALI's own checkpoint hol
 restored pipeline asks for the very batch it stopped at. What it reads, in which order, is reader.ReaderModel's
 (slices, their rotation, padding), the read order of a shuffled epoch `read_order` here: the row groups of the
 slice in a random order per (seed, epoch), cut into windows of about `shuffle_buffer` samples whose rows are
-shuffled together. Row groups are read whole (the unit Parquet compresses), in threads, a window ahead.
+shuffled together. Row groups are read whole (the unit Parquet compresses), a window ahead, in the process's
+reading threads (shared by its feeds: none start or linger per loader).
 
 An "index" here lists each sample as (row group, row of the file): it comes from the file's footer alone,
 and is what elastic resume's subsets and the exclusion of bad samples rewrite, as for TFRecord.
@@ -26,12 +27,14 @@ import io
 import json
 import os
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dali_pipes.data.formats import parquet_images
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, TFRecordKeys
 from dali_pipes.errors import DatasetError, LabelError
@@ -45,7 +48,7 @@ MAGIC = b"PAR1"
 SNIFF_BYTES = len(MAGIC)
 INDEX_VERSION = "parquet-v1"
 MISSING_LABEL = -2_147_483_000  # a null label: fails its batch in the graph, as TFRecord's missing key does
-GROUP_THREADS = 4  # row groups read at once (pyarrow decompresses outside the GIL)
+GROUP_THREADS = 4  # row groups read at once, per process (pyarrow decompresses outside the GIL)
 INSTALL = "pip install 'dali_pipes[parquet]' (pyarrow)"
 
 
@@ -307,10 +310,9 @@ def read_group(path: str, group: int, columns: Columns) -> Group:
             raise
         _check_unchanged(path)
         raise DatasetError(f"{path} (row group {group})", f"unreadable ({e})", "Re-create the file") from None
-    images = table.column(columns.image).combine_chunks()
-    if columns.struct:
-        images = pc.struct_field(images, "bytes")  # honours the struct's offset and its nulls
-    data, starts, ends = _byte_ranges(images)
+    cells = table.column(columns.image).combine_chunks()
+    images = pc.struct_field(cells, "bytes") if columns.struct else cells  # honours the struct's offset and nulls
+    data, starts, ends = parquet_images.with_files(cells, *_byte_ranges(images))  # paths without bytes: read
     labels = table.column(columns.label).combine_chunks()
     stored = np.asarray(labels.fill_null(MISSING_LABEL).to_numpy(zero_copy_only=False), np.int64)
     return Group(data, starts, ends, stored, int(group_starts(path)[group]))
@@ -449,8 +451,7 @@ def read_sample(ref: SampleRef) -> Sample:
     read = _GROUPS.get(ref.path, group, columns_of(ref.path, keys))
     data, stored = read.image(ref.offset), int(read.labels[ref.offset - read.first_row])
     if not len(data):
-        raise DatasetError(ref.origin, f"no image bytes in column {keys.image_column!r} (null or empty)",
-                           "Embed the images in the table (datasets: cast_column with Image(), embed_storage)")
+        raise DatasetError(ref.origin, _cell_problem(ref.path, group, ref.offset - read.first_row, keys), NO_IMAGE_FIX)
     if stored == MISSING_LABEL:
         raise DatasetError(ref.origin, f"no label in column {keys.label_column!r} (null)")
     return Sample(ref.origin, data.tobytes(), stored_to_label(stored, ref.origin, keys.label_offset))
@@ -459,7 +460,8 @@ def read_sample(ref: SampleRef) -> Sample:
 def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
     """The image and label columns of every file, the class names of the first one's metadata (when no
     classes.json names them), and the labels: every label of local files (one column, read alone), the first
-    row group's of the first and last remote ones. LabelError names file#row."""
+    row group's of the first and last remote ones. LabelError names file#row. Then the rows with no image to
+    decode, as bad samples found at open (rows_without_images)."""
     for path in source.files:
         columns_of(path, keys)
     if source.classes is None:
@@ -471,6 +473,47 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
         for group in groups:
             stored = read_group_labels(path, group, keys.label_column)
             _check_labels(stored, path, int(group_starts(path)[group]), keys, num_classes, classes_from)
+    rows_without_images(source, keys)
+
+
+NO_IMAGE_FIX = f"{parquet_images.EMBED}, or leave such rows out with skip_bad=True (--skip-bad)"
+
+
+def rows_without_images(source: SourceRecord, keys: TFRecordKeys) -> None:
+    """Rows with no image to decode (parquet_images.problems) listed in `source.damaged` as bad samples found at
+    open: excluded with skip_bad, else open_source refuses them. Only row groups whose footer counts null image
+    bytes are read (an Arrow file's every record batch: memory-mapped); empty bytes elsewhere the feed finds."""
+    for path in source.files:
+        columns, starts = columns_of(path, keys), group_starts(path)
+        for group in _groups_with_nulls(path, columns):
+            cells = read_columns(path, group, [columns.image]).column(0).combine_chunks()
+            for j, problem in parquet_images.problems(cells):
+                row = int(starts[group]) + j
+                ref = SampleRef("parquet", path, row, str(row), row, extra=(group, keys))
+                source.damaged.append((ref, DatasetError(ref.origin, problem, NO_IMAGE_FIX)))
+
+
+def _groups_with_nulls(path: str, columns: Columns) -> list[int]:
+    """The row groups of a file whose image bytes may hold a null, by the footer's statistics (a group
+    without statistics may); an Arrow file's every record batch."""
+    footer = layout(path).footer
+    if footer is None:
+        return list(range(len(layout(path).sizes)))
+    leaf = f"{columns.image}.bytes" if columns.struct else columns.image
+    at = [i for i in range(footer.num_columns) if footer.schema.column(i).path == leaf]
+    found = []
+    for group in range(footer.num_row_groups):
+        stats = footer.row_group(group).column(at[0]).statistics if at else None
+        if stats is None or not stats.has_null_count or stats.null_count > 0:
+            found.append(group)
+    return found
+
+
+def _cell_problem(path: str, group: int, j: int, keys: TFRecordKeys) -> str:
+    """What is wrong with the image cell of row `j` of a row group that gave no bytes."""
+    cells = read_columns(path, group, [columns_of(path, keys).image]).column(0).combine_chunks().slice(j, 1)
+    found = parquet_images.problems(cells)
+    return found[0][1] if found else f"no image bytes in column {keys.image_column!r} (its file cannot be read)"
 
 
 def read_group_labels(path: str, group: int, label_column: str) -> np.ndarray:
@@ -646,7 +689,7 @@ class ParquetFeed:
         self._at = self.table.row - np.asarray(firsts, np.int64)[self._gid]  # row within its group
         self._epochs: dict[int, _Epoch] = {}
         self._loaded: dict[int, Future] = {}
-        self._pool = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
+        weakref.finalize(self, _cancel, self._loaded)  # a dropped feed's reads not yet begun are not made
         self._options = storage().current_options()  # the loader's retries, for reads in the pool's threads
 
     def __call__(self, info) -> tuple:
@@ -660,6 +703,11 @@ class ParquetFeed:
         groups = {g: self._loaded[g].result() for g in set(gids)}
         at = self._at[picks].tolist()
         images = [groups[g].data[groups[g].starts[j]:groups[g].ends[j]] for g, j in zip(gids, at)]
+        empty = [k for k, data in enumerate(images) if not len(data)]
+        if empty:  # never given to DALI: its decoder crashes the process on empty buffers
+            t, i = self.table, int(picks[empty[0]])
+            raise NoImage(f"{t.files[t.file[i]]}#{t.row[i]}: no image to decode (a null or empty cell, or a "
+                          f"file its path names that cannot be read)")
         labels = np.fromiter((groups[g].labels[j] for g, j in zip(gids, at)), np.int64, len(at))
         if not self.with_ids:
             return images, labels
@@ -690,24 +738,69 @@ class ParquetFeed:
         wanted = np.concatenate([self._window_groups(epoch, window), self._window_groups(*following)]).tolist()
         for g in wanted:
             if g not in self._loaded:
-                self._loaded[g] = self._pool.submit(self._read, *self._groups[g])
+                file, group = self._groups[g]
+                self._loaded[g] = _group_pool().submit(_read_group_with, self._options, self.table.files[file],
+                                                       group, self.columns[file])
         keep = set(wanted)
         for g in [g for g in self._loaded if g not in keep]:
             del self._loaded[g]
 
 
-    def _read(self, file: int, group: int) -> Group:
-        with storage().options_in_force(self._options):
-            return read_group(self.table.files[file], group, self.columns[file])
+class NoImage(RuntimeError):
+    """A row the feed met with no image to decode, raised in DALI's place: a pipeline failure, so that the
+    bad-sample search names the row (and skip_bad excludes it)."""
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked worker makes its own
+_POOLS_LOCK = threading.Lock()
+
+
+def _group_pool() -> ThreadPoolExecutor:
+    """The process's row-group readers, shared by its feeds: threads that live with the process, as DALI's and
+    pyarrow's do, so that none start or linger per loader."""
+    with _POOLS_LOCK:
+        if os.getpid() not in _POOLS:
+            _POOLS[os.getpid()] = ThreadPoolExecutor(GROUP_THREADS, thread_name_prefix="dali_pipes-parquet")
+        return _POOLS[os.getpid()]
+
+
+def _cancel(loaded: dict[int, Future]) -> None:
+    for future in list(loaded.values()):
+        future.cancel()
+
+
+def _read_group_with(options: Any, path: str, group: int, columns: Columns) -> Group:
+    """read_group under the loader's retries (`options`), in a feed's thread."""
+    with storage().options_in_force(options):
+        return read_group(path, group, columns)
+
+
+class _FeedHandle:
+    """What DALI's external_source holds of a ParquetFeed: a weak reference. DALI's operator graph is a reference
+    cycle (DataNodes and operator instances refer to each other, DALI 2.4) that outlives its pipeline until the
+    cycle collector runs; a feed held there kept its threads and row groups as long (4 threads and ~15 MB per
+    dropped loader). The pipeline owns the feed instead, and frees it with itself."""
+
+    def __init__(self, feed: ParquetFeed) -> None:
+        self._feed = weakref.ref(feed)
+
+    def __call__(self, info) -> tuple:
+        feed = self._feed()
+        if feed is None:  # only a pipeline already freed can ask
+            raise StopIteration
+        return feed(info)
 
 
 def python_reader(source: SourceRecord, plan: ReadPlan, seed: int, shuffle: bool, with_ids: bool) -> tuple:
     """(encoded images, int64 labels, identity rows or None) inside a pipeline definition, from ParquetFeed
     through fn.external_source; labels less label_offset and checked in the graph (labels.dali_checked_labels)."""
     from nvidia.dali import fn, types
+    from nvidia.dali.pipeline import Pipeline
     outputs = 3 if with_ids else 2
-    nodes = fn.external_source(ParquetFeed(source, plan, seed, shuffle, with_ids), num_outputs=outputs, batch=True,
-                               batch_info=True,
+    feed = ParquetFeed(source, plan, seed, shuffle, with_ids)
+    owner = Pipeline.current()  # the pipeline being defined owns its feeds (see _FeedHandle): an attribute of ours
+    owner._dali_pipes_feeds = [*getattr(owner, "_dali_pipes_feeds", []), feed]
+    nodes = fn.external_source(_FeedHandle(feed), num_outputs=outputs, batch=True, batch_info=True,
                                dtype=[types.DALIDataType.UINT8, types.DALIDataType.INT64,
                                       types.DALIDataType.UINT8][:outputs])
     labels = dali_checked_labels(nodes[1], source.keys.label_offset, label_bound(source)[0])
