@@ -3,7 +3,8 @@ the `dali-pipes` command alike (config.py declares the loader's).
 
 A field declared with `option(default, "why")` becomes `--field-name` with that default and help;
 `from_args(cls, args)` builds the dataclass back from the parsed flags, and `asdict` of it is what a
-run saves. This module imports nothing of the project's, so any module can declare options here.
+run saves. `add_config_file` gives a CommandParser `--config FILE`: the flags' values from a YAML or JSON file.
+This module imports nothing of the project's, so any module can declare options here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import math
+import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
@@ -58,8 +61,14 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
+        self._reading = ""  # the config file whose values are being parsed: errors name it
+        self.config_file = False  # add_config_file: --config FILE
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        args = sys.argv[1:] if args is None else list(args)
+        path = _config_path(args) if self.config_file else ""
+        if path:  # the file's values become the defaults: the command line's flags, wherever they stand, win
+            self.set_defaults(**self._config_values(path))
         # a subcommand's parser is asked for known args by its parent: refusing the rest here shows its usage
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
@@ -74,9 +83,93 @@ class CommandParser(argparse.ArgumentParser):
                     return f". Did you mean {close[0]}?"
         return ""
 
+    def _config_values(self, path: str) -> dict[str, Any]:
+        """The config file's values by dest, each parsed as its flag would be (type, choices, count), so a bad
+        one is refused naming the file and the flag; a flag without a value (--resume, --x/--no-x) takes a
+        boolean, and any flag null (None) as is."""
+        values = _read_config(self, path)
+        actions = {a.dest: a for a in self._actions if a.option_strings and a.dest not in ("help", "config")}
+        tokens, direct = [], {}
+        for key, value in values.items():
+            action = actions.get(key)
+            if key == "config":
+                self._config_error(path, "config: a config file cannot name another")
+            if action is None:
+                close = difflib.get_close_matches(key, list(actions), n=1)
+                self._config_error(path, f"unknown key {key!r}{f'. Did you mean {close[0]}?' if close else ''}")
+            if action.nargs == 0 and not isinstance(value, bool) and value is not None:
+                self._config_error(path, f"{key}: expected true or false, got {value!r}")
+            if action.nargs == 0 or value is None:
+                direct[key] = value
+            elif isinstance(value, list) and action.nargs not in (None, "?"):  # --mean 0.5 0.5 0.5
+                tokens += [action.option_strings[0], *map(str, value)]
+            else:  # --flag=VALUE: a value that starts with "-" is not read as a flag
+                tokens.append(f"{action.option_strings[0]}={_token(value, action)}")
+        self._reading = path
+        try:
+            parsed = vars(self.parse_args(tokens))
+        finally:
+            self._reading = ""
+        return {**{key: parsed[key] for key in values if key not in direct}, **direct}
+
+    def _config_error(self, path: str, message: str) -> NoReturn:
+        self._reading = path
+        self.error(message)
+
     def error(self, message: str) -> NoReturn:
+        if self._reading:
+            message = f"{self._reading}: {message}"
         self.print_usage(sys.stderr)
         self.exit(1, f"{self.prog}: error: {message}\n")
+
+
+def add_config_file(parser: CommandParser) -> None:
+    """`--config FILE` for a CommandParser: every flag's value from a YAML or JSON mapping, keyed by the flags'
+    dest names (num_threads, or num-threads), as a run's saved flags (json.dump of vars(args)) are; the flags
+    given on the command line override the file's."""
+    parser.add_argument("--config", default="", metavar="FILE", help="flags from a YAML or JSON file: a mapping "
+                        "of flag names (batch_size or batch-size) to values, as WORKDIR/args.json holds them; flags on "
+                        "the command line override it (default: none)")
+    parser.config_file = True
+
+
+def _config_path(args: list[str]) -> str:
+    """The last --config FILE (or --config=FILE) of a command line, or ""."""
+    path = ""
+    for arg, after in zip(args, args[1:] + [""]):
+        if arg == "--config":
+            path = after
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+    return path
+
+
+def _read_config(parser: CommandParser, path: str) -> dict[str, Any]:
+    """The mapping in a JSON file (.json) or a YAML one (any other name), its keys with dashes as underscores."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        parser.error(f"--config {path}: no such file")
+    except OSError as error:
+        parser.error(f"--config {path}: {error.strerror}")
+    if os.path.splitext(path)[1].lower() == ".json":
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            parser._config_error(path, f"not valid JSON: {error}")
+    else:
+        try:
+            import yaml
+        except ImportError:
+            parser._config_error(path, "reading YAML needs PyYAML: pip install pyyaml (or give a .json file)")
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            parser._config_error(path, f"not valid YAML: {' '.join(str(error).split())}")
+    if not isinstance(values, dict):
+        parser._config_error(path, f"expected a mapping of flag names to values, got a {type(values).__name__}")
+    return {str(key).replace("-", "_"): value for key, value in values.items()}
 
 
 def flag_name(name: str) -> str:
@@ -87,7 +180,23 @@ def _none_or(kind: Callable) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         return None if text.lower() in ("none", "") else kind(text)
     parse.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its errors
+    parse.__wrapped__ = kind  # type: ignore[attr-defined]  # flag_text finds kind's inverse through it
     return parse
+
+
+_TEXTS: dict[Any, Callable[[Any], str]] = {}  # flag type -> its inverse: a parsed value as the flag's text
+
+
+def written_as(parse: Callable, text: Callable[[Any], str]) -> None:
+    """Declares `text` the inverse of the flag type `parse` (parse(text(value)) == value), for a value that a config
+    file holds parsed (args.json: an --image-size schedule as a mapping, a size hint as a pair); str() otherwise."""
+    _TEXTS[parse] = text
+
+
+def _token(value: Any, action: argparse.Action) -> str:
+    """A config file's value as its flag's command-line text."""
+    text = _TEXTS.get(getattr(action.type, "__wrapped__", action.type))
+    return text(value) if text is not None and not isinstance(value, str) else str(value)
 
 
 def count_or_fraction(text: str) -> int | float:

@@ -196,3 +196,22 @@ def test_every_flag_of_every_command_shows_its_default_in_help():
     for shown in ("passes over the train data (default: 90)", "per rank (default: 256)", "(default: resnet50)",
                   "(default: runs/latest)", "default: 0.1 x global batch / 256"):
         assert shown in " ".join(help_text.split()), shown
+
+
+def test_python_m_train_flags_come_back_from_args_json_given_as_config(tmp_path):
+    """Issue 36: args.json could not be given back. Every flag's value, parsed (an --image-size schedule, a size
+    hint, a pair, "auto", None), comes back from `--config args.json` as the command line gave it."""
+    import json
+
+    from train.run import replayable_args
+    from train.train import get_args_parser, loader_configs
+    argv = ["--data", "-odd name", "--image-size", "0:160,10:192", "--decoder-size-hint", "100x200", "--max-bad",
+            "0.01", "--no-amp", "--channels-last", "--png16", "pil", "--hw-decoder-load", "auto", "--mean", "0.1",
+            "0.2", "0.3", "--augmix-depth", "-1", "--num-threads", "3", "--device", "cpu", "--record-labels",
+            "--auto-augment", "augmix", "--compile"]
+    args = get_args_parser().parse_args(argv)
+    (tmp_path / "args.json").write_text(json.dumps(replayable_args(args)))
+    again = get_args_parser().parse_args(["--config", str(tmp_path / "args.json")])
+    assert json.dumps(replayable_args(again)) == json.dumps(replayable_args(args))
+    assert loader_configs(again) == loader_configs(args)
+    assert (again.image_size, again.decoder_size_hint, again.data) == ({0: 160, 10: 192}, (100, 200), "-odd name")

@@ -1,12 +1,13 @@
 """config.py: one config path, dataclass fields that are flags with their defaults and reasons."""
 
 import argparse
+import json
 from dataclasses import dataclass
 
 import pytest
 
 from dali_pipes.config import LoaderConfig
-from dali_pipes.options import add_arguments, count_or_fraction, from_args, option
+from dali_pipes.options import CommandParser, add_arguments, add_config_file, count_or_fraction, from_args, option
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,55 @@ def test_every_loader_field_has_a_reason():
     parser = argparse.ArgumentParser()
     add_arguments(parser, LoaderConfig, "loader")
     assert "--num-threads" in parser.format_help() and "--remote-feed" in parser.format_help()
+
+
+def _configured():
+    parser = CommandParser(prog="cmd")
+    parser.add_argument("--epochs", type=int, default=90, help="passes")
+    parser.add_argument("--loader", choices=["dali", "torch"], default="dali", help="which")
+    parser.add_argument("--resume", action="store_true", help="go on")
+    add_config_file(parser)
+    add_arguments(parser, Example, "example")
+    return parser
+
+
+def test_a_config_file_gives_the_flags_values_and_the_command_line_overrides_it(tmp_path):
+    """Issue 36: no config file. --config FILE (JSON or YAML) sets flags by their dest names (dashes too); flags
+    given on the command line win, wherever they stand."""
+    (tmp_path / "c.json").write_text(json.dumps({"epochs": 3, "loader": "torch", "pair": [0.2, 0.8], "name": None,
+                                                 "on": True, "resume": True}))
+    (tmp_path / "c.yaml").write_text("epochs: 3\nloader: torch\npair: [0.2, 0.8]\nname: null\n'on': true\n"
+                                     "resume: true\n")
+    for name in ("c.json", "c.yaml"):
+        args = _configured().parse_args(["--config", str(tmp_path / name)])
+        assert (args.epochs, args.loader, args.pair, args.name, args.on, args.resume) == (
+            3, "torch", [0.2, 0.8], None, True, True), name
+    (tmp_path / "d.yml").write_text("size: 96\nname: x\n")
+    args = _configured().parse_args(["--size", "64", "--config", str(tmp_path / "d.yml"), "--no-on"])
+    assert (args.size, args.name, args.on, args.epochs) == (64, "x", False, 90)
+
+
+@pytest.mark.parametrize("text,error", [
+    ('{"epoch": 3}', "c.json: unknown key 'epoch'. Did you mean epochs?"),
+    ('{"loader": "dolly"}', "c.json: argument --loader: invalid choice: 'dolly'"),
+    ('{"size": "big"}', "c.json: argument --size: invalid int value: 'big'"),
+    ('{"resume": "yes"}', "c.json: resume: expected true or false, got 'yes'"),
+    ('{"config": "other.json"}', "c.json: config: a config file cannot name another"),
+    ('[1, 2]', "c.json: expected a mapping of flag names to values, got a list"),
+    ('{"epochs": 3,}', "c.json: not valid JSON: "),
+])
+def test_a_config_file_with_an_unknown_key_or_a_bad_value_is_refused_naming_both(tmp_path, capsys, text, error):
+    (tmp_path / "c.json").write_text(text)
+    with pytest.raises(SystemExit) as ended:
+        _configured().parse_args(["--config", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 1 and err[0].startswith("usage: cmd ")
+    assert err[-1].startswith(f"cmd: error: {tmp_path / error}"), err[-1]
+
+
+def test_a_missing_config_file_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        _configured().parse_args(["--config", str(tmp_path / "none.yaml")])
+    assert ended.value.code == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == f"cmd: error: --config {tmp_path}/none.yaml: no such file"

@@ -5,6 +5,7 @@ runs as two nodes with disjoint shards."""
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -821,3 +822,45 @@ def test_data_smaller_than_one_batch_ends_in_one_error_line(tmp_path):
     assert run.stderr.strip().splitlines() == [
         f"error: {data}: 3 samples over 1 ranks give less than one batch of 16 per rank in train mode (the tail is "
         f"dropped). Lower batch_size (--batch-size) to at most 3, or give more data"]
+
+
+@pytest.fixture(scope="module")
+def configured(tmp_path_factory):
+    """A tiny run whose flags come from a YAML file (seed, label smoothing, batch size) and the command line, which
+    overrides the file's batch size: (its folder, the run)."""
+    root = tmp_path_factory.mktemp("configured")
+    _learnable(root / "data" / "train", 4, 0)  # 16 train
+    _learnable(root / "data" / "val", 1, 1)    # 4 val
+    (root / "run.yaml").write_text("seed: 3\nlabel-smoothing: 0.2\nbatch_size: 32\nwarmup_epochs: 0.5\n")
+    run = _train(root / "run", root / "data" / "train", "--config", root / "run.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root, run
+
+
+def test_each_printed_epoch_line_splits_into_key_value_words_that_match_metrics_jsonl(configured):
+    """Issue 36: `gpu_memory_unmeasured=no CUDA device (torch ...)` broke the printed line's KEY=VALUE words. Each
+    word now splits with shlex, and its value is metrics.jsonl's (floats to 4 significant digits)."""
+    root, run = configured
+    lines = [line for line in run.stdout.splitlines() if line.startswith("epoch=")]
+    assert len(lines) == 1
+    for line, record in zip(lines, metrics(root / "run")):
+        words = dict(word.split("=", 1) for word in shlex.split(line))
+        assert set(words) == set(record) - {"ranks", "verdict"}
+        assert words == {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in record.items() if k in words}
+    assert words["gpu_memory_unmeasured"].startswith("no CUDA device (torch ")  # the CPU machine's reason, whole
+
+
+def test_a_config_file_sets_the_flags_and_the_runs_args_json_given_back_reproduces_it(configured):
+    """Issue 36: args.json could not be given back. `--config FILE` (YAML here) sets flags, the command line
+    overrides it, args.json holds the effective flags without those of one invocation (config, resume,
+    resume_if_present, overwrite), and `--config WORKDIR/args.json` runs the same settings again."""
+    root, _ = configured
+    saved = json.load(open(root / "run" / "args.json"))
+    assert (saved["seed"], saved["label_smoothing"], saved["batch_size"], saved["warmup_epochs"]) == (3, 0.2, 16, 0.5)
+    assert not {"config", "resume", "resume_if_present", "overwrite"} & set(saved)
+    again = subprocess.run([sys.executable, "-m", "train", "--config", str(root / "run" / "args.json"), "--workdir",
+                            str(root / "again")], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.load(open(root / "again" / "args.json")) == {**saved, "workdir": str(root / "again")}
+    assert json.load(open(root / "again" / "config.json")) == json.load(open(root / "run" / "config.json"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence, TypeVar
@@ -77,6 +78,14 @@ class Waits:
 
     def end(self, asked: float, ended: float) -> None:
         self.total += ended - asked
+
+
+def epoch_line(stats: dict) -> str:
+    """The epoch's printed line: KEY=VALUE words that shlex.split reads back (a value with spaces, such as
+    gpu_memory_unmeasured's reason, is quoted), floats to 4 significant digits; every rank's figures and the
+    verdict are left out (the verdict is the next line; metrics.jsonl holds the whole record)."""
+    return " ".join(f"{k}={shlex.quote(f'{v:.4g}' if isinstance(v, float) else str(v))}" for k, v in stats.items()
+                    if k not in ("ranks", "verdict"))
 
 
 def rank_figures(rank: int, waits: Waits, seconds: float, steps: int, images: int, stats: dict) -> dict:

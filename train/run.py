@@ -84,3 +84,13 @@ def saved_args(args: argparse.Namespace) -> dict:
     """The flags as args.json and the checkpoint keep them: a URL by its identity (remote.identity: no query string
     or user info, which grant access; --resume takes the URL from the command line again)."""
     return {k: identity(v) if isinstance(v, str) else v for k, v in vars(args).items()}
+
+
+NOT_REPLAYED = ("config", "resume", "resume_if_present", "overwrite")  # what one invocation does, not the run's
+
+
+def replayable_args(args: argparse.Namespace) -> dict:
+    """args.json: the run's effective flags (a --config file's values, the command line's over them), as saved_args
+    keeps them, less NOT_REPLAYED: `python -m train --config WORKDIR/args.json` runs the same settings again (into
+    the same WORKDIR only with --resume or --overwrite)."""
+    return {k: v for k, v in saved_args(args).items() if k not in NOT_REPLAYED}

@@ -1,6 +1,7 @@
 """Image classification training: one loop body for both loaders, DDP on one or many nodes.
 
     python -m train --data PATH [--val-data PATH] --loader dali|torch [--device gpu|cpu] ...
+    python -m train --config run.yaml [--flag value ...]   # the command line's flags override the file's
     torchrun --nproc_per_node=N -m train --data PATH ...
 
 Recipe: SGD + Nesterov momentum, label smoothing, linear warm-up then cosine decay (per step),
@@ -30,7 +31,7 @@ from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, Shard, SourceCon
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.graph import resolution
 from dali_pipes.loader import Loader
-from dali_pipes.options import CommandParser, RawDefaultsFormatter, add_arguments, from_args
+from dali_pipes.options import CommandParser, RawDefaultsFormatter, add_arguments, add_config_file, from_args
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.procfs import gpu_used_mb
 from train import crash_tests, observe
@@ -44,11 +45,12 @@ from train.models import ARCHS, create_model
 from train.observe import TensorBoard, Trace
 from train.optim import param_groups, warmup_cosine
 from train.preemption import clear_status
-from train.run import Run, close_run, saved_args
+from train.run import Run, close_run, replayable_args
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     p = CommandParser(prog="python -m train", description=__doc__, formatter_class=RawDefaultsFormatter)
+    add_config_file(p)  # WORKDIR/args.json is one: a run's flags given back
     p.add_argument("--data", default="", help="train data (any dataset open_source takes); "
                    f"default: the built-in dataset, made in {DEFAULT_DATA} if missing")
     p.add_argument("--val-data", default="", help="val data; default: DATA/../val when that exists")
@@ -273,7 +275,7 @@ def main(args: argparse.Namespace) -> list[dict]:
     run.step_hooks += crash_tests.step_hooks()  # none unless a test's environment asks for a crash
     if run.is_main:
         with open(os.path.join(args.workdir, "args.json"), "w") as f:
-            json.dump(saved_args(args), f, indent=1)
+            json.dump(replayable_args(args), f, indent=1)
         with open(os.path.join(args.workdir, "config.json"), "w") as f:
             json.dump({k: dataclasses.asdict(v) for k, v in loader_configs(args).items()}, f, indent=1)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, ignore_index=-1)
@@ -313,5 +315,4 @@ def finish_epoch(run: Run, stats: dict, history: list, board: TensorBoard) -> No
         with open(os.path.join(run.args.workdir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps(stats) + "\n")
         board.epoch(stats)
-        print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in stats.items()
-                       if k not in ("ranks", "verdict")) + "\n" + stats["verdict"], flush=True)
+        print(observe.epoch_line(stats) + "\n" + stats["verdict"], flush=True)

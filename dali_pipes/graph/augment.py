@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dali_pipes.graph import resolution
 from dali_pipes.graph.resolution import ImageSize
-from dali_pipes.options import auto_or_fraction, option
+from dali_pipes.options import auto_or_fraction, option, written_as
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
@@ -80,6 +80,11 @@ def parse_size_hint(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT in pixels, e.g. 6000x4000 (0x0: "
                                          f"preallocate nothing)") from None
     return width, height
+
+
+# a config file (python -m train --config WORKDIR/args.json) holds these flags' values parsed: their flag text
+written_as(parse_size_hint, lambda hint: f"{hint[0]}x{hint[1]}")
+written_as(resolution.parse_image_size, resolution.schedule_text)
 
 
 @dataclass(frozen=True)
