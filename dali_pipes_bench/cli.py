@@ -29,6 +29,13 @@ def data_or_builtin(data: str) -> str:
     return DEFAULT_DATA
 
 
+def results_root(out: str) -> str:
+    """`out`, or the benchmarks' folder under the cache root ($DALI_PIPES_CACHE/bench): never a folder relative
+    to wherever a benchmark runs (inside a checkout, that is beside the committed results)."""
+    from dali_pipes.storage.files import cache_root
+    return os.path.abspath(out or os.path.join(cache_root(), "bench"))
+
+
 def configs(**cfgs) -> dict:
     """{name: asdict(config)} of the dataclasses a run used: saved with its results."""
     return {name: asdict(cfg) for name, cfg in cfgs.items()}

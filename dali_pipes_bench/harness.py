@@ -26,6 +26,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Iterable, Iterator
@@ -142,7 +143,9 @@ def _ready(batch, device: torch.device) -> int:
     return len(labels)
 
 
-def measure(case: Case, timing: Timing, device: torch.device) -> Measurement:
+def measure(case: Case, timing: Timing, device: torch.device, progress: Callable[[], object] = lambda: None
+            ) -> Measurement:
+    """`case` timed; `progress` is called at each of its case_steps (the build and warm-up, then each pass)."""
     m = Measurement(case.name, case.group, case.mode, case.params)
     loader = None
     try:
@@ -150,9 +153,9 @@ def measure(case: Case, timing: Timing, device: torch.device) -> Measurement:
             start = time.perf_counter()
             loader = case.factory()
             if isinstance(loader, LoaderOverhead):
-                _measure_alternating(loader, m, timing, device, start)
+                _measure_alternating(loader, m, timing, device, start, progress)
             else:
-                _measure_one(loader, m, timing, device, start)
+                _measure_one(loader, m, timing, device, start, progress)
         m.host_peak_mb, m.gpu_peak_mb = round(peaks.host_peak_mb, 1), peaks.gpu_peak_mb
     except Exception as e:  # one broken case must not lose the others' numbers
         m.error = f"{type(e).__name__}: {e}"[:500]
@@ -174,22 +177,25 @@ def _timed_pass(batches: Iterator, count: int, device: torch.device) -> tuple[fl
     return samples / (time.perf_counter() - t0), dropped
 
 
-def _measure_one(loader: Iterable, m: Measurement, timing: Timing, device: torch.device, start: float) -> None:
+def _measure_one(loader: Iterable, m: Measurement, timing: Timing, device: torch.device, start: float,
+                 progress: Callable[[], object]) -> None:
     batches = forever_counted(loader)
     _ready(next(batches)[0], device)
     m.first_batch_s = time.perf_counter() - start
     for _ in range(timing.warmup_batches):
         _ready(next(batches)[0], device)
+    progress()
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     for _ in range(timing.passes):
         rate, dropped = _timed_pass(batches, timing.batches_per_pass, device)
         m.images_per_s.append(rate)
         m.dropped_counted += dropped
+        progress()
     m.cpu_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
 
 
 def _measure_alternating(pair: "LoaderOverhead", m: Measurement, timing: Timing, device: torch.device,
-                         start: float) -> None:
+                         start: float, progress: Callable[[], object]) -> None:
     """Passes of the loader and of the bare pipeline, alternating (and alternating which goes
     first), so that both meet the same machine state; the idle one waits with a full queue."""
     arms = {"loader": forever_counted(pair.loader), "bare": forever_counted(pair.bare)}
@@ -198,12 +204,14 @@ def _measure_alternating(pair: "LoaderOverhead", m: Measurement, timing: Timing,
     for batches in arms.values():
         for _ in range(timing.warmup_batches):
             _ready(next(batches)[0], device)
+    progress()
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     for i in range(timing.passes):
         for arm in (("loader", "bare") if i % 2 == 0 else ("bare", "loader")):
             rate, dropped = _timed_pass(arms[arm], timing.batches_per_pass, device)
             (m.images_per_s if arm == "loader" else m.reference_images_per_s).append(rate)
             m.dropped_counted += dropped if arm == "loader" else 0
+        progress()
     m.cpu_cores = (cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
     m.extra["pass_ratios"] = [a / b for a, b in zip(m.images_per_s, m.reference_images_per_s)]
     m.extra["checkpoint_us"] = pair.checkpoint_cost_us()
@@ -639,20 +647,39 @@ def results_dir(root: str, info: dict) -> str:
 
 
 RESULT_PREFIX = "BENCH_RESULT "
+STEP_PREFIX = "BENCH_STEP "  # a child's line after each step of its case (measure's progress): a bar's tick
 
 
-def run_cases_isolated(cases: list[Case], command: list[str], log=print) -> list[dict]:
+def case_steps(timing: Timing) -> int:
+    """The steps `measure` reports: the build, first batch and warm-up as one, then each timed pass."""
+    return 1 + timing.passes
+
+
+def run_cases_isolated(cases: list[Case], command: list[str], steps: int) -> list[dict]:
     """Each case in a fresh process (`command --case i`), so that memory, CPU use and warm-up of
-    one case do not leak into the next; the child prints its Measurement row."""
+    one case do not leak into the next; the child prints its Measurement row. On a terminal each case
+    draws a bar of its `steps` on stderr; stdout is left to the report."""
     rows = []
-    for i, case in enumerate(tqdm(cases, desc="benchmark cases", unit="case", file=sys.stderr, disable=None)):
-        child = subprocess.run([*command, "--case", str(i)], capture_output=True, text=True)
-        lines = [l for l in child.stdout.splitlines() if l.startswith(RESULT_PREFIX)]
-        if lines:
-            row = json.loads(lines[-1][len(RESULT_PREFIX):])
-        else:
-            row = Measurement(case.name, case.group, case.mode, case.params,
-                              error=f"process failed ({child.returncode}): {child.stderr[-400:]}").row()
-        log(json.dumps({k: v for k, v in row.items() if k != "params"}, default=str))
-        rows.append(row)
+    for i, case in enumerate(cases):
+        with tqdm(total=steps, desc=f"[{i + 1}/{len(cases)}] {case.name} ({case.mode})", unit="step",
+                  file=sys.stderr, disable=None) as bar:
+            rows.append(_run_case(case, [*command, "--case", str(i)], bar.update))
     return rows
+
+
+def _run_case(case: Case, command: list[str], step: Callable[[], object]) -> dict:
+    """The row a child process measured, ticking `step` at each of its steps; a failed row if it printed none."""
+    with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: a chatty child cannot block on it
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+        row = None
+        for line in child.stdout or ():
+            if line.startswith(STEP_PREFIX):
+                step()
+            elif line.startswith(RESULT_PREFIX):
+                row = json.loads(line[len(RESULT_PREFIX):])
+        returncode = child.wait()
+        errors.seek(0)
+        if row is None:
+            row = Measurement(case.name, case.group, case.mode, case.params,
+                              error=f"process failed ({returncode}): {errors.read()[-400:]}").row()
+    return row

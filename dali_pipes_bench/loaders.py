@@ -4,7 +4,8 @@ and tf.data when installed, storage formats (folder / TFRecord / WebDataset at s
 counts, lazy vs preloaded), batch size and thread sweeps.
 
 Writes results.json (with the resolved configs), results.md and PNG plots to OUT/<machine>-<date>/
-and prints one JSON line per case. No timing is asserted anywhere: read the numbers and their
+(OUT: --out, default $DALI_PIPES_CACHE/bench) and prints the tables and that folder; on a terminal each case
+draws a bar on stderr. No timing is asserted anywhere: read the numbers and their
 conditions. Run: dali-pipes bench loaders [flags] (or python -m dali_pipes_bench.loaders)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dali_pipes import AugmentConfig, LoaderConfig, SourceConfig, open_source
 from dali_pipes.graph.resolution import schedule_text
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
-from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, require, run_main
+from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, require, results_root, run_main
 
 SWEPT = ("device", "num_threads")  # set by each case (DALI gpu / cpu, the thread sweep), not by flags
 
@@ -33,7 +34,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default="", help=f"dataset (any location open_source takes); default: "
                         f"the built-in train split, {DEFAULT_DATA}, made if missing")
     parser.add_argument("--quick", action="store_true", help="a small matrix, under two minutes on 2 cores")
-    parser.add_argument("--out", default="benchmarks/results", help="results root folder")
+    parser.add_argument("--out", default="", help="results root folder (default: $DALI_PIPES_CACHE/bench, under "
+                        "the cache root)")
     parser.add_argument("--work", default="data/bench", help="where format copies of the data are made")
     parser.add_argument("--only", default="", help="comma-separated case groups to run: loaders, loader_overhead, "
                         "hw_decoder_load, dali_threads, torch_workers, batch_size, formats")
@@ -69,12 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--only {args.only}: no such case group")
     if args.case >= 0:  # a child process: one case, measured in a process of its own
         device = torch.device("cuda", 0) if gpu else torch.device("cpu")
-        print(bench.RESULT_PREFIX + json.dumps(bench.measure(cases[args.case], plan.timing, device).row()), flush=True)
+        step = lambda: print(bench.STEP_PREFIX, flush=True)  # the parent's bar for this case ticks
+        print(bench.RESULT_PREFIX + json.dumps(bench.measure(cases[args.case], plan.timing, device, step).row()),
+              flush=True)
         return 0
     info, dataset = bench.machine_info(), bench.dataset_info(source)
-    print(json.dumps({"machine": info, "dataset": dataset}), flush=True)
-    rows = bench.run_cases_isolated(cases, [sys.executable, "-m", "dali_pipes_bench.loaders", *argv])
-    out = bench.results_dir(args.out, info)
+    rows = bench.run_cases_isolated(cases, [sys.executable, "-m", "dali_pipes_bench.loaders", *argv],
+                                    bench.case_steps(plan.timing))
+    out = bench.results_dir(results_root(args.out), info)
     run = {"command": command("loaders", argv), "machine": info, "dataset": dataset, "plan": repr(plan),
            "configs": configs(source=source_cfg, augment=augment, loader=loader)}
     with open(os.path.join(out, "results.json"), "w") as f:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import itertools
 import json
 import os
@@ -278,7 +279,7 @@ def markdown(result: dict) -> str:
     lines += [f"| {r['case']} | {r['images_per_s']:,.0f} [{r['min']:,.0f}, {r['max']:,.0f}] | {r['spread']:.1%} | "
               f"{r['cpu_cores']:.2f} |" + (f" hardware JPEG decoder {r['jpeg_util_mean']:.0f}% busy"
                                          if "jpeg_util_mean" in r else "") for r in result["rows"]]
-    lines += ["", f"Binding: **{result['binding']}**.", "", recommended_text(result), ""]
+    lines += [line for verdict in verdict_lines(result) for line in ("", verdict)] + [""]
     if result["device"] != "gpu":
         lines.append("Not measured without a GPU pipeline: hw_decoder_load 0 / 0.65 / 0.99, the hybrid decode, the "
                      "hardware JPEG decoder's use (NVML); the copy to the GPU only where torch sees CUDA.")
@@ -290,11 +291,15 @@ def protocol_text(protocol: dict) -> str:
             f"{protocol['min_epochs']:g} epochs in all" + (", read cold" if protocol["cold"] else ""))
 
 
-def recommended_text(result: dict) -> str:
-    if result["recommended_flags"] is None:
-        return f"Recommended: nothing ({result['ranking']}); the tuning memory is left as it was."
-    return (f"Recommended: `{result['recommended_flags']}` (written to the tuning memory: num_threads=auto starts "
-            f"from it).")
+def verdict_lines(result: dict) -> list[str]:
+    """The binding stage, the ranking and the recommended flags; or, when the rounds may not be ranked, the reason,
+    said once, and what it leaves out."""
+    if result["recommended_flags"] is None:  # the protocol's reason (protocol.py) is the ranking's text
+        return [f"{result['ranking']}: no stage named as binding, nothing recommended; the tuning memory is left as "
+                f"it was."]
+    return [f"binding: {result['binding']}", result["ranking"],
+            f"Recommended: `{result['recommended_flags']}` (written to the tuning memory: num_threads=auto starts "
+            f"from it)."]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -318,7 +323,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from dali_pipes.storage.files import cache_root
-    from dali_pipes_bench.doctor_throughput import plot
     args = parse_args(argv)
     loader = from_args(LoaderConfig, args)
     from dali_pipes.loader import resolve_device
@@ -341,13 +345,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dump(result, f, indent=1, default=str)
     with open(os.path.join(out, "profile.md"), "w") as f:
         f.write(markdown(result))
-    plot(out, [{"case": r["case"], "images_per_s": r["images_per_s"]} for r in result["rows"]], "profile.png",
-         f"images/s ({'val' if args.val else 'train'}, {augment.image_size} px, batch {args.batch_size})")
+    save_chart(result["rows"], f"images/s ({'val' if args.val else 'train'}, {augment.image_size} px, batch "
+               f"{args.batch_size})", os.path.join(out, "profile.png"))
     for r in result["rows"]:
         print(f"{r['case']:<48} {r['images_per_s']:>9,.0f} [{r['min']:,.0f}, {r['max']:,.0f}] images/s  "
               f"spread {r['spread']:.1%}  {r['cpu_cores']:.2f} cores busy")
-    print(f"binding: {result['binding']}\n{result['ranking']}\n{recommended_text(result)}\nresults: {out}")
+    print("\n".join(verdict_lines(result)) + f"\nresults: {out}")
     return 0
+
+
+def stage_chart(rows: list[dict], xlabel: str):
+    """The cases' images/s as bars on a log axis: the reader alone runs at tens of times decode's rate, which a
+    linear axis would shrink the stages that bind to slivers beside."""
+    from dali_pipes_bench.doctor_throughput import bar_chart
+    return bar_chart([{"case": r["case"], "images_per_s": r["images_per_s"]} for r in rows], xlabel, log=True)
+
+
+def save_chart(rows: list[dict], xlabel: str, path: str) -> None:
+    """stage_chart as a PNG at `path`; nothing without matplotlib (extra [bench])."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    import matplotlib.pyplot as plt
+    figure = stage_chart(rows, xlabel)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

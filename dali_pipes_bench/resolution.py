@@ -7,7 +7,8 @@
      epochs, data and seed: epoch times, total time, final val top-1.
   3. The ramp again with --compile: dynamo's compile seconds at each size (metrics.jsonl's compile_s).
 
-Writes OUT/<machine>-<date>/resolution.json (with the resolved configs) and resolution.md.
+Writes OUT/<machine>-<date>/resolution.json (with the resolved configs) and resolution.md (OUT: --out, default
+$DALI_PIPES_CACHE/bench) and prints the tables.
 Run from a checkout's root (python -m train is the checkout's): dali-pipes bench resolution [flags].
 """
 
@@ -24,11 +25,13 @@ import tempfile
 import time
 from typing import Sequence
 
+from tqdm import tqdm
+
 from dali_pipes import DaliLoader, LoaderConfig, SourceConfig, open_source, progressive
 from dali_pipes.graph.resolution import parse_image_size, schedule_text
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
-from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
+from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, results_root, run_main
 
 # --quick: a smoke test
 QUICK = dict(sizes=[32, 48], rounds=1, epochs=2, width=8, arch="resnet10", batch_size=8, repeats=1)
@@ -54,7 +57,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-train", action="store_true", help="measure the loader only")
     p.add_argument("--no-compile", action="store_true", help="skip the --compile run")
     p.add_argument("--quick", action="store_true", help="tiny sizes, a tiny model, few epochs: a smoke test")
-    p.add_argument("--out", default="benchmarks/results", help="results root folder")
+    p.add_argument("--out", default="", help="results root folder (default: $DALI_PIPES_CACHE/bench, under the "
+                   "cache root)")
     add_arguments(p, SourceConfig, "reading --data")
     add_arguments(p, LoaderConfig, "the DALI loader", skip=("device", "decode_device"))
     args = p.parse_args(argv)
@@ -71,7 +75,7 @@ def loader_rates(source, args, loader: LoaderConfig) -> list[dict]:
     dali = DaliLoader(source, batch_size=args.batch_size, train=True, device="cpu", image_size=schedule, seed=0,
                       **kwargs)
     rows = []
-    for epoch in range(len(schedule)):
+    for epoch in tqdm(range(len(schedule)), desc="loader epochs", unit="epoch", file=sys.stderr, disable=None):
         dali.set_epoch(epoch)
         size, images, first = dali.image_size, 0, None
         start = time.perf_counter()
@@ -81,7 +85,6 @@ def loader_rates(source, args, loader: LoaderConfig) -> list[dict]:
         seconds = time.perf_counter() - start
         rows.append({"epoch": epoch, "image_size": size, "images": images, "seconds": round(seconds, 3),
                      "images_per_s": round(images / seconds, 1), "first_batch_s": round(first, 3)})
-        print(json.dumps(rows[-1]), flush=True)
     dali.close()
     return rows
 
@@ -115,7 +118,6 @@ def train_run(args, name: str, image_size, compile: bool, data: str, work: str) 
     row = {"run": name, "image_size": schedule_text(image_size), "compile": compile, "process_s": round(total, 1),
            "train_s": round(sum(e["epoch_seconds"] for e in epochs), 1), "final_val_top1": epochs[-1].get("val_top1"),
            "epochs": epochs}
-    print(json.dumps(row), flush=True)
     return row
 
 
@@ -126,7 +128,8 @@ def training_rows(args) -> list[dict]:
             for name, size in (("fixed", args.fixed), ("ramp", args.ramp))]
     runs += [("ramp, --compile", args.ramp, True)] * (not args.no_compile)
     with tempfile.TemporaryDirectory(prefix="bench-resolution-") as work:
-        return [train_run(args, name, size, compile, data, work) for name, size, compile in runs]
+        return [train_run(args, name, size, compile, data, work)
+                for name, size, compile in tqdm(runs, desc="training runs", unit="run", file=sys.stderr, disable=None)]
 
 
 def markdown(run: dict) -> str:
@@ -164,13 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
            "configs": configs(source=source_cfg, loader=loader),
            "loader": {"per_size": per_size(rows), "epochs": rows},
            "training": [] if args.no_train else training_rows(args)}
-    out = bench.results_dir(args.out, info)
+    out = bench.results_dir(results_root(args.out), info)
     with open(os.path.join(out, "resolution.json"), "w") as f:
         json.dump(run, f, indent=1, default=str)
     table = markdown(run)
     with open(os.path.join(out, "resolution.md"), "w") as f:
         f.write(table)
-    print(table)
+    print(f"{table}\nresults in {out}")
     return 0
 
 

@@ -4,7 +4,7 @@ s3:// reader, and through the shard cache, with a round-trip delay between loade
     python -m dali_pipes_bench.s3_feed [--scheme s3|gs|az|http|hf] [--delay-ms 20] [--ranks 1 2] [--images 1536]
 
 A local server of the scheme (moto for s3, gcp-storage-emulator for gs, Azurite for az, a Range-capable
-HTTP file server for http, a Hugging Face Hub mirror for hf: store_servers.py; each in a process) holds the
+HTTP file server for http, a Hugging Face Hub mirror for hf: servers/store_servers.py; each in a process) holds the
 shards; a LatencyProxy process in front of it waits `delay_ms` before forwarding each request. Every case
 runs each rank as a fresh process, all ranks at once, through the same decode + resize + crop graph (DALI CPU
 operators), and reads the rank's DALI shard (shard_id = rank) in storage order:
@@ -14,6 +14,8 @@ operators), and reads the rank's DALI shard (shard_id = rank) in storage order:
 Reported per case: images/s over all ranks (images after each rank's first batch / the slowest
 rank's time), the first-batch latency, requests seen by the proxy, and the ratio to local at the
 same rank count. One JSON line per case on stdout; appended to --out when given.
+
+The servers (dali_pipes_bench/servers/) are not installed with dali_pipes: run this from a checkout.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from types import ModuleType
 
 import numpy as np
 
-from dali_pipes_bench.latency_proxy import LocalS3Server, ProxyProcess
+from dali_pipes_bench.cli import run_main
 
 CASES = ("local", "native", "cache")
 LABELS = 10
@@ -220,11 +223,26 @@ def run_case(case: str, world: int, args: argparse.Namespace, manifest: str, env
             "cache": [r.get("cache") for r in ranks] if case == "cache" else None}
 
 
-def main(argv: list[str] | None = None) -> None:
+def servers() -> ModuleType:
+    """dali_pipes_bench.servers (a checkout's; `pip install` leaves the servers out), or an ImportError that says so."""
+    try:
+        import dali_pipes_bench.servers.latency_proxy
+        import dali_pipes_bench.servers.store_servers  # noqa: F401  (both: the modules it needs)
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("dali_pipes_bench.servers"):
+            raise
+        raise ImportError("dali-pipes bench s3: its local servers (dali_pipes_bench/servers/: moto, the emulators, "
+                          "the latency proxy) are not installed with dali_pipes; run it from a checkout: git clone the "
+                          "dali_pipes repository, then in it: python -m dali_pipes_bench.s3_feed [flags]") from None
+    return dali_pipes_bench.servers
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         print(json.dumps(run_worker(args)), flush=True)
-        return
+        return 0
+    proxy_process = servers().latency_proxy.ProxyProcess
     with tempfile.TemporaryDirectory(prefix="s3_feed-") as work:
         args.cache_folder = args.cache_folder or os.path.join(work, "cache")
         shards = write_shards(work, args.images, args.shards)
@@ -235,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             if not args.cpus:
                 raise SystemExit(f"--store-cpus {args.store_cpus} leaves no core to the ranks")
             os.sched_setaffinity(0, args.store_cpus)
-        with _server(args.scheme, work) as server, ProxyProcess(server.endpoint, args.delay_ms) as proxy:
+        with _server(args.scheme, work) as server, proxy_process(server.endpoint, args.delay_ms) as proxy:
             _upload(args.scheme, server, shards, proxy.url)
             manifest = os.path.join(work, "manifest.json")
             with open(manifest, "w") as f:
@@ -245,10 +263,11 @@ def main(argv: list[str] | None = None) -> None:
             rows = [run_case(case, world, args, manifest, env, proxy, pids)
                     for _ in range(args.repeats) for world in args.ranks for case in args.cases]
     report(rows, args)
+    return 0
 
 
 def _server(scheme: str, work: str):
-    from dali_pipes_bench import store_servers
+    store_servers = servers().store_servers
     if scheme == "gs":
         return store_servers.GcsEmulator()
     if scheme == "az":
@@ -257,7 +276,7 @@ def _server(scheme: str, work: str):
         return store_servers.HttpFileServer(os.path.join(work, "http"))
     if scheme == "hf":
         return store_servers.HubMirror(os.path.join(work, "hub"))
-    return LocalS3Server()
+    return servers().latency_proxy.LocalS3Server()
 
 
 def _upload(scheme: str, server, shards: list[dict], proxy_url: str) -> None:
@@ -360,4 +379,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -2,7 +2,8 @@
 replayed from device memory, the ideal with no input cost, and (b) each real loader on the same
 data. Real/ideal images/s and the fraction of time spent waiting for data say how much the input
 pipeline costs training. Writes OUT/<machine>-<date>/training.json (with the resolved configs) and
-training.md. Run: dali-pipes bench training [flags] (or python -m dali_pipes_bench.training)."""
+training.md (OUT: --out, default $DALI_PIPES_CACHE/bench) and prints the table.
+Run: dali-pipes bench training [flags] (or python -m dali_pipes_bench.training)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
 from dali_pipes.baseline import TorchLoader
 from dali_pipes.graph.resolution import schedule_text
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes_bench import harness as bench
-from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
+from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, results_root, run_main
 from dali_pipes_bench.harness import forever
 
 try:  # train/ is the reference training loop of a checkout, not an installed package
@@ -106,7 +108,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=quick.get("warmup", 10 if gpu else 3),
                         help="untimed steps first (default: 10 on GPU, 3 on CPU)")
     parser.add_argument("--quick", action="store_true", help="a small model and few steps: a smoke test")
-    parser.add_argument("--out", default="benchmarks/results", help="results root folder")
+    parser.add_argument("--out", default="", help="results root folder (default: $DALI_PIPES_CACHE/bench, under "
+                        "the cache root)")
     add_arguments(parser, SourceConfig, "reading --data")
     add_arguments(parser, AugmentConfig, "augmentation (every loader)",
                   defaults={"image_size": quick.get("image_size", 224), "channels_last": gpu})
@@ -141,14 +144,13 @@ def run_feeds(factories: dict, args, num_classes: int, device: torch.device) -> 
     # The ideal runs first and again last: the better of the two is the reference, so that a
     # warming machine (clocks, kernel caches) cannot make a real loader beat the ideal.
     order = list(factories.items()) + [next(iter(factories.items()))]
-    for name, factory in order:
+    for name, factory in tqdm(order, desc="feeds", unit="feed", file=sys.stderr, disable=None):
         try:
             row = measure_training(factory, arch=args.arch, width=args.width, num_classes=num_classes,
                                    steps=args.steps, warmup=args.warmup, device=device, amp=device.type == "cuda")
         except Exception as e:  # one broken feed must not lose the others' numbers
             row = {"error": f"{type(e).__name__}: {e}"[:500]}
         rows.append({"feed": name, **row})
-        print(json.dumps(rows[-1]), flush=True)
     first, last = rows[0], rows.pop()
     if last.get("images_per_s", 0) > first.get("images_per_s", 0):
         rows[0] = last
@@ -186,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     rows = run_feeds(feeds(source, args, augment, loader, num_classes, device), args, num_classes, device)
     info = bench.machine_info()
-    out = bench.results_dir(args.out, info)
+    out = bench.results_dir(results_root(args.out), info)
     run = {"command": command("training", argv), "machine": info, "dataset": bench.dataset_info(source),
            "setup": {"arch": args.arch, "width": args.width, "batch_size": args.batch_size, "steps": args.steps,
                      "warmup": args.warmup, "amp_bf16": device.type == "cuda"},
@@ -196,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(rows, run)
     with open(os.path.join(out, "training.md"), "w") as f:
         f.write(table)
-    print(table)
+    print(f"{table}\nresults in {out}")
     return 0
 
 

@@ -28,7 +28,7 @@ import warnings
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dali_pipes_bench.latency_proxy import Fault, LatencyProxy, ProxyProcess  # noqa: E402
+from dali_pipes_bench.servers.latency_proxy import Fault, LatencyProxy, ProxyProcess  # noqa: E402
 
 from conftest import jpeg_bytes  # noqa: E402
 from s3_server import admin_client  # noqa: E402

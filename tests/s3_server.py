@@ -27,8 +27,8 @@ from typing import Iterator
 
 import pytest
 
-from dali_pipes_bench.latency_proxy import LatencyProxy
-from dali_pipes_bench.latency_proxy import LocalS3Server as MotoServer
+from dali_pipes_bench.servers.latency_proxy import LatencyProxy
+from dali_pipes_bench.servers.latency_proxy import LocalS3Server as MotoServer
 
 HOST = "127.0.0.1"
 REGION = "us-east-1"

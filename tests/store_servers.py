@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from dali_pipes_bench.store_servers import Azurite, GcsEmulator, HttpFileServer, HubMirror, azurite_missing
+from dali_pipes_bench.servers.store_servers import Azurite, GcsEmulator, HttpFileServer, HubMirror, azurite_missing
 
 _numbers = itertools.count()
 CLEARED = ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT", "AZURE_STORAGE_ACCOUNT_NAME",

@@ -3,6 +3,8 @@ the comparison-only loaders deliver the right samples."""
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -247,3 +249,132 @@ def test_s3_feed_reads_the_same_images_from_local_disk_and_through_the_cache(sch
     assert len(cases["local"]["cpu_s"]) == len(cases["cache"]["cpu_s"]) == 1  # one rank's CPU seconds
     assert {r["summary"] for r in rows if "summary" in r} == {"local", "cache"}
     assert {r["scheme"] for r in rows} == {scheme}
+
+
+def run_with_terminal_stderr(command: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, str]:
+    """`command` with stdout piped and stderr on a 120-column pseudo-terminal, as a user's shell gives it (so
+    that tqdm, with disable=None, draws its bars): (the finished process, what it wrote to the terminal)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # a terminal's buffer is small: read it while the command runs
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer has closed the terminal
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        run = subprocess.run(command, stdout=subprocess.PIPE, stderr=terminal, text=True, **kwargs)
+    finally:
+        os.close(terminal)
+        reader.join(timeout=60)
+        os.close(master)
+    return run, b"".join(chunks).decode(errors="replace")
+
+
+def test_bench_loaders_prints_tables_keeps_json_in_the_results_and_shows_a_bar_per_case(tmp_path):
+    """Issue 36: bench loaders printed a raw JSON line per case before its tables, showed no progress inside a
+    case, and wrote its results relative to wherever it ran. Now stdout holds the tables and where the results
+    went, the JSON is in results.json under the cache root, and each case draws its own bar on a terminal."""
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(24, 24, 24))  # --quick's batch of 32
+    cache, elsewhere = tmp_path / "cache", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "DALI_PIPES_CACHE": str(cache), "PYTHONPATH": ROOT}
+    run, terminal = run_with_terminal_stderr(
+        [sys.executable, "-m", "dali_pipes_bench.loaders", "--data", str(data), "--quick", "--only",
+         "loader_overhead", "--no-plots", "--work", str(tmp_path / "work")], cwd=elsewhere, env=env, timeout=600)
+    assert run.returncode == 0, terminal[-3000:]
+    assert not [line for line in run.stdout.splitlines() if line.lstrip().startswith("{")], run.stdout
+    assert "| DaliLoader / bare DALI cpu | train |" in run.stdout
+    [folder] = os.listdir(cache / "bench")
+    results = json.load(open(cache / "bench" / folder / "results.json"))
+    assert [(r["name"], r["error"], len(r["images_per_s"])) for r in results["results"]] == [
+        ("DaliLoader / bare DALI cpu", None, 5)]
+    assert f"results in {cache / 'bench' / folder}" in run.stdout
+    assert not os.listdir(elsewhere)  # nothing written relative to the working directory
+    assert "DaliLoader / bare DALI cpu" in terminal and "6/6" in terminal  # the case's bar: its build, 5 passes
+
+
+def test_profile_plots_its_stages_on_a_log_axis():
+    """Issue 36: read (38,000 images/s) and decode (about 800) on one linear axis left the stages that matter as
+    slivers; on a log axis each stage's bar is readable."""
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib: pip install 'dali_pipes[bench]'")
+    from dali_pipes_bench.profile import stage_chart
+    rates = {"read": 38_000.0, "decode": 800.0, "augment": 760.0, "iterator": 700.0}
+    rows = [{"case": f"{stage}, 2 threads", "images_per_s": rate} for stage, rate in rates.items()]
+    figure = stage_chart(rows, "images/s")
+    [axes] = figure.axes
+    assert axes.get_xscale() == "log"
+    low, high = axes.get_xlim()
+    assert low <= 700 and high >= 38_000
+
+
+def test_profile_says_once_why_nothing_is_ranked(tmp_path):
+    """Issue 36: with rounds too few (or too noisy) to rank, the profile said why three times (binding, ranking,
+    recommended); now once, on stdout and in profile.md."""
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(4, 4, 4))
+    env = {**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")}
+    run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.profile", str(data), "--rounds", "1", "--batches",
+                          "1", "--min-seconds", "0", "--min-epochs", "0", "--batch-size", "4", "--image-size", "16",
+                          "--device", "cpu", "--out", str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reason = "1 round (at least 3 are needed)"
+    assert run.stdout.count(reason) == 1, run.stdout
+    assert (tmp_path / "out" / "profile.md").read_text().count(reason) == 1
+    assert "nothing recommended; the tuning memory is left as it was" in run.stdout
+
+
+def installed_files() -> list[str]:
+    """The files `pip install .` puts in site-packages, relative to it: each package pyproject.toml lists, its own
+    modules (setuptools installs no unlisted subpackage) and its package data."""
+    from setuptools.config.pyprojecttoml import read_configuration
+    config = read_configuration(os.path.join(ROOT, "pyproject.toml"))["tool"]["setuptools"]
+    files = []
+    for package in config["packages"]:
+        folder = package.replace(".", "/")
+        files += [f"{folder}/{name}" for name in sorted(os.listdir(os.path.join(ROOT, folder))) if name.endswith(".py")]
+        files += [f"{folder}/{name}" for name in config.get("package-data", {}).get(package, [])]
+    return files
+
+
+def test_the_benchmark_servers_are_not_installed():
+    """Issue 36: pip install put the benchmark's servers (latency_proxy, store_servers: emulators, an HTTP file
+    server, a Hub mirror) into site-packages. They live in dali_pipes_bench/servers/, which the package list leaves
+    out; the tests and a checkout's benchmarks import them from there."""
+    files = installed_files()
+    assert "dali_pipes/loader.py" in files and "dali_pipes_bench/profile.py" in files  # the list is read right
+    assert not [f for f in files if "servers" in f or os.path.basename(f) == "latency_proxy.py"], files
+    serving = re.compile(r"^\s*(from|import) (http\.server|socketserver|moto)\b", re.M)
+    assert not [f for f in files if f.endswith(".py") and serving.search(open(os.path.join(ROOT, f)).read())]
+    from dali_pipes_bench.servers import latency_proxy, store_servers  # noqa: F401  a checkout has them
+
+
+def test_the_s3_bench_installed_without_its_servers_says_to_run_it_from_a_checkout(tmp_path):
+    """dali-pipes bench s3 from a pip install (no servers): one line that says to run it from a checkout."""
+    site = tmp_path / "site-packages"
+    for name in installed_files():
+        os.makedirs(site / os.path.dirname(name), exist_ok=True)
+        shutil.copy(os.path.join(ROOT, name), site / name)
+    # an editable install's finder would find the checkout's dali_pipes_bench/servers/: drop it, as pip's copy has none
+    code = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__]; "
+            "runpy.run_module('dali_pipes_bench.s3_feed', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", code, "--cases", "local", "--ranks", "1", "--images", "8", "--shards",
+                          "1", "--batch-size", "8"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stderr.startswith("error: ") and "run it from a checkout" in run.stderr, run.stderr

@@ -28,13 +28,16 @@ def test_doctor_on_a_cpu_machine(tmp_path):
     status = {c["name"]: c["status"] for c in report["checks"]}
     assert status["static GPU graph checks"] == "PASSED" and status["CPU epoch (train and val)"] == "PASSED"
     assert status[doctor.DALI_WHEEL] == "PASSED" and report["environment"]["dali_wheel"].startswith("nvidia-dali-cuda")
+    markdown = (out / "doctor.md").read_text()
     for gpu_only in ("gpu tests", doctor.COSTS, "GPU vs CPU outputs", doctor.THROUGHPUT):
         assert status[gpu_only] == "NOT CHECKED"
-        assert f"NOT CHECKED: {gpu_only}: no GPU" in run.stdout
+        said = lambda text, name=gpu_only: [l for l in text.splitlines() if "NOT CHECKED" in l and name in l]
+        assert len(said(run.stdout)) == 1 and f" {gpu_only}: no GPU" in said(run.stdout)[0], run.stdout  # once
+        assert len(said(markdown)) == 1 and f"| {gpu_only} | no GPU" in said(markdown)[0], markdown
     graphs = next(c for c in report["checks"] if c["name"] == "static GPU graph checks")["data"]["graphs"]
     assert len(graphs) >= 19 and all(g["ok"] for g in graphs)
-    markdown = (out / "doctor.md").read_text()
-    assert "## Not checked on this machine" in markdown and "NOT CHECKED: GPU vs CPU outputs: no GPU" in markdown
+    # DALI's auto_aug calls its own deprecated aliases (fn.experimental.equalize, .filter): not the user's concern
+    assert "DeprecationWarning" not in run.stdout + run.stderr, run.stderr[-3000:]
     assert "0 failed" in run.stdout and not (out / "throughput.png").exists()  # nothing to plot without a GPU
 
 
@@ -48,7 +51,7 @@ def test_a_failed_check_is_reported_and_sets_the_exit_code(tmp_path, capsys):
     paths = doctor.write_results(str(tmp_path), {"torch": "x"}, checks, ["--quick"])
     assert doctor.report(checks, paths) == 1
     printed = capsys.readouterr().out
-    assert "FAILED breaks" in printed and "NOT CHECKED: skipped: no GPU: none here" in printed
+    assert "FAILED breaks" in printed and printed.count("skipped: no GPU: none here") == 1  # as it ran, once
     assert "| FAILED | breaks | AssertionError: val images differ |" in (tmp_path / "doctor.md").read_text()
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.storage import object_store
-from dali_pipes_bench.latency_proxy import Fault, LatencyProxy, ProxyProcess
+from dali_pipes_bench.servers.latency_proxy import Fault, LatencyProxy, ProxyProcess
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
 pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
@@ -134,7 +134,7 @@ def test_bench_servers_queue_a_burst_of_connections(kind, tmp_path):
     import select
     import signal
 
-    from dali_pipes_bench.store_servers import HttpFileServer, HubMirror
+    from dali_pipes_bench.servers.store_servers import HttpFileServer, HubMirror
     server = {"proxy": lambda: ProxyProcess("http://127.0.0.1:9", delay_ms=0), "http": lambda: HttpFileServer(
         str(tmp_path)), "hub": lambda: HubMirror(str(tmp_path))}[kind]()
     with server:

@@ -10,7 +10,7 @@ import pytest
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage import object_store
 from dali_pipes.storage.object_store import ObjectInfo, S3Url
-from dali_pipes_bench.latency_proxy import Fault
+from dali_pipes_bench.servers.latency_proxy import Fault
 
 from s3_server import closed_endpoint
 

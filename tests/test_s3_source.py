@@ -22,7 +22,7 @@ from dali_pipes.data.formats import tfrecord, webdataset
 from dali_pipes.storage import object_store
 from dali_pipes.storage.object_store import ObjectChangedError, TruncatedDownloadError
 from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardTooLargeError
-from dali_pipes_bench.latency_proxy import Fault
+from dali_pipes_bench.servers.latency_proxy import Fault
 
 from conftest import jpeg_bytes
 from s3_server import closed_endpoint

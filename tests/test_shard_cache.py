@@ -159,7 +159,7 @@ def test_extend_appends_the_next_epoch_and_release_skips_unread(s3, tmp_path):
 
 
 def test_close_stops_downloads_in_flight_promptly(s3, tmp_path, monkeypatch):
-    from dali_pipes_bench.latency_proxy import LatencyProxy
+    from dali_pipes_bench.servers.latency_proxy import LatencyProxy
     infos, _ = put_shards(s3, 6, 50 * KB)
     with LatencyProxy(s3.endpoint, delay_ms=300) as slow:
         monkeypatch.setenv("AWS_ENDPOINT_URL", slow.url)

@@ -14,7 +14,7 @@ from dali_pipes import DaliLoader, DatasetError
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import ObjectInfo, RemoteUrl
-from dali_pipes_bench.latency_proxy import Fault, LatencyProxy
+from dali_pipes_bench.servers.latency_proxy import Fault, LatencyProxy
 
 from conftest import jpeg_bytes
 from s3_server import closed_endpoint
@@ -392,7 +392,7 @@ def test_the_hub_mirror_hashes_a_settled_file_once_and_a_fresh_one_each_time(tmp
     benchmark's store shares the host with the decode); a file changed within RACY_S is hashed each time."""
     import hashlib
 
-    from dali_pipes_bench import store_servers
+    from dali_pipes_bench.servers import store_servers
     ids = lambda data: (hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(), hashlib.sha256(data).hexdigest())
     path = tmp_path / "train-0.tfrecord"
     path.write_bytes(b"a" * 1000)

@@ -9,7 +9,7 @@ of forwarding, or cut a response body short after N bytes.
 
     with LatencyProxy("http://127.0.0.1:5000", delay_ms=20) as proxy:   # in this process
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
-    python -m dali_pipes_bench.latency_proxy --upstream http://127.0.0.1:5000 --delay-ms 20
+    python -m dali_pipes_bench.servers.latency_proxy --upstream http://127.0.0.1:5000 --delay-ms 20
 
 In-process use suits Python clients (boto3). A client that holds the GIL while it waits on the
 network, as DALI's readers do while building a pipeline, would stall an in-process proxy: run it as
@@ -325,7 +325,7 @@ class ProxyProcess:
         self.url = ""
 
     def __enter__(self) -> "ProxyProcess":
-        command = [sys.executable, "-m", "dali_pipes_bench.latency_proxy", "--upstream", self.upstream,
+        command = [sys.executable, "-m", "dali_pipes_bench.servers.latency_proxy", "--upstream", self.upstream,
                    "--delay-ms", str(self.delay_ms), "--port", str(self.port), "--exit-on-stdin-eof"]
         # The child imports this package from the same checkout, installed or not.
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,8 +9,8 @@
 
     with GcsEmulator() as gcs:
         os.environ["STORAGE_EMULATOR_HOST"] = gcs.endpoint
-    python -m dali_pipes_bench.store_servers http --root DIR      # prints "listening http://127.0.0.1:PORT"
-    python -m dali_pipes_bench.store_servers hub --root DIR [--token T] [--gated ORG/NAME] [--page-size N]
+    python -m dali_pipes_bench.servers.store_servers http --root DIR      # prints "listening http://127.0.0.1:PORT"
+    python -m dali_pipes_bench.servers.store_servers hub --root DIR [--token T] [--gated ORG/NAME] [--page-size N]
 
 None of them reaches another address: each binds 127.0.0.1 and Azurite runs with --disableTelemetry.
 """
@@ -34,7 +34,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
-from dali_pipes_bench.latency_proxy import stop_process
+from dali_pipes_bench.servers.latency_proxy import stop_process
 
 LOOPBACK = "127.0.0.1"
 # Azurite's fixed development account: its documented name and key, not a secret.
@@ -156,7 +156,7 @@ class HttpFileServer(_ServerProcess):
         self.root = root
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "dali_pipes_bench.store_servers", "http", "--root", self.root,
+        return [sys.executable, "-m", "dali_pipes_bench.servers.store_servers", "http", "--root", self.root,
                 "--port", str(self.port)]
 
     def url(self, path: str = "") -> str:
@@ -237,7 +237,7 @@ class HubMirror(_ServerProcess):
         self.root, self.token, self.gated, self.page_size = root, token, gated, page_size
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "dali_pipes_bench.store_servers", "hub", "--root", self.root, "--port",
+        return [sys.executable, "-m", "dali_pipes_bench.servers.store_servers", "hub", "--root", self.root, "--port",
                 str(self.port), "--page-size", str(self.page_size), *(["--token", self.token] if self.token else []),
                 *[arg for repo in self.gated for arg in ("--gated", repo)]]
 
