@@ -48,8 +48,15 @@ from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.graph.transforms import TransformError, augment_from_transform
-from dali_pipes.run.batch_mix import (DEFAULT_FORM, NOT_CARRIED, BatchTransform, SampleForm, batch_transform_of,
-                                      check_form, runs_collate)
+from dali_pipes.run.batch_mix import (
+    DEFAULT_FORM,
+    NOT_CARRIED,
+    BatchTransform,
+    SampleForm,
+    batch_transform_of,
+    check_form,
+    runs_collate,
+)
 
 LOCATION_TYPES = (str, os.PathLike, list)
 

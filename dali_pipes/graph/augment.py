@@ -557,8 +557,8 @@ def _auto_augment(images: DataNode, policy: str) -> DataNode:
 def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None,
                  normalize: bool = True) -> DataNode:
     """Decode, resize the shorter side (both sides with val_stretch) to val_size / crop_ratio, centre-crop
-    val_size (val_image_size, or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`;
-    uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
+    val_size (val_image_size, or image_size's last size), normalise. Returns float CHW (HWC with channels_last)
+    images on `device`; uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
     from nvidia.dali import fn
     decode_device = resolve_decode_device(device, decode_device)
     images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
@@ -566,7 +566,11 @@ def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decod
         images = images.gpu()
     size = cfg.val_size
     side = round(size / cfg.crop_ratio)
-    shape = dict(resize_x=side, resize_y=side) if cfg.val_stretch else dict(resize_shorter=side)
     # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
-    images = fn.resize(images, **shape, interp_type=_interp(cfg), antialias=True)  # type: ignore[assignment]
+    if cfg.val_stretch:  # torchvision's Resize((h, w)): both sides, the aspect ratio not kept
+        images = fn.resize(images, resize_x=side, resize_y=side,  # type: ignore[assignment]
+                           interp_type=_interp(cfg), antialias=True)
+    else:
+        images = fn.resize(images, resize_shorter=side,  # type: ignore[assignment]
+                           interp_type=_interp(cfg), antialias=True)
     return _normalize(images, cfg, uint8=not normalize, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)
