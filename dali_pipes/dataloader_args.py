@@ -48,7 +48,15 @@ from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.graph.transforms import TransformError, augment_from_transform
-from dali_pipes.run.batch_mix import DEFAULT_FORM, BatchTransform, SampleForm, batch_transform_of, check_form
+from dali_pipes.run.batch_mix import (
+    DEFAULT_FORM,
+    NOT_CARRIED,
+    BatchTransform,
+    SampleForm,
+    batch_transform_of,
+    check_form,
+    runs_collate,
+)
 
 LOCATION_TYPES = (str, os.PathLike, list)
 
@@ -96,7 +104,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     root, random_transform = "", False
     form: SampleForm | None = DEFAULT_FORM  # what a collate_fn that is run gets per sample
     if not is_location:
-        samples, files, keys, classes, root, transform, form = read_dataset_object(dataset)
+        samples, files, keys, classes, root, transform, form = read_dataset_object(dataset, collate_fn)
         augment_args, random_transform = _augment_of(dataset, transform, root, keys)
     drawn = read_sampler(sampler, None if samples is None else len(samples))
     if drawn.get("world_size") is not None and (rank, world_size) != (None, None) \
@@ -138,14 +146,15 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
                           bool(drawn.get("drawn")))
 
 
-def read_dataset_object(dataset: Any) -> tuple[list | None, Any, TFRecordKeys | None, list | None, str, Any,
-                                                SampleForm | None]:
+def read_dataset_object(dataset: Any, collate_fn: Any = None) -> tuple[list | None, Any, TFRecordKeys | None,
+                                                                       list | None, str, Any, SampleForm | None]:
     """(samples, files, keys, classes, root, transform, sample form) of a dataset object: a datasets.Dataset read
-    from its Arrow files, as a Parquet location is (its samples' form not known: its transform's dicts), else a
-    torchvision dataset's sample list."""
+    from its Arrow files, as a Parquet location is (its samples' form read from one row where a collate_fn is run
+    on them), else a torchvision dataset's sample list."""
     if is_hf_dataset(dataset):
         files, keys, classes, root, transform = read_hf_dataset(dataset)
-        return None, files, keys, classes, root, transform, None
+        form = hf_sample_form(dataset, keys) if runs_collate(collate_fn) else None
+        return None, files, keys, classes, root, transform, form
     samples, classes, root, transform = read_dataset(dataset)
     return samples, None, None, classes, root, transform, sample_form_of(dataset)
 
@@ -403,6 +412,22 @@ def read_hf_dataset(dataset: Any) -> tuple[list[str], TFRecordKeys, list | None,
     image, label, classes = hf_columns(dataset.features)
     return files, TFRecordKeys(image_column=image, label_column=label), classes, os.path.dirname(files[0]), \
         hf_transform(dataset)
+
+
+def hf_sample_form(dataset: Any, keys: TFRecordKeys) -> SampleForm:
+    """What a datasets.Dataset's rows are after its transform, as roles: its first row read once (its transform
+    run on it, as DataLoader runs it on every row), the one tensor in it the image, the label column the label,
+    other keys (the decoded PIL image, other columns) not carried, named to a collate_fn that reads them."""
+    import torch
+    row = dataset[0]
+    tensors = [key for key, value in row.items() if isinstance(value, torch.Tensor)] if isinstance(row, dict) else []
+    if len(tensors) != 1 or keys.label_column not in row:
+        found = {k: type(v).__name__ for k, v in row.items()} if isinstance(row, dict) else type(row).__name__
+        raise ValueError(f"the Dataset's transform gives rows {found}; a collate_fn is run on rows with one image "
+                         f"tensor and the label column {keys.label_column!r}: return the batch with one key added "
+                         f"(batch['pixel_values'] = [transform(image) for image in batch['image']])")
+    roles = {tensors[0]: "image", keys.label_column: "label"}
+    return {key: roles.get(key, NOT_CARRIED) for key in row}
 
 
 def hf_columns(features: Any) -> tuple[str, str, list | None]:

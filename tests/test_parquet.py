@@ -640,3 +640,51 @@ def test_without_pyarrow_a_parquet_location_names_the_extra(hf):
                    f"from dali_pipes import open_source\n"
                    f"try:\n    open_source({hf!r})\nexcept ImportError as e:\n    print(e)")
     assert "pip install 'dali_pipes[parquet]'" in said
+
+
+def test_a_transformers_script_dataset_runs_its_dict_collate_fn_and_stretches_resize_h_w(imagefolder, torchvision):
+    """run_image_classification_no_trainer.py's shape: with_transform adds "pixel_values" to each row, a ViT image
+    processor's size gives Resize((h, w)) (stretched, as torchvision does) and CenterCrop((h, w)), and its
+    collate_fn stacks "pixel_values" into a dict. The collate_fn is run as DataLoader runs it."""
+    _, _, ds = imagefolder
+    import torchvision.transforms as T
+    size = (16, 16)  # image_processor.size {"height", "width"}
+    val = T.Compose([T.Resize(size), T.CenterCrop(size), T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3)])
+    train = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
+                       T.Normalize([0.5] * 3, [0.5] * 3)])
+
+    def preprocess(transform):
+        def apply(example_batch):
+            example_batch["pixel_values"] = [transform(image.convert("RGB")) for image in example_batch["image"]]
+            return example_batch
+        return apply
+
+    def collate_fn(examples):
+        pixel_values = torch.stack([example["pixel_values"] for example in examples])
+        labels = torch.tensor([example["label"] for example in examples])
+        return {"pixel_values": pixel_values, "labels": labels}
+
+    eval_dataset = ds.with_transform(preprocess(val))
+    ours = list(DaliLoader(eval_dataset, collate_fn=collate_fn, batch_size=5, device="cpu", num_workers=1))
+    theirs = list(torch.utils.data.DataLoader(eval_dataset, collate_fn=collate_fn, batch_size=5))
+    assert [sorted(b) for b in ours] == [["labels", "pixel_values"]] * 3
+    assert [b["labels"].tolist() for b in ours] == [b["labels"].tolist() for b in theirs]
+    for a, b in zip(ours, theirs):  # stretched: a shorter-side resize + crop would differ by far more
+        assert a["pixel_values"].shape == b["pixel_values"].shape
+        assert (a["pixel_values"] - b["pixel_values"]).abs().mean() < 0.06
+    train_dataset = ds.with_transform(preprocess(train))
+    loader = DaliLoader(train_dataset, shuffle=True, collate_fn=collate_fn, batch_size=5, device="cpu", num_workers=1)
+    steps = list(loader)
+    assert len(loader) == len(steps) == len(torch.utils.data.DataLoader(train_dataset, batch_size=5)) == 3
+    assert sorted(y for b in steps for y in b["labels"].tolist()) == [0] * 4 + [1] * 3 + [2] * 5
+
+
+def test_a_datasets_rows_column_the_loader_does_not_carry_is_named_when_a_collate_fn_reads_it(imagefolder,
+                                                                                            torchvision):
+    _, _, ds = imagefolder
+    import torchvision.transforms as T
+    compose = val_transform(T)
+    dataset = ds.with_transform(lambda b: {**b, "pixel_values": [compose(i) for i in b["image"]]})
+    loader = DaliLoader(dataset, collate_fn=lambda rows: [r["image"] for r in rows], batch_size=5, device="cpu")
+    with pytest.raises(KeyError, match=r"'image'.*decoded in DALI.*pixel_values"):
+        next(iter(loader))

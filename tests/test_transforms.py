@@ -31,6 +31,20 @@ def test_pytorch_examples_transforms(tv):
     assert not is_train and not is_random(val) and (args["image_size"], args["crop_ratio"]) == (224, 0.875)
 
 
+def test_a_vit_resize_h_w_is_read_as_a_stretch_and_a_non_square_one_is_refused(tv):
+    """A ViT image processor's size {"height": 224, "width": 224} gives Resize((224, 224)): torchvision stretches
+    the image to 224 x 224 (no shorter-side resize, no crop), read as val_stretch."""
+    _, T = tv
+    for val in (T.Compose([T.Resize((224, 224)), T.CenterCrop((224, 224)), T.ToTensor()]),
+                T.Compose([T.Resize((224, 224)), T.ToTensor()])):
+        args, is_train = augment_from_transform(val)
+        assert not is_train and (args["image_size"], args["crop_ratio"], args["val_stretch"]) == (224, 1.0, True)
+    assert "val_stretch" not in augment_from_transform(T.Compose([T.Resize(256), T.CenterCrop(224),
+                                                                  T.ToTensor()]))[0]
+    with pytest.raises(TransformError, match=r"size \(224, 200\): only square outputs"):
+        augment_from_transform(T.Compose([T.Resize((224, 200)), T.CenterCrop(200), T.ToTensor()]))
+
+
 def test_v2_transforms_are_read_too(tv):
     from torchvision.transforms import v2
     args, is_train = augment_from_transform(v2.Compose([v2.RandomResizedCrop(32, scale=(0.3, 1.0)), v2.ToImage(),

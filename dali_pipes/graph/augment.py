@@ -120,6 +120,8 @@ class AugmentConfig:
     interpolation: str = option("bilinear", "resize filter of the train crop and the val resize, antialiased as "
                                 "PIL's: bilinear or bicubic (timm's default)", choices=INTERPOLATIONS)
     crop_ratio: float = option(0.875, "val: resize the shorter side to image_size / crop_ratio, then centre-crop")
+    val_stretch: bool = option(False, "val: resize both sides to image_size / crop_ratio, the aspect ratio not "
+                               "kept (torchvision's Resize((h, w)), a ViT image processor's), not the shorter side")
     mean: tuple[float, float, float] = option(IMAGENET_MEAN, "normalisation mean per channel, on the [0, 1] scale")
     std: tuple[float, float, float] = option(IMAGENET_STD, "normalisation std per channel, on the [0, 1] scale")
     channels_last: bool = option(False, "NHWC memory (the logical shape stays N,3,H,W): faster convs on GPU")
@@ -559,16 +561,21 @@ def _auto_augment(images: DataNode, policy: str) -> DataNode:
 
 def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None,
                  normalize: bool = True) -> DataNode:
-    """Decode, resize the shorter side to val_size / crop_ratio, centre-crop val_size (val_image_size,
-    or image_size's last size), normalise. Returns float CHW (HWC with channels_last) images on `device`;
-    uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
+    """Decode, resize the shorter side (both sides with val_stretch) to val_size / crop_ratio, centre-crop
+    val_size (val_image_size, or image_size's last size), normalise. Returns float CHW (HWC with channels_last)
+    images on `device`; uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
     from nvidia.dali import fn
     decode_device = resolve_decode_device(device, decode_device)
     images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
     if device == "gpu":
         images = images.gpu()
     size = cfg.val_size
+    side = round(size / cfg.crop_ratio)
     # ignore: DALI's stub (2.4) gives fn.resize a node, a sequence or None; one node in is one node out
-    images = fn.resize(images, resize_shorter=round(size / cfg.crop_ratio),  # type: ignore[assignment]
-                       interp_type=_interp(cfg), antialias=True)
+    if cfg.val_stretch:  # torchvision's Resize((h, w)): both sides, the aspect ratio not kept
+        images = fn.resize(images, resize_x=side, resize_y=side,  # type: ignore[assignment]
+                           interp_type=_interp(cfg), antialias=True)
+    else:
+        images = fn.resize(images, resize_shorter=side,  # type: ignore[assignment]
+                           interp_type=_interp(cfg), antialias=True)
     return _normalize(images, cfg, uint8=not normalize, crop=(size, size), crop_pos_x=0.5, crop_pos_y=0.5)

@@ -11,7 +11,8 @@ What the graph does (augment.py), and so what is accepted:
   train: RandomResizedCrop(size, scale, ratio) [RandomHorizontalFlip(p)] [ColorJitter(b, c, s) with
          b == c == s, hue 0] [AutoAugment(IMAGENET) | RandAugment() | TrivialAugmentWide() |
          AugMix(severity, mixture_width, chain_depth, alpha)]
-  val:   Resize(shorter side) CenterCrop(size)
+  val:   Resize(shorter side) CenterCrop(size), or Resize((s, s)) (stretched to s x s, as torchvision does,
+         the aspect ratio not kept: a ViT image processor's size) [CenterCrop]
   then:  ToTensor() | PILToTensor() + ConvertImageDtype(float) | ToImage() + ToDtype(float, scale=True)
          [Normalize(mean, std)] [RandomErasing(p, scale, ratio, value) (torchvision's or timm's)]
          [ToPureTensor()] (anywhere: it only drops the tv_tensors' type)
@@ -122,6 +123,8 @@ def _finish(steps: list, state: dict) -> tuple[dict, bool]:
         if state["resize"] is not None or state["crop"] is not None:
             raise TransformError(steps[0], "RandomResizedCrop with Resize or CenterCrop in one transform")
         return args, True
+    if args.get("val_stretch") and state["crop"] is None:  # Resize((s, s)) alone: already one output size
+        state["crop"] = state["resize"]
     if state["resize"] is None or state["crop"] is None:
         raise TransformError(steps[0], "a val transform must be Resize(shorter side) then CenterCrop(size) (a train "
                              "transform starts with RandomResizedCrop): DALI batches need one output size")
@@ -179,8 +182,12 @@ def _resize(step: Any, state: dict) -> None:
     size = step.size
     if isinstance(size, (list, tuple)) and len(size) == 1:
         size = size[0]
+    if isinstance(size, (list, tuple)) and len(size) == 2:  # (h, w): stretched to h x w, as torchvision does
+        size = _square(step, size)
+        state["args"]["val_stretch"] = True
     if not isinstance(size, int) or state["resize"] is not None or state["crop"] is not None:
-        raise TransformError(step, "only one Resize(int) (shorter side) before CenterCrop is supported")
+        raise TransformError(step, "only one Resize(int) (shorter side) or Resize((s, s)) (stretched) before "
+                             "CenterCrop is supported")
     state["resize"] = size
 
 

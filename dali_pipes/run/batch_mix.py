@@ -238,9 +238,14 @@ class SeededCallable:
         return out[0], out[1]
 
 
+NOT_CARRIED = "-"  # the role of a key of a dict sample that DaliLoader does not carry (a datasets row's PIL image)
+
+
 def check_form(form: Any, where: str) -> SampleForm:
-    """`form` (a dataset's dali_sample) checked: a tuple or dict whose values are "image" and "label", once each."""
-    roles = list(form.values()) if isinstance(form, dict) else list(form) if isinstance(form, tuple) else None
+    """`form` (a dataset's dali_sample) checked: a tuple or dict whose values are "image" and "label", once each
+    (and in a dict, NOT_CARRIED for keys a collate_fn is told are not carried)."""
+    roles = [r for r in form.values() if r != NOT_CARRIED] if isinstance(form, dict) \
+        else list(form) if isinstance(form, tuple) else None
     if roles is None or sorted(roles) != ["image", "label"]:
         raise ValueError(f"{where}: dali_sample={form!r} must be what __getitem__ returns with \"image\" and "
                          f"\"label\" in place of its values, e.g. (\"image\", \"label\") or {{\"image\": \"image\", "
@@ -248,10 +253,28 @@ def check_form(form: Any, where: str) -> SampleForm:
     return form
 
 
+class Row(dict):
+    """A dict sample whose keys DaliLoader does not carry (`absent`) are named when read."""
+    absent: tuple[str, ...] = ()
+
+    def __missing__(self, key: Any) -> Any:
+        if key in self.absent:
+            raise KeyError(f"{key!r}: DaliLoader does not carry this key of the dataset's samples to a collate_fn "
+                           f"(the images are decoded in DALI); it carries {sorted(self)}")
+        raise KeyError(key)
+
+
 def fill(form: SampleForm, image: Any, label: Any) -> Any:
-    """`form` with its roles replaced by `image` and `label`."""
+    """`form` with its roles replaced by `image` and `label` (a Row when some keys are not carried)."""
     pick = lambda role: image if role == "image" else label
-    return {key: pick(role) for key, role in form.items()} if isinstance(form, dict) else tuple(map(pick, form))
+    if not isinstance(form, dict):
+        return tuple(map(pick, form))
+    absent = tuple(key for key, role in form.items() if role == NOT_CARRIED)
+    if not absent:
+        return {key: pick(role) for key, role in form.items()}
+    row = Row({key: pick(role) for key, role in form.items() if role != NOT_CARRIED})
+    row.absent = absent
+    return row
 
 
 def per_sample_views(images: torch.Tensor, labels: torch.Tensor, form: SampleForm) -> list:
@@ -294,17 +317,22 @@ def batch_transform_of(collate_fn: Any, batch_transform: Any, seed: int,
     torchvision's or timm's mixing objects read as their MixSettings; any other callable run seeded); the fast
     paths' output in the dataset's sample structure `form` (None: not known, a collate_fn cannot be run). None
     when DALI's (images, labels) is the batch as it is. A collate_fn and batch_transform= at once are refused."""
-    default = collate_fn is None or collate_fn is default_collate
-    if batch_transform is not None and not default:
+    default = not runs_collate(collate_fn)
+    if batch_transform is not None and collate_fn is not None and collate_fn is not default_collate:
         raise ValueError(f"collate_fn={_name(collate_fn)} and batch_transform= are both given: pass one")
-    read = None if default else read_collate(collate_fn)
-    if not default and read is None:
+    read = None if collate_fn is None or collate_fn is default_collate else read_collate(collate_fn)
+    if not default:
         if form is None:
-            raise ValueError(f"collate_fn={_name(collate_fn)} cannot be run on a datasets.Dataset yet (the structure "
-                             f"of its samples is its transform's); pass collate_fn=None, which gives (images, labels)")
+            raise ValueError(f"collate_fn={_name(collate_fn)}: the structure of the dataset's samples is not known; "
+                             f"pass collate_fn=None, which gives (images, labels)")
         return RunCollate(collate_fn, seed, form)
     inner = BatchMix(read[0], seed, read[1]) if read is not None else _given(batch_transform, seed)
     return inner if form is None or form == DEFAULT_FORM else InForm(inner, form)
+
+
+def runs_collate(collate_fn: Any) -> bool:
+    """Whether the collate_fn is run on per-sample views (it is neither default_collate nor read_collate's)."""
+    return not (collate_fn is None or collate_fn is default_collate) and read_collate(collate_fn) is None
 
 
 def _given(batch_transform: Any, seed: int) -> BatchTransform | None:

@@ -247,6 +247,8 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     out.append(variant("from a torchvision transform", first, True,
                        augment=AugmentConfig(**from_transform, color_jitter=0.2)))
     out.append(variant("from a torchvision transform", first, False, augment=AugmentConfig(**from_transform)))
+    out.append(variant("Resize((h, w)) stretched (val_stretch)", first, False,
+                       augment=AugmentConfig(**from_transform, val_stretch=True)))
     # ... and reads images as PIL does (dataloader_args.read_as_pil): no EXIF rotation, 16-bit PNGs decoded at
     # 16 bits and divided per sample (graph.decode_rgb), on the mixed decoder and in the hybrid decode
     # ... and the recipes' steps (transforms.py): bicubic resizes; RandomErasing after the normalisation, its
