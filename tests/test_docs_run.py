@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_docs import ROOT, _id, fenced_blocks
 
 pytest_plugins = ["s3_server"]  # moto_endpoint, aws_empty_file: a local S3 server for s3:// blocks
