@@ -3,7 +3,8 @@
 - Every relative link points to a file that exists, and a `#anchor` to a heading there (GitHub's slugs).
 - Every command of this project in a bash/sh/console block (`python -m train`, `torchrun ... -m train`,
   `dali-pipes ...`, `python -m dali_pipes[.doctor]`, `python -m dali_pipes_bench.NAME`) parses with the
-  project's own argument parser. Nothing runs: parsing stops as soon as a parser has accepted its arguments.
+  project's own argument parser. Nothing runs here: parsing stops as soon as a parser has accepted its arguments
+  (tests/test_docs_run.py runs the blocks themselves).
 - Every test id (`tests/test_x.py::test_name`) names a test that exists.
 - docs/layout.md names every module; the README stays a guide (at most 250 lines) whose Quickstart holds the
   line `.ci/run` runs.
