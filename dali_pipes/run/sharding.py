@@ -136,13 +136,8 @@ def check_listings(source, shard: Shard, timeout_s: float = LISTING_TIMEOUT_S) -
 
 
 def _listing_wait(store, keys: list[str], timeout: datetime.timedelta) -> list[bytes]:
-    try:
-        store.wait(keys, timeout)
-    except RuntimeError as error:  # a timeout; the store and the process group stay usable
-        raise DatasetError(
-            f"comparing the ranks' data: the other ranks did not open theirs within {timeout.total_seconds():.0f} s "
-            f"({error}). Is this loader built on some ranks only? Build it on every rank, or with rank=0, "
-            f"world_size=1 where only one reads, or pass sharding_check=False (--no-sharding-check)") from None
+    _waited(store, keys, timeout, "comparing the ranks' data: the other ranks did not open theirs",
+            "Is this loader built on some ranks only? Build it on every rank")
     return [store.get(k) for k in keys]
 
 
@@ -174,14 +169,19 @@ def _store():
 
 
 def _wait(store, keys: list[str], timeout: datetime.timedelta, who: str) -> None:
+    _waited(store, keys, timeout, f"sharding check: {who} did not end the same epoch",
+            "Does the loop iterate this loader on some ranks only (validation on rank 0 alone)? Every rank reads its "
+            "own part: iterate it on all ranks")
+
+
+def _waited(store, keys: list[str], timeout: datetime.timedelta, problem: str, fix: str) -> None:
+    """store.wait; its timeout a DatasetError: `problem` within the timeout, then `fix` and the ways out."""
     try:
         store.wait(keys, timeout)
     except RuntimeError as error:  # a timeout; the store and the process group stay usable
         raise DatasetError(
-            f"sharding check: {who} did not end the same epoch within {timeout.total_seconds():.0f} s ({error}). "
-            f"Does the loop iterate this loader on some ranks only (validation on rank 0 alone)? Every rank "
-            f"reads its own part: iterate it on all ranks, or build it with rank=0, world_size=1 where only "
-            f"one reads, or pass sharding_check=False (--no-sharding-check)") from None
+            f"{problem} within {timeout.total_seconds():.0f} s ({error}). {fix}, or build it with rank=0, "
+            f"world_size=1 where only one reads, or pass sharding_check=False (--no-sharding-check)") from None
 
 
 def _parse(payload: bytes) -> tuple[dict, np.ndarray]:
