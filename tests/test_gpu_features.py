@@ -207,11 +207,20 @@ def test_parquet_feeds_the_decode(numbered_list, tmp_path, device):
     assert_same(got, batches(DaliLoader(numbered_list, train=False, **kw(device))))
 
 
+@pytest.fixture
+def bucket(request):
+    """The s3 fixture (a bucket on a local moto server), or a skip where moto or boto3 is missing (a device
+    run packed --without tests): checked before the session's server would fail to start."""
+    pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+    pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
+    return request.getfixturevalue("s3")
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_s3_shard_cache_feeds_the_decode(numbered_list, s3, tmp_path, monkeypatch, device):
+def test_s3_shard_cache_feeds_the_decode(numbered_list, bucket, tmp_path, monkeypatch, device):
     """TFRecord shards in a bucket, fetched to local files by the shard cache (the default remote feed) and
     read by DALI from there: their val batches are those of the same shards on local disk, image for image."""
-    pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
+    s3 = bucket
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     local = tmp_path / "local"
     local.mkdir()
