@@ -192,8 +192,7 @@ def baseline_maker(train_dir: str, cases: Cases, source) -> tuple[str, Callable]
         read = samples_source(source.location, [(source.files[i], source.labels[i]) for i in picked],
                               source.classes)
         name += f", {len(picked)} of {source.num_samples} files"
-    return (name,
-            lambda: TorchLoader(read, batch_size=cases.batch, train=True, image_size=224, num_workers=workers))
+    return (name, lambda: TorchLoader(read, batch_size=cases.batch, train=True, image_size=224, num_workers=workers))
 
 
 def throughput(train_dir: str, protocol: ProtocolConfig, cases: Cases = Cases()) -> tuple[str, list[dict], dict]:
@@ -209,8 +208,10 @@ def throughput(train_dir: str, protocol: ProtocolConfig, cases: Cases = Cases())
     files = source_files(source) if protocol.cold else []
     cache = PageCache(train_dir) if protocol.cold else None
     runs = {name: LoaderRun(make) for name, make in makers.items()}
-    per_epoch = max(1, source.num_samples // cases.batch)
-    todo = [Case(name, run.step, per_epoch, files, prepare=run.prepare, release=run.release)
+    per_epoch = {name: max(1, source.num_samples // cases.batch) for name in runs}
+    if baseline is not None and 0 < cases.baseline_files < source.num_samples:  # its epoch is the subset's
+        per_epoch[baseline[0]] = max(1, cases.baseline_files // cases.batch)
+    todo = [Case(name, run.step, per_epoch[name], files, prepare=run.prepare, release=run.release)
             for name, run in runs.items()]
     result = compare(todo, protocol, progress=lambda what: print(f"             {what}", flush=True),
                      **({"drop": cache.drop} if cache is not None else {}))
