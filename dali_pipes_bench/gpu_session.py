@@ -59,6 +59,8 @@ class Step:
     result: str = ""
     dry: tuple[str, ...] | None = None
     data: bool = True  # reads the data of call 1: the run waits for it before the first such step
+    env: tuple[tuple[str, str], ...] = ()  # more environment for this step
+    empty: tuple[str, ...] = ()  # folders emptied (made) before the step: a tuning memory that starts empty
 
 
 @dataclass(frozen=True)
@@ -100,36 +102,57 @@ def data_command(paths: Paths, dry_run: bool) -> list[str]:
 
 
 def steps(paths: Paths) -> list[Step]:
-    """Everything the run does, most important first (issue 33's order)."""
+    """Everything the run does, most important first (issue 33's order: the GPU features, throughput, training,
+    the costs users see). The budgets add up to DEADLINE_S (docs/gpu.md's plan)."""
     py, work, data = sys.executable, paths.work, paths.data
-    train, hard = str(data / "train"), str(paths.hard)
-    agree = ("-m", "dali_pipes_bench.gpu_agreement")
+    train, val, hard = str(data / "train"), str(data / "val"), str(paths.hard)
+    agree, put = ("-m", "dali_pipes_bench.gpu_agreement"), ("-m", "dali_pipes_bench.doctor_throughput")
+    pytest = (py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE")
+    tiny = ("--device", "cpu", "--batch-size", "4", "--rounds", "1", "--min-seconds", "0.2", "--min-epochs", "0")
+    empty_cache = f"{work}/empty-tuning-cache"
     return [
-        Step("gpu-tests", 100, (py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE",
-                                f"--junitxml={work}/gpu-tests.xml", "tests"), data=False),
-        Step("doctor", 40, (py, "-m", "dali_pipes.tools.doctor", "--quick", "--out", f"{work}/doctor"),
-             gpu=False, result=f"{work}/doctor/doctor.json", data=False),  # on CPU it checks what applies
-        Step("agreement", 75, (py, *agree, "check", hard, "--loads", "0,0.65,0.99", "--out", f"{work}/agreement.json"),
+        Step("gpu-features", 50, (*pytest, f"--junitxml={work}/gpu-features.xml", FEATURE_TESTS), data=False),
+        Step("gpu-tests", 50, (*pytest, f"--junitxml={work}/gpu-tests.xml", f"--ignore={FEATURE_TESTS}", "tests"),
+             data=False),
+        Step("agreement", 50, (py, *agree, "check", hard, "--loads", "0,0.65,0.99", "--out", f"{work}/agreement.json"),
              result=f"{work}/agreement.json",
              dry=(py, *agree, "check", hard, "--device", "cpu", "--loads", "0", "--batch", "8", "--image-size", "32",
                   "--out", f"{work}/agreement.json")),
-        Step("stress", 30, (py, *agree, "stress", hard, "--iterations", "200", "--loads", "0.65,0.99",
+        Step("stress", 25, (py, *agree, "stress", hard, "--iterations", "200", "--loads", "0.65,0.99",
                             "--out", f"{work}/stress.json"), result=f"{work}/stress.json",
              dry=(py, *agree, "stress", hard, "--device", "cpu", "--iterations", "3", "--batch", "8",
                   "--image-size", "32", "--out", f"{work}/stress.json")),
-        Step("features", 5, (py, "-m", "dali_pipes_bench.gpu_session", "features", f"{work}/gpu-tests.xml",
+        Step("features", 5, (py, "-m", "dali_pipes_bench.gpu_session", "features", f"{work}/gpu-features.xml",
                              "--out", f"{work}/features.json"), gpu=False, result=f"{work}/features.json"),
-        Step("throughput", 90, (py, "-m", "dali_pipes_bench.doctor_throughput", train, "--seconds", "72",
-                                "--out", f"{work}/throughput"), result=f"{work}/throughput/throughput.json"),
-        Step("epochs", 45, (py, "-m", "dali_pipes_bench.epochs", "--data", train, "--device", "gpu",
-                            "--min-seconds", "6", "--min-epochs", "0", "--out", f"{work}/epochs.json"),
+        Step("throughput", 75, (py, *put, train, "--loads", "0.65,0.99,auto", "--baseline-workers", "16",
+                                "--baseline-files", "10000", "--seconds", "60", "--min-epochs", "0",
+                                "--out", f"{work}/throughput"),
+             result=f"{work}/throughput/throughput.json"),
+        Step("ceiling", 30, (py, *put, train, "--decode-only", "--loads", "1.0,0.99,0.65,0", "--baseline-workers",
+                             "0", "--seconds", "24", "--min-epochs", "0", "--out", f"{work}/ceiling"),
+             result=f"{work}/ceiling/throughput.json",
+             dry=(py, *put, train, "--decode-only", "--loads", "1.0", "--baseline-workers", "0", *tiny,
+                  "--out", f"{work}/ceiling")),
+        Step("throughput-cold", 45, (py, *put, train, "--cold", "--loads", "0.65,0.99,auto", "--baseline-workers",
+                                     "0", "--seconds", "36", "--min-epochs", "0", "--out", f"{work}/cold"),
+             result=f"{work}/cold/throughput.json",
+             dry=(py, *put, train, "--cold", "--loads", "auto", "--baseline-workers", "1", "--baseline-files",
+                  "4", *tiny, "--out", f"{work}/cold")),
+        Step("epochs", 30, (py, "-m", "dali_pipes_bench.epochs", "--data", train, "--device", "gpu",
+                            "--min-seconds", "5", "--min-epochs", "0", "--out", f"{work}/epochs.json"),
              result=f"{work}/epochs.json"),
-        Step("ceiling", 35, (py, "-m", "dali_pipes_bench.profile", train, "--device", "gpu", "--min-seconds", "5",
-                             "--min-epochs", "0", "--out", f"{work}/profile")),
         Step("training", 60, (py, "-m", "dali_pipes_bench.training", "--data", train, "--arch", "resnet50",
-                              "--batch-size", "256", "--channels-last", "--steps", "30", "--out", f"{work}/training")),
-        Step("startup", 30, (py, "-m", "dali_pipes_bench.startup", "--data", train, "--quick",
+                              "--batch-size", "256", "--channels-last", "--steps", "60", "--feeds", "ideal,DALI gpu",
+                              "--num-threads", "auto", "--hw-decoder-load", "auto", "--out", f"{work}/training"),
+             env=(("DALI_PIPES_CACHE", empty_cache),), empty=(empty_cache,)),
+        Step("startup", 25, (py, "-m", "dali_pipes_bench.startup", "--data", train, "--quick",
                              "--out", f"{work}/startup.json"), result=f"{work}/startup.json"),
+        Step("memory", 40, (py, "-m", "dali_pipes_bench.startup", "--data", val, "--val-data", val, "--epochs", "3",
+                            "--cases", "imagenet,data", "--rounds", "1", "--batch-size", "256",
+                            "--out", f"{work}/memory.json"), result=f"{work}/memory.json"),
+        # last: it repeats the gpu tests and a throughput run, so it gets what time is left; its log still tells
+        Step("doctor", 25, (py, "-m", "dali_pipes.tools.doctor", "--quick", "--out", f"{work}/doctor"),
+             gpu=False, result=f"{work}/doctor/doctor.json", data=False),  # on CPU it checks what applies
     ]
 
 
@@ -219,6 +242,10 @@ def run_step(step: Step, budget: float, env: dict, log, dry_run: bool, has_gpu: 
         return {**line, "status": SKIPPED, "reason": "skipped: no GPU"}
     if budget < 1:
         return {**line, "status": CUT, "reason": "cut: no time left in the run's deadline"}
+    for folder in step.empty:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+    env = {**env, **dict(step.env)}
     log.write(f"\n===== {step.name} (budget {budget:.0f} s): {line['command']}\n".encode())
     log.flush()
     start = time.monotonic()
@@ -314,27 +341,42 @@ def write_outputs(out: Path, lines: list[dict], env: dict, paths: Paths, report:
 
 # -- reports: the environment, and which GPU features a test ran ------------------------------------------------
 
-FEATURES = {  # issue 33's GPU features -> words a gpu test's name holds
-    "mixup/cutmix on the device": ("mixup", "cutmix", "batch_mix"), "random erasing": ("erasing",),
-    "augmix": ("augmix",), "val cache in device memory": ("val_cache",), "drawn sampler": ("sampler",),
-    "progressive resizing rebuild": ("resolution", "resiz", "schedule"), "hybrid decode": ("hybrid",),
-    "parquet feeding GPU decode": ("parquet",), "s3 shard cache feeding GPU decode": ("shard_cache", "s3"),
-    "mid-epoch resume": ("resume",), 'hw_decoder_load="auto"': ("hw_decoder_load", "auto"),
+FEATURE_TESTS = "tests/test_gpu_features.py"
+FEATURES = {  # issue 33's GPU features -> the test of each (its gpu variant runs in the gpu-features step)
+    "mixup/cutmix on the device": "test_mixup_cutmix_on_the_device",
+    "random erasing": "test_random_erasing_on_the_device",
+    "augmix": "test_augmix_on_the_device",
+    "val cache in device memory": "test_val_cache_in_device_memory",
+    "drawn sampler (WeightedRandomSampler)": "test_drawn_sampler_feeds_the_graph_in_dataloaders_order",
+    "progressive resizing rebuild": "test_progressive_resizing_size_change_rebuilds",
+    "hybrid decode": "test_hybrid_decode_gives_the_cpu_graphs_batches",
+    "parquet feeding GPU decode": "test_parquet_feeds_the_decode",
+    "s3 shard cache feeding GPU decode": "test_s3_shard_cache_feeds_the_decode",
+    "mid-epoch resume": "test_mid_epoch_resume",
+    'hw_decoder_load="auto"': "test_hw_decoder_load_auto",
 }
 
 
 def features(junit: Path) -> dict:
-    """Per GPU feature: the gpu tests that ran for it (from the junit file of the gpu-tests step) and whether
-    they passed; "no test" where none did."""
+    """Per GPU feature: its test's gpu variant (tests/test_gpu_features.py::NAME[gpu]) in the junit file of
+    the gpu-features step: "passed", "failed" (with the message), "skipped" (with the reason) or "not run"."""
     import xml.etree.ElementTree as ET
     if not junit.exists():
-        return {"error": f"{junit}: missing (the gpu-tests step did not run)"}
-    cases = [(f"{c.get('classname')}::{c.get('name')}", not list(c)) for c in ET.parse(junit).iter("testcase")]
+        return {"error": f"{junit}: missing (the gpu-features step did not run)"}
+    cases = {c.get("name"): c for c in ET.parse(junit).iter("testcase")
+             if (c.get("classname") or "").endswith("test_gpu_features")}
     report = {}
-    for feature, words in FEATURES.items():
-        ran = [(name, ok) for name, ok in cases if any(w in name.lower() for w in words)]
-        report[feature] = ({"tests": len(ran), "passed": sum(ok for _, ok in ran), "names": [n for n, _ in ran]}
-                           if ran else "no test")
+    for feature, test in FEATURES.items():
+        case = cases.get(f"{test}[gpu]")
+        outcome = None if case is None else next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
+        name = f"{FEATURE_TESTS}::{test}[gpu]"
+        if case is None:
+            report[feature] = {"test": name, "status": "not run"}
+        elif outcome is None:
+            report[feature] = {"test": name, "status": "passed", "seconds": float(case.get("time") or 0)}
+        else:
+            status = "skipped" if outcome.tag == "skipped" else "failed"
+            report[feature] = {"test": name, "status": status, "message": (outcome.get("message") or "")[:300]}
     return report
 
 

@@ -6,6 +6,9 @@ pools are per process and never shrink), in alternating rounds. Cases:
   * data: the box around the data's images, read from their headers here (what a converted dataset's
     manifest gives the loader by itself: after, for converted data);
   * lazy: 0x0, nothing preallocated; DALI allocates on first use (after, opt-in: --decoder-size-hint 0x0).
+With --epochs N (and --val-data), each case goes on for N whole epochs of the train loader and of a val loader
+(the val cache off) in the same process, and the figures are the peaks over all of it: train + val after N
+epochs, as a training run holds them. --cases picks cases by name.
 Prints median [min, max] per case; writes JSON with --out. Needs a GPU.
 Run: dali-pipes bench startup [flags] (or python -m dali_pipes_bench.startup)."""
 
@@ -36,8 +39,9 @@ def data_box(data: str) -> str:
     return f"{max(w for w, _ in sizes)}x{max(h for _, h in sizes)}"
 
 
-def child(data: str, hint: str, batch_size: int, batches: int) -> dict:
-    """One case in this (fresh) process: the loader's first `batches` batches on the GPU."""
+def child(data: str, hint: str, batch_size: int, batches: int, epochs: int = 0, val_data: str = "") -> dict:
+    """One case in this (fresh) process: the loader's first `batches` batches on the GPU; with `epochs`, then
+    that many whole epochs of it and of a val loader on `val_data`."""
     import torch
 
     from dali_pipes import DaliLoader
@@ -52,9 +56,34 @@ def child(data: str, hint: str, batch_size: int, batches: int) -> dict:
         for _ in range(min(batches, len(loader))):
             next(it)
         torch.cuda.synchronize()
-        out = {"first_batch_s": loader.stats()["first_batch_s"], **gpu_memory_figures(sampler, before)}
+        first_batch_s = loader.stats()["first_batch_s"]
+        val = run_epochs(loader, it, epochs, val_data, batch_size, parse_size_hint(hint)) if epochs else None
+        torch.cuda.synchronize()
+        out = {"first_batch_s": first_batch_s, **gpu_memory_figures(sampler, before),
+               **({"epochs": epochs, "val_first_batch_s": val} if epochs else {})}
         loader.close()
     return out
+
+
+def run_epochs(train, rest, epochs: int, val_data: str, batch_size: int, hint) -> float | None:
+    """The rest of the train loader's epoch, then `epochs` rounds of a val epoch and (but the last) a train
+    epoch: a training run's loaders after `epochs` epochs. Returns the val loader's first-batch seconds."""
+    from dali_pipes import DaliLoader
+    for _ in rest:
+        pass
+    val = DaliLoader(val_data, batch_size=batch_size, train=False, device=train.device, image_size=224,
+                     **({"decoder_size_hint": hint} if train.device == "gpu" else {})) if val_data else None
+    for epoch in range(epochs):
+        for _ in val or ():
+            pass
+        if epoch < epochs - 1:
+            train.set_epoch(epoch + 1)
+            for _ in train:
+                pass
+    first = val.stats()["first_batch_s"] if val is not None else None
+    if val is not None:
+        val.close()
+    return first
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,22 +96,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds: one process per case per round")
     p.add_argument("--quick", action="store_true", help="2 rounds, batch 64")
     p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--epochs", type=int, default=0, help="then this many whole epochs of train and val (0: none)")
+    p.add_argument("--val-data", default="", help="val data for --epochs (default: none, train only)")
+    p.add_argument("--cases", default="imagenet,data,lazy", help="the cases to run, by name")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)  # one case, in the process it starts
     args = p.parse_args(argv)
     data = data_or_builtin(args.data)
     batch_size = 64 if args.quick else args.batch_size
     if args.child:
-        print(json.dumps(child(data, args.child, batch_size, args.batches)), flush=True)
+        print(json.dumps(child(data, args.child, batch_size, args.batches, args.epochs, args.val_data)), flush=True)
         return 0
     import torch
     if not torch.cuda.is_available():
         raise ValueError(f"the startup benchmark needs a CUDA GPU; torch {torch.__version__} sees none")
-    cases = {"imagenet": "5980x6430", "data": data_box(data), "lazy": "0x0"}
+    cases = {name: hint for name, hint in {"imagenet": "5980x6430", "data": "", "lazy": "0x0"}.items()
+             if name in args.cases.split(",")}
+    if "data" in cases:
+        cases["data"] = data_box(data)
     rows: dict[str, list[dict]] = {name: [] for name in cases}
     for _ in range(2 if args.quick else args.rounds):
         for name, hint in cases.items():  # alternating: a machine that slows down slows every case
             run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.startup", "--data", data, "--child", hint,
-                                  "--batch-size", str(batch_size), "--batches", str(args.batches)],
+                                  "--batch-size", str(batch_size), "--batches", str(args.batches),
+                                  "--epochs", str(args.epochs), "--val-data", args.val_data],
                                  capture_output=True, text=True, env={**os.environ})
             if run.returncode != 0:
                 raise ValueError(f"case {name} ({hint}) failed: {run.stderr[-2000:]}")
@@ -93,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      for key, s in figures.items()))
     if args.out:
         write_json(args.out, {"command": command("startup", argv), "batch_size": batch_size, "cases": cases,
+                              "epochs": args.epochs, "val_data": args.val_data,
                               "runs": rows, "summary": summary})
     return 0
 

@@ -79,10 +79,23 @@ def measure_training(feed_factory: Callable[[], Iterable], *, arch: str, width: 
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - timed_from
+    tuned = tuner_report(loader)
     if hasattr(loader, "close"):
         loader.close()
     return {"images_per_s": samples / seconds, "data_wait_fraction": wait / seconds, "first_batch_s": first_batch,
-            "steps": steps, "loss": loss.item()}
+            "steps": steps, "loss": loss.item(), **tuned}
+
+
+def tuner_report(loader) -> dict:
+    """What the tuner did in a DaliLoader's run ("auto" knobs): its view (start, trials, choice, decision) and
+    the seconds of each rebuild and trial (stats()'s events); nothing for another feed."""
+    if not isinstance(loader, DaliLoader):
+        return {}
+    stats = loader.stats()
+    events = [{"event": name, "seconds": round(end - start, 3), **(args or {})}
+              for name, start, end, args in stats.get("events", []) if name in ("rebuild", "tuning trial")]
+    return {"tuned": stats.get("tuned"), "tuner_events": events,
+            "rebuild_s": round(sum(e["seconds"] for e in events if e["event"] == "rebuild"), 3)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,6 +121,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=quick.get("warmup", 10 if gpu else 3),
                         help="untimed steps first (default: 10 on GPU, 3 on CPU)")
     parser.add_argument("--quick", action="store_true", help="a small model and few steps: a smoke test")
+    parser.add_argument("--feeds", default="", help="comma-separated names (or their first words) of the feeds to "
+                        "run, say 'ideal,DALI gpu' (default: every feed)")
     parser.add_argument("--out", default="", help="results root folder (default: $DALI_PIPES_CACHE/bench, under "
                         "the cache root)")
     add_arguments(parser, SourceConfig, "reading --data")
@@ -136,6 +151,20 @@ def feeds(source, args, augment: AugmentConfig, loader: LoaderConfig, num_classe
         out["torchvision GPU decode"] = lambda: bench.TorchvisionGpuLoader(
             source, batch_size=batch, train=True, image_size=augment.image_size, num_workers=cores)
     return out
+
+
+def chosen_feeds(factories: dict, names: str) -> dict:
+    """The feeds named in `names` (each the start of a feed's name; "" keeps every feed), the ideal always
+    first: it is the reference of real / ideal."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        return factories
+    unknown = [w for w in wanted if not any(name.startswith(w) for name in factories)]
+    if unknown:
+        raise ValueError(f"--feeds: no feed named {', '.join(map(repr, unknown))} here; the feeds: "
+                         f"{', '.join(map(repr, factories))}")
+    return {name: f for i, (name, f) in enumerate(factories.items())
+            if i == 0 or any(name.startswith(w) for w in wanted)}
 
 
 def run_feeds(factories: dict, args, num_classes: int, device: torch.device) -> list[dict]:
@@ -186,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = open_source(data_or_builtin(args.data), **source_cfg.open_kwargs())
     num_classes = len(source.classes) if source.classes else 1000
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    rows = run_feeds(feeds(source, args, augment, loader, num_classes, device), args, num_classes, device)
+    rows = run_feeds(chosen_feeds(feeds(source, args, augment, loader, num_classes, device), args.feeds), args,
+                     num_classes, device)
     info = bench.machine_info()
     out = bench.results_dir(results_root(args.out), info)
     run = {"command": command("training", argv), "machine": info, "dataset": bench.dataset_info(source),

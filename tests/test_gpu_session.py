@@ -95,27 +95,38 @@ def test_the_dry_run_end_to_end(tmp_path):
     common = ["--carried", str(carried), "--work", str(work), "--dry-run"]
     for n in range(len(manifest["parts"])):
         subprocess.run([*device_run, "receive", str(n), *common], check=True, cwd=tmp_path, timeout=60)
-    ran = subprocess.run([*device_run, "run", *common, "--out", str(out), "--budget", "doctor=1"],
+    ran = subprocess.run([*device_run, "run", *common, "--out", str(out), "--budget", "ceiling=1", "--budget",
+                          "doctor=1"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(gpu_session.OUT_FILES)
     lines = {line["step"]: line for line in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    names = [s.name for s in gpu_session.steps(gpu_session.Paths(work))]
-    assert list(lines) == ["install", *names[:2], "data", *names[2:]]  # the data is awaited where first needed
+    steps = gpu_session.steps(gpu_session.Paths(work))
+    names, first = [s.name for s in steps], next(i for i, s in enumerate(steps) if s.data)
+    assert list(lines) == ["install", *names[:first], "data", *names[first:]]  # awaited where first needed
     assert lines["install"]["status"] == "ok" and lines["install"]["versions"] == {"nvidia-dali-cuda130": "fake"}
     assert (work / "site" / "gpu_session_fake" / "__init__.py").exists()  # the wheel, shipped uncompressed
     assert lines["data"]["status"] == "ok"
-    assert lines["doctor"]["status"] == "cut" and lines["doctor"]["reason"] == "cut: ran out of its 1 s budget"
-    for name in ("gpu-tests", "throughput", "epochs", "ceiling", "training", "startup"):
+    for name in ("ceiling", "doctor"):  # a python that imports torch and DALI: never done within 1 s
+        assert lines[name]["status"] == "cut" and lines[name]["reason"] == "cut: ran out of its 1 s budget"
+    for name in ("gpu-features", "gpu-tests", "throughput", "epochs", "training", "startup", "memory"):
         assert lines[name] == {**lines[name], "status": "skipped", "reason": "skipped: no GPU"}
-    assert lines["agreement"]["status"] == "ok" and lines["stress"]["status"] == "ok"  # after the cut step
+    assert lines["agreement"]["status"] == "ok" and lines["stress"]["status"] == "ok"
     assert {r["graph"]: r["mismatched"] for r in lines["agreement"]["result"]} == {"val": 0, "roi": 0}
     assert lines["stress"]["result"]["corrupt"] == 0 and lines["stress"]["result"]["images"] == 2 * 3 * 8
-    assert "gpu-tests.xml: missing" in lines["features"]["result"]["error"]
+    assert "gpu-features.xml: missing" in lines["features"]["result"]["error"]
+    # the new measurements' machinery on CPU: cold reads (the page cache dropped one way or the other, and which
+    # way said), hw_decoder_load="auto", the baseline on a subset (the decode-only graph: the test below)
+    cold = lines["throughput-cold"]["result"]
+    assert lines["throughput-cold"]["status"] == "ok" and cold["page_cache"]["cold"] is True  # after the cut step
+    assert cold["page_cache"]["how"] in ("drop_caches", "posix_fadvise") and cold["page_cache"]["drops"] >= 2
+    assert [r["case"] for r in cold["rows"]] == ["DALI cpu hw_decoder_load=auto",
+                                                 "DataLoader + PIL, 1 workers, 4 of 8 files"]
+    assert all(r["images_per_s"] > 0 for r in cold["rows"])
     env = json.loads((out / "env.json").read_text())
     assert env["dry_run"] is True and "torch" in env and "nvidia-nvimgcodec-cu13" in env
     assert "dali_pipes sample" in (out / "commands.sh").read_text()
-    assert "===== doctor (budget 1 s)" in (out / "session.log").read_text()
+    assert "===== ceiling (budget 1 s)" in (out / "session.log").read_text()
 
 
 def test_the_agreement_check_counts_a_mutated_graph(tmp_path):
@@ -154,15 +165,33 @@ def test_the_stress_compares_every_output(tmp_path):
     assert result["corrupt"] == 0 and result["images"] == 2 * 3 * 4 and not result["errors"]
 
 
-def test_features_are_read_from_the_gpu_tests_junit(tmp_path):
-    (junit := tmp_path / "j.xml").write_text(
-        '<testsuites><testsuite><testcase classname="tests.test_val_cache" name="test_val_cache_on_gpu"/>'
-        '<testcase classname="tests.test_graph" name="test_hybrid_decode"><failure message="x"/></testcase>'
-        '</testsuite></testsuites>')
+def test_features_are_read_from_the_gpu_features_junit(tmp_path):
+    """Each feature's gpu variant in tests/test_gpu_features.py, as pytest's junit file reports it: passed,
+    failed, skipped, or not run; the cpu variants and other files' tests never count."""
+    case = '<testcase classname="tests.test_gpu_features" name="{}" time="1.5">{}</testcase>'
+    (junit := tmp_path / "j.xml").write_text("<testsuites><testsuite>" + "".join([
+        case.format("test_val_cache_in_device_memory[gpu]", "<system-out>log</system-out>"),
+        case.format("test_hybrid_decode_gives_the_cpu_graphs_batches[gpu]", '<failure message="differs"/>'),
+        case.format("test_augmix_on_the_device[gpu]", '<skipped message="no pyarrow"/>'),
+        case.format("test_mid_epoch_resume[cpu]", ""),
+        '<testcase classname="tests.test_loader" name="test_mid_epoch_resume[gpu]"/>']) +
+        "</testsuite></testsuites>")
     report = gpu_session.features(junit)
-    assert report["val cache in device memory"] == {"tests": 1, "passed": 1,
-                                                    "names": ["tests.test_val_cache::test_val_cache_on_gpu"]}
-    assert report["hybrid decode"]["passed"] == 0 and report["augmix"] == "no test"
+    assert set(report) == set(gpu_session.FEATURES)
+    assert report["val cache in device memory"] == {
+        "test": "tests/test_gpu_features.py::test_val_cache_in_device_memory[gpu]", "status": "passed", "seconds": 1.5}
+    assert report["hybrid decode"]["status"] == "failed" and report["hybrid decode"]["message"] == "differs"
+    assert report["augmix"]["status"] == "skipped" and report["mid-epoch resume"]["status"] == "not run"
+
+
+def test_every_feature_has_its_test_on_both_devices():
+    """The features step's table names tests that exist, each parametrized over cpu and gpu (-m gpu)."""
+    import test_gpu_features
+    for test in gpu_session.FEATURES.values():
+        marks = getattr(test_gpu_features, test).pytestmark
+        (devices,) = [m.args[1] for m in marks if m.name == "parametrize" and m.args[0] == "device"]
+        assert devices[0] == "cpu" and devices[1].values == ("gpu",)
+        assert [m.name for m in devices[1].marks] == ["gpu"]
 
 
 class Parsed(Exception):
@@ -188,6 +217,80 @@ def test_every_steps_flags_parse(tmp_path, monkeypatch):
             with pytest.raises(Parsed):
                 importlib.import_module(module).main(args)
             checked.append(module)
-    assert {"dali_pipes_bench.doctor_throughput", "dali_pipes_bench.epochs", "dali_pipes_bench.profile",
-            "dali_pipes_bench.training", "dali_pipes_bench.startup", "dali_pipes.tools.doctor",
-            "dali_pipes_bench.gpu_agreement", "dali_pipes_bench.gpu_session"} <= set(checked)
+    assert {"dali_pipes_bench.doctor_throughput", "dali_pipes_bench.epochs", "dali_pipes_bench.training",
+            "dali_pipes_bench.startup", "dali_pipes.tools.doctor", "dali_pipes_bench.gpu_agreement",
+            "dali_pipes_bench.gpu_session"} <= set(checked)
+
+
+def test_the_measurements_flags_are_checked(tmp_path, capsys):
+    """--loads takes numbers in [0, 1] and auto (not for the decode-only graph, which has no tuner); --feeds
+    keeps the named feeds and the ideal, and names the feeds there are when one is unknown; cold runs name the
+    data's file system."""
+    import argparse
+
+    from dali_pipes_bench import doctor_throughput, training
+    assert doctor_throughput.parse_loads("1.0, 0.65,auto") == (1.0, 0.65, "auto")
+    for bad, match in (("1.5", "1.5 is outside"), ("fast", "'fast' is neither")):
+        with pytest.raises(argparse.ArgumentTypeError, match=match):
+            doctor_throughput.parse_loads(bad)
+    with pytest.raises(SystemExit):
+        doctor_throughput.main([str(tmp_path), "--decode-only", "--loads", "auto", "--out", str(tmp_path)])
+    assert "the decode-only graph has no tuner" in capsys.readouterr().err
+    feeds = {"ideal (replayed)": 0, "DALI gpu": 1, "DALI cpu": 2, "DataLoader+PIL 16 workers": 3}
+    assert list(training.chosen_feeds(feeds, "DALI gpu")) == ["ideal (replayed)", "DALI gpu"]
+    assert training.chosen_feeds(feeds, "") == feeds
+    with pytest.raises(ValueError, match="--feeds: no feed named 'tf.data' here; the feeds: 'ideal"):
+        training.chosen_feeds(feeds, "DALI gpu,tf.data")
+    assert isinstance(doctor_throughput.file_system(str(tmp_path)), str)
+
+
+def test_the_training_step_reports_what_the_tuner_did(tmp_path, monkeypatch):
+    """The training step's DALI feed from an empty tuning memory: its row carries the tuner's view (trials,
+    choice, decision) and the seconds of each rebuild and trial, added up in rebuild_s."""
+    from dali_pipes import DaliLoader
+    from dali_pipes_bench import training
+
+    from conftest import write_numbered
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "empty"))
+    loader = DaliLoader(write_numbered(str(tmp_path), 240), batch_size=2, image_size=16, device="cpu", train=True,
+                        seed=3, shuffle_buffer=16, num_threads="auto", hw_decoder_load="auto")
+    for _ in loader:
+        pass
+    report = training.tuner_report(loader)
+    assert report["tuned"]["done"] and len(report["tuned"]["trials"]) >= 2 and not report["tuned"]["remembered"]
+    rebuilds = [e["seconds"] for e in report["tuner_events"] if e["event"] == "rebuild"]
+    assert rebuilds and report["rebuild_s"] == round(sum(rebuilds), 3) > 0
+    assert {e["event"] for e in report["tuner_events"]} == {"rebuild", "tuning trial"}
+    assert training.tuner_report(iter([])) == {}  # the ideal and other feeds: nothing
+
+
+def test_the_memory_step_runs_train_and_val_for_its_epochs(tmp_path):
+    """The memory step's loop (startup.run_epochs), on CPU: after the first batches, the rest of the train epoch,
+    then per epoch a whole val epoch and (but after the last) a whole train epoch."""
+    from dali_pipes import DaliLoader
+    from dali_pipes_bench import startup
+
+    from conftest import write_numbered
+    (tmp_path / "val").mkdir()
+    data, val = write_numbered(str(tmp_path), 12), write_numbered(str(tmp_path / "val"), 6)
+    train = DaliLoader(data, batch_size=4, train=True, device="cpu", image_size=16)
+    it = iter(train)
+    next(it)
+    first = startup.run_epochs(train, it, 3, val, 4, None)
+    assert first is not None and first > 0
+    assert train.next_batch == (3, 0)  # epochs 0, 1 and 2 read whole: the next batch is epoch 3's first
+
+
+def test_the_ceiling_times_the_decode_only_graph(tmp_path):
+    """The ceiling step's command on CPU (its dry form): the decode-only graph at each load named, no baseline."""
+    from dali_pipes_bench import doctor_throughput
+
+    from conftest import write_numbered
+    data = write_numbered(str(tmp_path), 8)
+    doctor_throughput.main([data, "--decode-only", "--loads", "1.0,0", "--baseline-workers", "0", "--device", "cpu",
+                            "--batch-size", "4", "--rounds", "1", "--min-seconds", "0.2", "--min-epochs", "0",
+                            "--out", str(tmp_path / "out")])
+    result = json.loads((tmp_path / "out" / "throughput.json").read_text())
+    assert [r["case"] for r in result["rows"]] == ["decode-only cpu hw_decoder_load=1.0",
+                                                   "decode-only cpu hw_decoder_load=0.0"]
+    assert all(r["images_per_s"] > 0 for r in result["rows"]) and result["page_cache"] == {"cold": False}

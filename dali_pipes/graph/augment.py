@@ -447,9 +447,8 @@ def erase_region(size: int, cfg: AugmentConfig) -> tuple[DataNode, DataNode]:
     from nvidia.dali import math as dmath
     types = _types()
     (low, high), ratio = cfg.random_erasing_area, cfg.random_erasing_ratio
-    area = fn.random.uniform(range=[low * size * size, high * size * size], shape=[ERASE_ATTEMPTS], name="EraseArea")
-    aspect = dmath.exp(fn.random.uniform(range=[math.log(ratio[0]), math.log(ratio[1])], shape=[ERASE_ATTEMPTS],
-                                         name="EraseRatio"))
+    area = _uniform(low * size * size, high * size * size, name="EraseArea")
+    aspect = dmath.exp(_uniform(math.log(ratio[0]), math.log(ratio[1]), name="EraseRatio"))
     h, w = dmath.floor(dmath.sqrt(area * aspect) + 0.5), dmath.floor(dmath.sqrt(area / aspect) + 0.5)
     first = types.Constant(np.array([2.0 ** -k for k in range(ERASE_ATTEMPTS)], np.float32))
     weights = ((h < size) & (w < size)) * first
@@ -460,6 +459,15 @@ def erase_region(size: int, cfg: AugmentConfig) -> tuple[DataNode, DataNode]:
     place = fn.random.uniform(range=[0, 1], shape=[2], name="ErasePlace")
     top, left = dmath.floor(place[0] * (size - h + 1)), dmath.floor(place[1] * (size - w + 1))
     return (fn.cast(fn.stack(top, left), dtype=types.FLOAT), fn.cast(fn.stack(h, w), dtype=types.FLOAT))
+
+
+def _uniform(low: float, high: float, name: str) -> DataNode:
+    """ERASE_ATTEMPTS draws uniform in [low, high); a fixed value where low == high, which the checks allow
+    (torchvision's RandomErasing takes scale=(a, a)) and DALI's range refuses ("end > start")."""
+    from nvidia.dali import fn
+    if low == high:
+        return fn.random.uniform(values=[float(low)], shape=[ERASE_ATTEMPTS], name=name)
+    return fn.random.uniform(range=[low, high], shape=[ERASE_ATTEMPTS], name=name)
 
 
 def _random_erasing(images: DataNode, cfg: AugmentConfig, size: int) -> DataNode:
