@@ -3,6 +3,7 @@ resume from one; and the checkpoint a preempted run stops with."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 from typing import Any
@@ -49,8 +50,13 @@ def load_trusted(path: str) -> dict:
     import pickle
     numpy_data: list = [np.float64(0).__reduce__()[0], np.zeros(1).__reduce__()[0], np.ndarray, np.dtype,  # scalar,
                         type(np.dtype(np.float64)), type(np.dtype(np.uint32))]  # array, of the dtypes they held
+    if hasattr(torch.serialization, "safe_globals"):  # torch 2.5+
+        allowed: contextlib.AbstractContextManager = torch.serialization.safe_globals(numpy_data)
+    else:  # torch 2.4 has add_safe_globals only: process-wide, and numpy's number types only
+        torch.serialization.add_safe_globals(numpy_data)
+        allowed = contextlib.nullcontext()
     try:
-        with torch.serialization.safe_globals(numpy_data):
+        with allowed:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         first = next((line.strip() for line in str(error).splitlines() if "Unsupported global" in line),

@@ -83,7 +83,11 @@ def close_run(run: Run) -> None:
 def saved_args(args: argparse.Namespace) -> dict:
     """The flags as args.json and the checkpoint keep them: a URL by its identity (remote.identity: no query string
     or user info, which grant access; --resume takes the URL from the command line again)."""
-    return {k: identity(v) if isinstance(v, str) else v for k, v in vars(args).items()}
+    def named(value):
+        if isinstance(value, str):
+            return identity(value)
+        return type(value)(named(v) for v in value) if isinstance(value, (list, tuple)) else value
+    return {k: named(v) for k, v in vars(args).items()}
 
 
 NOT_REPLAYED = ("config", "resume", "resume_if_present", "overwrite")  # what one invocation does, not the run's

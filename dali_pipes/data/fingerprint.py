@@ -12,6 +12,7 @@ Names are relative to the files' common folder, so a dataset moved or mounted el
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 from typing import Any, Sequence
@@ -89,11 +90,19 @@ def _show(values: list) -> str:
 
 def stamp(paths: Sequence[str]) -> str:
     """A digest of every file as it is now: size and modification time (ns) of a local file, size and ETag of a
-    remote object (a HEAD each), "missing" for one that is gone. Unlike the fingerprint it sees a file rewritten
-    at the same size; the val cache compares it between epochs (it costs one stat, or HEAD, per file)."""
+    remote object (a HEAD each, 16 at a time, under the caller's options), "missing" for one that is gone. Unlike
+    the fingerprint it sees a file rewritten at the same size; the val cache compares it between epochs (it costs
+    one stat, or HEAD, per file)."""
+    from concurrent.futures import ThreadPoolExecutor
+    remote_paths = [path for path in paths if "://" in path and remote.is_remote(path)]
+    states: dict[str, str] = {}
+    if remote_paths:
+        context = contextvars.copy_context()
+        with ThreadPoolExecutor(min(16, len(remote_paths))) as pool:
+            states = dict(zip(remote_paths, pool.map(lambda u: context.copy().run(_state_now, u), remote_paths)))
     digest = hashlib.sha1()
     for path in paths:
-        digest.update(f"{path}\t{_state_now(path)}\n".encode())
+        digest.update(f"{path}\t{states[path] if path in states else _state_now(path)}\n".encode())
     return digest.hexdigest()
 
 

@@ -13,6 +13,7 @@ drops records), and reads tar shards faster with one. Policy:
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import os
 import shutil
@@ -124,8 +125,9 @@ def ensure_indexes(shards: Sequence[str], kind: str, *, cache_dir: str | None = 
 def _parallel(fn, items: Sequence, workers: int | None, desc: str | None) -> list:
     # Index work is seeks and small reads: threads overlap the I/O waits.
     workers = workers or min(32, (os.cpu_count() or 1) * 4)
+    context = contextvars.copy_context()  # the pool's threads run under this thread's options (retries, deadline)
     with ThreadPoolExecutor(workers) as pool:
-        results = pool.map(fn, items)
+        results = pool.map(lambda item: context.copy().run(fn, item), items)
         if desc:
             results = tqdm(results, total=len(items), desc=desc, unit="shard", file=sys.stderr,
                            disable=None)

@@ -45,7 +45,8 @@ def split(url: str) -> tuple[str, str, str]:
     rest, mark, query = rest.partition("?")
     host, slash, path = rest.partition("/")
     user, at, host = host.rpartition("@")
-    return f"{scheme}://{host}{slash}{path}", user + at, mark + query
+    # scheme and host are case-blind: HTTPS://Host/x and https://host/x are one object, kept once
+    return f"{scheme.lower()}://{host.lower()}{slash}{path}", user + at, mark + query
 
 
 def identity(url: str) -> str:

@@ -125,7 +125,7 @@ class RemoteUrl:
         """Split a URL; ValueError names it when it is none of the schemes or lacks a bucket."""
         scheme = scheme_of(url)
         if scheme is None:
-            raise ValueError(f"{url!r}: not a remote URL; expected one of "
+            raise ValueError(f"{redact.identity(str(url))!r}: not a remote URL; expected one of "
                              f"{', '.join(s + '://' for s in SCHEMES)} followed by bucket/key")
         rest = redact.identity(str(url)).split("://", 1)[1]
         parts = rest.split("/")
@@ -134,7 +134,8 @@ class RemoteUrl:
             width += 2  # a Hub revision with slashes: NAME@refs/pr/1, NAME@refs/convert/parquet
         bucket, key = "/".join(parts[:width]), "/".join(parts[width:])
         if not bucket or not all(parts[:width]):
-            raise ValueError(f"{url!r}: no bucket name; expected {scheme}://{_bucket_word(scheme)}/key")
+            raise ValueError(f"{redact.identity(str(url))!r}: no bucket name; expected "
+                             f"{scheme}://{_bucket_word(scheme)}/key")
         return cls(scheme, bucket, key)
 
     def __str__(self) -> str:
