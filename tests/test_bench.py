@@ -371,7 +371,9 @@ def test_the_s3_bench_installed_without_its_servers_says_to_run_it_from_a_checko
         os.makedirs(site / os.path.dirname(name), exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), site / name)
     # an editable install's finder would find the checkout's dali_pipes_bench/servers/: drop it, as pip's copy has none
-    code = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in type(f).__module__]; "
+    # (setuptools puts the finder class itself in sys.meta_path: its own __module__ names it, not its type's)
+    code = ("import runpy, sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in "
+            "getattr(f, '__module__', '') + type(f).__module__]; "
             "runpy.run_module('dali_pipes_bench.s3_feed', run_name='__main__')")
     run = subprocess.run([sys.executable, "-c", code, "--cases", "local", "--ranks", "1", "--images", "8", "--shards",
                           "1", "--batch-size", "8"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
