@@ -262,6 +262,9 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
                            augment=AugmentConfig(random_erasing=0.25, random_erasing_mode=mode, **extra)))
     out.append(variant("random_erasing hybrid", first, True, "cpu", decode_device="cpu",
                        augment=AugmentConfig(random_erasing=0.25, random_erasing_mode="pixel")))
+    out.append(variant("random_erasing of a fixed area and ratio (constants, no uniform draw)", first, True,
+                       augment=AugmentConfig(random_erasing=0.25, random_erasing_area=(0.25, 0.25),
+                                             random_erasing_ratio=(1.0, 1.0))))
     as_pil = AugmentConfig(**from_transform, exif_orientation=False, png16="pil")
     for train in (True, False):
         out.append(variant("read as PIL reads (no EXIF, png16='pil')", first, train, augment=as_pil))
