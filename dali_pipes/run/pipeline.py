@@ -103,6 +103,10 @@ class PipelineSpec:
         if not set(self.tuned) <= set(KNOBS):
             raise ValueError(f"tuned must name knobs among {KNOBS}, got {self.tuned!r}")
 
+    def with_knobs(self, **values: Any) -> "PipelineSpec":
+        """This spec with `values` of its knobs (tuning's choice), the TunedKnobs replaced whole: a new spec."""
+        return replace(self, knobs=replace(self.knobs, **values))
+
     @property
     def shuffled(self) -> bool:
         """The reader shuffles (DataLoader's shuffle=False keeps a train graph in storage order)."""

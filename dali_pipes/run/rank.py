@@ -4,7 +4,6 @@ its run of DALI pipelines (run.py) and their rebuilds. Everything else that acts
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
@@ -197,8 +196,8 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     through_cache = source.remote is not None and feed.mode == "cache"
     spec, tuner = tuning.plan(spec, source.kind, clock, online=not through_cache)
     # The feed keeps the reader's reach local: with the depth searched online, the deepest it may be
-    deepest = dataclasses.replace(spec, knobs=dataclasses.replace(spec.knobs, prefetch_queue_depth=max(tuning.DEPTHS))
-                                  ) if tuner and "prefetch_queue_depth" in spec.tuned else spec
+    deepest = spec.with_knobs(prefetch_queue_depth=max(tuning.DEPTHS)) if tuner and "prefetch_queue_depth" in (
+        spec.tuned) else spec
     remote = RemoteFeed(feed.mode, deepest, cache_dir=feed.cache_dir, cache_bytes=feed.cache_bytes,
                         cache_prefetch=feed.cache_prefetch, options=feed.store)
     every_sample = not (contract.drop_last or contract.sampler_drop_last)  # val promises full cover

@@ -12,13 +12,8 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from dali_pipes.run.pipeline import KNOBS
 from dali_pipes.run.stats import Spread
-
-if TYPE_CHECKING:
-    from dali_pipes.run.pipeline import PipelineSpec
 
 DEPTHS = (2, 3, 4)
 HW_LOADS = (0.0, 0.65, 0.99)  # hw_decoder_load tried on a mixed decoder: CUDA only, DALI's default, nearly all hardware
@@ -48,12 +43,6 @@ class Settings:
         """Cheaper first: fewer threads, more decoding on the hardware decoder (fewer CPU cycles), a shallower
         queue (less memory). What leaves the model its CPU cores, when the waits do not decide."""
         return self.num_threads, -(self.hw_decoder_load or 0.0), self.prefetch_queue_depth
-
-    def apply(self, spec: PipelineSpec, knobs: tuple[str, ...] = KNOBS) -> PipelineSpec:
-        """`spec` with these settings' `knobs`, its TunedKnobs replaced whole; hw_decoder_load (where set) is a
-        decoder argument: a new graph."""
-        chosen = {name: value for name, value in self.values().items() if name in knobs}
-        return dataclasses.replace(spec, knobs=dataclasses.replace(spec.knobs, **chosen))
 
 
 

@@ -269,7 +269,7 @@ def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, online: bool = Tr
     start = Settings(entry.get("num_threads", cores) if tune_threads else knobs.num_threads,
                      entry.get("prefetch_queue_depth", 2) if tune_depth else knobs.prefetch_queue_depth,
                      entry.get("hw_decoder_load", DEFAULT_HW_LOAD) if tune_hw else None)
-    spec, rank, role = start.apply(spec), spec.shard.rank, loader_role(spec)
+    spec, rank, role = applied(start, spec), spec.shard.rank, loader_role(spec)
     if not online:
         log.info("tuning rank %d, %s loader: not tuned online here (s3:// through the shard cache); running %s%s",
                  rank, role, start, " as remembered" if entry else "; dali-pipes profile or --num-threads set it")
@@ -280,6 +280,12 @@ def plan(spec: PipelineSpec, kind: str, clock: LoaderClock, *, online: bool = Tr
         log.info("tuning rank %d, %s loader: starting from the remembered %s (%s, %s)", rank, role, start,
                  entry.get("source"), entry.get("date"))
     return spec, OnlineTuning(tuner, clock, key if spec.shard.local_rank == 0 else None)
+
+
+def applied(settings: Settings, spec: PipelineSpec, knobs: tuple[str, ...] = KNOBS) -> PipelineSpec:
+    """`spec` with `settings`' values of `knobs` (hw_decoder_load only where searched: a decoder argument, so a
+    new graph), its TunedKnobs replaced whole."""
+    return spec.with_knobs(**{name: value for name, value in settings.values().items() if name in knobs})
 
 
 def loader_role(spec: PipelineSpec) -> str:
@@ -314,7 +320,7 @@ class OnlineTuning(BatchHook):
 
     def _follow(self, rank: RankView, settings: Settings | None) -> None:
         if settings is not None:
-            rank.rebuild(settings.apply(rank.spec))
+            rank.rebuild(applied(settings, rank.spec))
         if self.tuner.done and self.key is not None:
             remember(self.key, {**self.tuner.tuned_values(), "source": "online"})
             self.key = None
@@ -335,4 +341,4 @@ class OnlineTuning(BatchHook):
         """A state's choice: no search here (values the user fixed stay fixed; a pending trial is dropped)."""
         if state:
             self.tuner.done, self.tuner.chosen = True, Settings(**state)
-            rank.rebuild(self.tuner.chosen.apply(rank.spec, self.tuner.searched()))  # the restore builds
+            rank.rebuild(applied(self.tuner.chosen, rank.spec, self.tuner.searched()))  # the restore builds
