@@ -20,7 +20,7 @@ import pytest
 
 from dali_pipes import DaliLoader
 from dali_pipes.options import auto_or_count
-from dali_pipes.run import tuning
+from dali_pipes.run import tuning, tuning_memory
 
 N = 240  # 120 batches of 2: a warm-up of 4-6 batches, then a tuning budget of 12: 4 trials of 2 measured batches
 KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
@@ -307,7 +307,7 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered_source):
     spec = PipelineSpec(train=True, batch_size=2, augment=augment)
     as_profile = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=None, png16=None))
     assert tuning.memory_key(spec, numbered_source.kind) == tuning.memory_key(as_profile, numbered_source.kind)
-    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(spec, numbered_source.kind)["augment"])
+    assert not {"exif_orientation", "png16"} & set(tuning_memory.graph_key(spec, numbered_source.kind)["augment"])
     as_pil = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=False, png16="pil"))
     assert tuning.memory_key(as_pil, numbered_source.kind) != tuning.memory_key(spec, numbered_source.kind)
 
