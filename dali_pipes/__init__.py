@@ -19,7 +19,7 @@ from dali_pipes._version import __version__
 _moved.install()  # the modules' earlier import paths keep working for a release (a DeprecationWarning)
 
 _EXPORTS = {
-    "AugmentConfig": "dali_pipes.graph.augment", "DaliLoader": "dali_pipes.loader",
+    "AugmentConfig": "dali_pipes.graph.augment_config", "DaliLoader": "dali_pipes.loader",
     "DatasetError": "dali_pipes.errors", "LoaderConfig": "dali_pipes.config",
     "PADDING_LABEL": "dali_pipes.data.samples", "Sample": "dali_pipes.data.samples",
     "SampleRef": "dali_pipes.data.samples", "Shard": "dali_pipes.run.dist", "Source": "dali_pipes.data.source",
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from dali_pipes.data.samples import PADDING_LABEL, Sample, SampleRef, TFRecordKeys
     from dali_pipes.data.source import Source, open_source
     from dali_pipes.errors import DatasetError
-    from dali_pipes.graph.augment import AugmentConfig
+    from dali_pipes.graph.augment_config import AugmentConfig
     from dali_pipes.graph.resolution import progressive
     from dali_pipes.loader import DaliLoader
     from dali_pipes.run.dist import Shard

@@ -23,7 +23,7 @@ from dali_pipes.data.formats import read_sample
 from dali_pipes.data.labels import check_label, label_bound
 from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.data.source import Source, open_source, with_num_classes
-from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.run.dist import Shard
 
 

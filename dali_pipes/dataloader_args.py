@@ -46,7 +46,7 @@ from typing import Any
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
 from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.errors import DatasetError
-from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.transforms import TransformError, augment_from_transform
 from dali_pipes.run.batch_mix import (
     DEFAULT_FORM,

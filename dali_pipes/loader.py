@@ -46,20 +46,19 @@ from dali_pipes.dataloader_args import (
     read_as_pil,
     resolve_call,
 )
-from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.run import resume
 from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.lifetime import OneIteration, recover
-from dali_pipes.run.pipeline import PipelineSpec
+from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
 from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.sampled import SamplerRead
-from dali_pipes.run.tuning import AUTO, fixed_knobs
 from dali_pipes.run.val_cache import ValCache
 from dali_pipes.storage import remote
 
@@ -191,7 +190,6 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                                  call.dali_drop)
         self.train, self.seed, self.val_padding = call.train, call.seed, val_padding
         self.device = resolve_device(device)
-        resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
         store = remote.ClientOptions.of(s3_attempts, s3_timeout, deadline=download_deadline)  # this loader's own
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
@@ -202,15 +200,16 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.augment = read_as_pil(augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args}), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
         policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels)
-        threads = num_threads or num_workers or None  # DataLoader's workers become DALI's threads
-        spec = PipelineSpec(self.train, call.batch_size, self.device, decode_device, self.shard, self.seed,
-                            self.augment, *fixed_knobs(threads, prefetch_queue_depth), shuffle_buffer, call.shuffle,
-                            max_pixels)
+        knobs, tuned = TunedKnobs.requested(num_threads or num_workers or None,  # DataLoader's workers: DALI's threads
+                                            prefetch_queue_depth, self.augment.hw_decoder_load)
+        spec = PipelineSpec(train=self.train, batch_size=self.contract.batch_size, device=self.device,
+                            decode_device=decode_device, shard=self.shard, seed=self.seed, augment=self.augment,
+                            knobs=knobs, tuned=tuned, shuffle_buffer=shuffle_buffer, shuffle=call.shuffle,
+                            max_pixels=max_pixels)
         self.position, self.val_cache = Position(), ValCache(val_cache_bytes, spec, self.augment)
         self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
-                                  sharding_check=sharding_check, tune_threads=threads == AUTO, started=started,
-                                  tune_depth=prefetch_queue_depth == AUTO, sampler=sampler_read(call, self))
+                                  sharding_check=sharding_check, started=started, sampler=sampler_read(call, self))
         self.supports_elastic = self.pipe.sampled is None or self.pipe.sampled.read.elastic_refusal() is None
         try:
             self.pipe.build()
@@ -369,8 +368,8 @@ def stats_of(pipe: RankPipeline) -> dict:
     """A rank's figures (stats.LoaderClock.stats: waits, rates, CPU, threads, rebuilds and trials), its shard
     cache's (s3:// data: "shard_cache", remote_feed.py), and what the hooks tell of themselves ("tuned":
     online tuning's start, trials and choice; tuning.py)."""
-    spec = pipe.spec
-    return {**pipe.clock.stats(spec.num_threads, spec.prefetch_queue_depth), "shard_cache": pipe.feed.stats(),
+    knobs = pipe.spec.knobs
+    return {**pipe.clock.stats(knobs.num_threads, knobs.prefetch_queue_depth), "shard_cache": pipe.feed.stats(),
             **{hook.name: hook.describe() for hook in pipe.hooks if hook.name}}
 
 

@@ -38,7 +38,9 @@ from PIL import Image
 KINDS = ("444", "422", "420", "progressive", "cmyk", "grey", "exif_rotated", "png")
 SUBSAMPLING = {"444": 0, "422": 1, "420": 2}  # PIL's subsampling codes
 TOLERANCE = 3  # levels of 255
-Graph = Callable[[Any, Any, Any, Any, str], Any]  # (jpegs, anchor, shape, cfg, device) -> uint8 images
+# (jpegs, anchor, shape, cfg, device, decoding) -> uint8 images; decoding: the decoders' num_threads and
+# hw_decoder_load, as build_pipeline gives them from the spec's knobs
+Graph = Callable[[Any, Any, Any, Any, str, dict], Any]
 
 
 # -- the hard images --------------------------------------------------------------------------------------
@@ -101,19 +103,19 @@ def hard_files(root: str) -> list[str]:
 
 # -- the graphs -------------------------------------------------------------------------------------------
 
-def val_graph(jpegs, anchor, shape, cfg, device: str):
+def val_graph(jpegs, anchor, shape, cfg, device: str, decoding: dict):
     """The val graph as the loader builds it, before normalisation: uint8 CHW."""
     from dali_pipes.graph.augment import eval_augment
-    return eval_augment(jpegs, cfg, device, normalize=False)
+    return eval_augment(jpegs, cfg, device, normalize=False, **decoding)
 
 
-def roi_graph(jpegs, anchor, shape, cfg, device: str):
+def roi_graph(jpegs, anchor, shape, cfg, device: str, decoding: dict):
     """The train graph's ROI decode (its decoder arguments) of an explicit window, then its resize: uint8 HWC."""
     from nvidia.dali import fn
 
-    from dali_pipes.graph.augment import decode_rgb
+    from dali_pipes.graph.decoders import decode_rgb
     window = lambda data, **args: fn.decoders.image_slice(data, anchor, shape, **args)  # inputs, not keywords
-    images = decode_rgb(window, jpegs, cfg, "gpu" if device == "gpu" else "cpu",
+    images = decode_rgb(window, jpegs, cfg, "gpu" if device == "gpu" else "cpu", **decoding,
                         normalized_anchor=True, normalized_shape=True)
     if device == "gpu":
         images = images.gpu()
@@ -148,7 +150,7 @@ class Decoder:
     def __post_init__(self) -> None:
         from nvidia.dali import fn, pipeline_def, types
 
-        from dali_pipes.graph.augment import AugmentConfig
+        from dali_pipes.graph.augment_config import AugmentConfig
         data = [np.fromfile(f, np.uint8) for f in self.files]
         anchors, shapes = windows(len(self.files), self.seed)
         batches = [(data[i:i + self.batch], list(anchors[i:i + self.batch]), list(shapes[i:i + self.batch]))
@@ -162,7 +164,8 @@ class Decoder:
         def pipe():
             jpegs, anchor, shape = fn.external_source(source, num_outputs=3, batch=True, batch_info=True,
                                                       dtype=[types.UINT8, types.FLOAT, types.FLOAT])
-            return self.graph(jpegs, anchor, shape, cfg, self.device)
+            return self.graph(jpegs, anchor, shape, cfg, self.device,
+                              {"num_threads": self.threads, "hw_decoder_load": self.hw_decoder_load})
 
         with warnings.catch_warnings():  # the val graph leaves the windows unused, as it should
             warnings.filterwarnings("ignore", message="The external source node")

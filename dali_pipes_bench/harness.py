@@ -41,11 +41,12 @@ from dali_pipes.data.formats import read_sample
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source, open_source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
-from dali_pipes.graph.augment import AugmentConfig, eval_augment, train_augment
+from dali_pipes.graph.augment import eval_augment, train_augment
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.loader import DaliLoader
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import usable_cpus
-from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+from dali_pipes.run.pipeline import KNOBS, PipelineSpec, TunedKnobs, build_pipeline
 from dali_pipes.run.procfs import PeakSampler, cpu_seconds
 from dali_pipes.run.stats import NOISY, Spread
 
@@ -252,12 +253,16 @@ def preloaded_pipeline(data: list[np.ndarray], labels: list[np.int64], *, batch_
         i = order(info.epoch_idx, info.idx_in_epoch)
         return data[i], labels[i]
 
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads or usable_cpus(),
+    knobs = TunedKnobs.requested(num_threads or usable_cpus(), 2, augment.hw_decoder_load)[0]  # as the loader's
+
+    @pipeline_def(batch_size=batch_size, num_threads=knobs.num_threads,
                   device_id=device_id if device == "gpu" else None, seed=seed,
                   enable_conditionals=train and augment.auto_augment is not None)
     def graph():
         jpegs, label = fn.external_source(source=sample, num_outputs=2, batch=False, dtype=[types.UINT8, types.INT64])
-        images = (train_augment if train else eval_augment)(jpegs, augment, device, decode_device)
+        images = (train_augment if train else eval_augment)(jpegs, augment, device, decode_device,
+                                                            num_threads=knobs.num_threads,
+                                                            hw_decoder_load=knobs.hw_decoder_load)
         return images, label.gpu() if device == "gpu" else label
 
     return graph()
@@ -301,7 +306,11 @@ class _BareDali(_IteratorBatches):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
         self.train, self.batch_size, self.shard, self.num_samples = train, batch_size, Shard(), source.num_samples
         sample_ids = pipeline_args.pop("sample_ids", False)
-        spec = PipelineSpec(train=train, batch_size=batch_size, shard=self.shard, **pipeline_args)
+        asked = {name: pipeline_args.pop(name, None) for name in KNOBS[:2]}  # the knobs as the loader reads them
+        augment = pipeline_args.get("augment", _DEFAULT_AUGMENT)
+        knobs = TunedKnobs.requested(asked["num_threads"], asked["prefetch_queue_depth"] or 2,
+                                     augment.hw_decoder_load)[0]
+        spec = PipelineSpec(train=train, batch_size=batch_size, shard=self.shard, knobs=knobs, **pipeline_args)
         pipe = build_pipeline(source, spec, sample_ids=sample_ids)
         outputs = ["images", "labels", "ids"] if sample_ids else ["images", "labels"]
         self.iterator = DALIGenericIterator(pipe, outputs, reader_name=READER_NAME, auto_reset=True,

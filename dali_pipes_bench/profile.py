@@ -44,12 +44,12 @@ from typing import Any, Callable, Iterator, Sequence
 from tqdm import tqdm
 
 from dali_pipes.config import LoaderConfig, SourceConfig
-from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.options import add_arguments, from_args
-from dali_pipes.run import tuning
+from dali_pipes.run import tuning, tuning_memory
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
-from dali_pipes.run.pipeline import PipelineSpec
+from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
 from dali_pipes.run.remote_feed import RemoteFeed
 from dali_pipes.run.stats import NOISY, Spread
 from dali_pipes.storage.remote import ClientOptions
@@ -165,6 +165,14 @@ def case_name(stage: str, threads: int, extra: dict) -> str:
     return f"{stage}, {threads} threads"
 
 
+def case_spec(base: PipelineSpec, threads: int, extra: dict) -> PipelineSpec:
+    """`base` with a case's thread count and `extra` fields (the hw_decoder_load sweep's augment, the hybrid
+    decode), its knobs replaced whole: the depth kept, the case's threads and hardware decoder share."""
+    augment = extra.get("augment", base.augment)
+    knobs = TunedKnobs.requested(threads, base.knobs.prefetch_queue_depth, augment.hw_decoder_load)[0]
+    return replace(base, **extra, knobs=knobs)
+
+
 def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig, augment: AugmentConfig,
                 source_cfg: SourceConfig, protocol: ProtocolConfig, warmup: int, need: float | None = None) -> dict:
     """Every case under `protocol` (alternating rounds), the binding stage and the recommended settings."""
@@ -174,15 +182,15 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
     device, cores = resolve_device(loader.device), default_threads()
     base = PipelineSpec(train=train, batch_size=batch_size, device=device, shard=Shard(), augment=augment,
                         decode_device=loader.decode_device, shuffle_buffer=loader.shuffle_buffer,
-                        prefetch_queue_depth=2 if loader.prefetch_queue_depth == tuning.AUTO
-                        else loader.prefetch_queue_depth, max_pixels=loader.max_pixels)
+                        knobs=TunedKnobs.requested(None, loader.prefetch_queue_depth, augment.hw_decoder_load)[0],
+                        max_pixels=loader.max_pixels)
     todo = cases(device, cores, augment)
     per_epoch = -(-source.num_samples // batch_size)  # the reader pads the last batch
     files = source_files(source) if protocol.cold else []
     quiet = not sys.stderr.isatty()
     with remote_feed(source, base, loader) as feed, \
             tqdm(total=protocol.rounds * len(todo), desc="profile", unit="case", disable=quiet) as bar:
-        runs = [StageRun(stage, source, replace(base, **extra, num_threads=threads), warmup, device == "gpu", feed)
+        runs = [StageRun(stage, source, case_spec(base, threads, extra), warmup, device == "gpu", feed)
                 for stage, threads, extra in todo]
         result = compare([run.case(case_name(*c), per_epoch, files) for run, c in zip(runs, todo)], protocol,
                          progress=lambda _: bar.update())
@@ -332,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run_profile(data_or_builtin(args.data), batch_size=args.batch_size, train=not args.val, loader=loader,
                          augment=augment, source_cfg=from_args(SourceConfig, args), warmup=args.warmup,
                          protocol=protocol_from_args(args, warmup=0, min_units=args.batches), need=args.need)
-    result.update(date=started.isoformat(timespec="seconds"), machine=tuning.machine(),
+    result.update(date=started.isoformat(timespec="seconds"), machine=tuning_memory.machine(),
                   command=" ".join(["dali-pipes", "profile", *(argv if argv is not None else sys.argv[1:])]))
     key = tuning.memory_key(result.pop("pipeline_args"), result["kind"])
     if result["recommended"] is not None:  # never from rounds too noisy to rank

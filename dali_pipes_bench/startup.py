@@ -45,7 +45,7 @@ def child(data: str, hint: str, batch_size: int, batches: int, epochs: int = 0, 
     import torch
 
     from dali_pipes import DaliLoader
-    from dali_pipes.graph.augment import parse_size_hint
+    from dali_pipes.graph.augment_config import parse_size_hint
     from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures, gpu_used_mb
     torch.cuda.init()
     before = gpu_used_mb()  # the CUDA context: what training holds before its loaders

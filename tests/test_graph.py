@@ -3,15 +3,17 @@ configured, every bad one listed at once; the decoders' buffers are a budget per
 
 import pytest
 
-from dali_pipes.graph.augment import (
+from dali_pipes.graph.augment_config import AugmentConfig
+from dali_pipes.graph.decoders import (
     DEVICE_PADDING_BUDGET,
     HOST_PADDING_BUDGET,
-    AugmentConfig,
     check_decoder_args,
     decoder_args,
     decoder_paddings,
     resolve_decode_device,
 )
+
+FOUR_THREADS = {"num_threads": 4, "hw_decoder_load": 0.65}  # what build_pipeline gives the decoders from the spec
 
 
 @pytest.mark.parametrize("field, value, match", [
@@ -98,22 +100,23 @@ def test_decoder_paddings_are_a_budget_per_process_not_per_thread():
 
 def test_decoders_upsample_chroma_alike_on_both_devices():
     for device in ("gpu", "cpu"):
-        assert decoder_args(device, AugmentConfig(), num_threads=4)["jpeg_fancy_upsampling"] is True
-    assert decoder_args("gpu", AugmentConfig(), num_threads=4)["device_memory_padding"] == decoder_paddings(4)[0]
+        assert decoder_args(device, AugmentConfig(), **FOUR_THREADS)["jpeg_fancy_upsampling"] is True
+    assert decoder_args("gpu", AugmentConfig(), **FOUR_THREADS)["device_memory_padding"] == decoder_paddings(4)[0]
 
 
 def test_the_gpu_decoders_preallocate_for_the_datas_images_or_nothing():
-    today = decoder_args("gpu", AugmentConfig(), num_threads=4)  # the data's sizes unknown: ImageNet's largest
+    today = decoder_args("gpu", AugmentConfig(), **FOUR_THREADS)  # the data's sizes unknown: ImageNet's largest
     assert (today["preallocate_width_hint"], today["preallocate_height_hint"]) == (5980, 6430)
     assert (today["device_memory_padding"], today["host_memory_padding"]) == decoder_paddings(4)
-    sized = decoder_args("gpu", AugmentConfig(decoder_size_hint=(640, 480)), num_threads=4)
+    sized = decoder_args("gpu", AugmentConfig(decoder_size_hint=(640, 480)), **FOUR_THREADS)
     assert (sized["preallocate_width_hint"], sized["preallocate_height_hint"]) == (640, 480)
     assert sized["device_memory_padding"] == sized["host_memory_padding"] == 640 * 480 * 3  # one RGB image
-    lazy = decoder_args("gpu", AugmentConfig(decoder_size_hint=(0, 0)), num_threads=4)
+    lazy = decoder_args("gpu", AugmentConfig(decoder_size_hint=(0, 0)), **FOUR_THREADS)
     assert [lazy[k] for k in ("preallocate_width_hint", "preallocate_height_hint", "device_memory_padding",
                               "host_memory_padding")] == [0, 0, 0, 0]  # DALI allocates on first use
     assert decoder_paddings(4, (8000, 8000)) == decoder_paddings(4)  # never above the budget's share
-    assert "preallocate_width_hint" not in decoder_args("cpu", AugmentConfig(decoder_size_hint=(640, 480)), 4)
+    assert "preallocate_width_hint" not in decoder_args("cpu", AugmentConfig(decoder_size_hint=(640, 480)),
+                                                     **FOUR_THREADS)
 
 
 def test_the_decoder_size_hint_is_a_flag():

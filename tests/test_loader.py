@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from dali_pipes import DaliLoader, open_source
-from dali_pipes.graph.augment import IMAGENET_MEAN, IMAGENET_STD
+from dali_pipes.graph.augment_config import IMAGENET_MEAN, IMAGENET_STD
 
 from conftest import assert_placed
 

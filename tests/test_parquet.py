@@ -167,8 +167,8 @@ def test_two_ranks_train_yield_each_sample_at_most_once_per_epoch_and_shuffle_pe
 def test_a_train_epoch_is_read_in_the_order_the_reader_model_gives(hf):
     """The bad-sample search and the culprit window come from ReaderModel.read_order: the feed must read in it."""
     from dali_pipes.run.pipeline import PipelineSpec, source_reader
-    model = source_reader(PipelineSpec(True, BATCH, seed=KW["seed"], shuffle_buffer=KW["shuffle_buffer"]),
-                          open_source(hf))
+    spec = PipelineSpec(train=True, batch_size=BATCH, seed=KW["seed"], shuffle_buffer=KW["shuffle_buffer"])
+    model = source_reader(spec, open_source(hf))
     loader = DaliLoader(hf, train=True, **KW)
     for epoch_index in range(2):
         labels = [y for _, ys in loader for y in ys.tolist()]

@@ -3,28 +3,78 @@ device combinations it refuses. (Its GPU graphs are checked in test_graph_check.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
-from dali_pipes import open_source
+import dali_pipes
+from dali_pipes import AugmentConfig, open_source
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads, usable_cpus
-from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, cuda_device_id
+from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline, cuda_device_id
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_gpu_pipelines_are_defined_with_a_device_id_without_cuda(jpeg_folder):
-    pipe = build_pipeline(open_source(jpeg_folder), PipelineSpec(True, 2, "gpu", shard=Shard(0, 1, 0)))
+    spec = PipelineSpec(train=True, batch_size=2, device="gpu", shard=Shard(0, 1, 0))
+    pipe = build_pipeline(open_source(jpeg_folder), spec)
     assert pipe.device_id == 0  # defined for GPU 0 on a machine without CUDA; only build() needs CUDA
     with pytest.raises(RuntimeError, match="CUDA"):
         pipe.build()
 
 
-def test_build_pipeline_refuses_a_gpu_decode_on_a_cpu_pipeline(jpeg_folder):
+def test_the_spec_refuses_a_gpu_decode_on_a_cpu_pipeline():
     with pytest.raises(ValueError, match="decode_device='gpu' needs device='gpu'.*decode_device='cpu'"):
-        build_pipeline(open_source(jpeg_folder), PipelineSpec(True, 2, "cpu", decode_device="gpu"))
+        PipelineSpec(train=True, batch_size=2, device="cpu", decode_device="gpu")
+
+
+# -- issue 34: one spec, validated once ----------------------------------------------------------------------
+
+def test_the_spec_and_its_knobs_cannot_be_built_positionally():
+    """Two int fields swapped by position would pass mypy and swap the values: keywords only."""
+    with pytest.raises(TypeError):
+        PipelineSpec(True, 2)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        TunedKnobs(4, 2)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("device, decode_device, resolved", [
+    ("cpu", None, "cpu"), ("gpu", None, "gpu"), ("gpu", "cpu", "cpu"), ("gpu", "gpu", "gpu")])
+def test_the_spec_resolves_the_decode_device_once(device, decode_device, resolved):
+    """decode_device is resolved when the spec is made, never None after: no reader resolves it again."""
+    spec = PipelineSpec(train=True, batch_size=2, device=device, decode_device=decode_device)
+    assert spec.decode_device == resolved
+    assert dataclasses.replace(spec, seed=1).decode_device == resolved  # a new spec stays resolved
+
+
+def test_the_tuned_knobs_are_one_resolved_value():
+    """"auto" and None are read once (TunedKnobs.requested): the spec holds numbers, and the names left to tune."""
+    knobs, tuned = TunedKnobs.requested("auto", "auto", "auto")
+    assert knobs == TunedKnobs(num_threads=default_threads(), prefetch_queue_depth=2, hw_decoder_load=0.65)
+    assert tuned == ("num_threads", "prefetch_queue_depth", "hw_decoder_load")
+    assert TunedKnobs.requested(None, 3, 0.99) == (TunedKnobs(prefetch_queue_depth=3, hw_decoder_load=0.99), ())
+    assert PipelineSpec(train=True, batch_size=2).knobs.num_threads == default_threads()
+    with pytest.raises(ValueError, match="prefetch_queue_depth must be a count or 'auto', got '3'"):
+        TunedKnobs.requested(2, "3", 0.65)
+    with pytest.raises(ValueError, match="num_threads must be a positive count, got -1"):
+        TunedKnobs(num_threads=-1)
+    # the decoder builds with the knobs' load: a fixed load in augment that the knobs do not carry is refused
+    with pytest.raises(ValueError, match=r"knobs=TunedKnobs\(hw_decoder_load=0.99\)"):
+        PipelineSpec(train=True, batch_size=2, augment=AugmentConfig(hw_decoder_load=0.99))
+
+
+def test_num_threads_enters_dali_once_from_the_spec(jpeg_folder):
+    """DALI gets the thread count once, from the spec's knobs (pipeline_def); the decoders get it from
+    build_pipeline as an argument, never read back from the pipeline being defined (Pipeline.current)."""
+    spec = PipelineSpec(train=True, batch_size=2, knobs=TunedKnobs(num_threads=3))
+    assert build_pipeline(open_source(jpeg_folder), spec).num_threads == 3
+    library = Path(dali_pipes.__file__).parent
+    read_back = [path.relative_to(library) for path in library.rglob("*.py")
+                 if "Pipeline.current" in (text := path.read_text()) and "num_threads" in text]
+    assert read_back == []  # graph/augment.py read it back for the decoders' paddings
 
 
 @pytest.mark.parametrize("initialized, current, visible, local_rank, expected", [

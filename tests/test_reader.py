@@ -9,7 +9,7 @@ import pytest
 from dali_pipes import open_source
 from dali_pipes.data.reader import ReaderModel
 from dali_pipes.run.dist import Shard
-from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline
 
 from conftest import jpeg_bytes
 
@@ -18,10 +18,11 @@ N, BATCH = 23, 3
 
 
 
-def iterator(source, rank, world, train, **kw):
+def iterator(source, rank, world, train, prefetch_queue_depth=2):
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-    pipe = build_pipeline(source, PipelineSpec(train, BATCH, shard=Shard(rank, world), num_threads=1,
-                                               shuffle_buffer=5, **kw), sample_ids=True)
+    knobs = TunedKnobs(num_threads=1, prefetch_queue_depth=prefetch_queue_depth)
+    pipe = build_pipeline(source, PipelineSpec(train=train, batch_size=BATCH, shard=Shard(rank, world), knobs=knobs,
+                                               shuffle_buffer=5), sample_ids=True)
     return DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name="Reader",
                                last_batch_policy=LastBatchPolicy.FILL, auto_reset=True)
 

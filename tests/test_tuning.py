@@ -20,7 +20,7 @@ import pytest
 
 from dali_pipes import DaliLoader
 from dali_pipes.options import auto_or_count
-from dali_pipes.run import tuning
+from dali_pipes.run import tuning, tuning_memory
 
 N = 240  # 120 batches of 2: a warm-up of 4-6 batches, then a tuning budget of 12: 4 trials of 2 measured batches
 KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
@@ -201,9 +201,9 @@ def test_the_search_prefers_less_cpu_when_the_loop_never_waits():
 # ---------------------------------------------------------------------------------------------
 
 def plan_spec():
-    """What DaliLoader hands tuning.plan for a CPU train graph (both knobs "auto": plan's flags)."""
+    """What DaliLoader hands tuning.plan for a CPU train graph (both knobs "auto": the spec's `tuned`)."""
     from dali_pipes.run.pipeline import PipelineSpec
-    return PipelineSpec(train=True, batch_size=2, device="cpu")
+    return PipelineSpec(train=True, batch_size=2, device="cpu", tuned=("num_threads", "prefetch_queue_depth"))
 
 
 def memory_warnings(caplog, path) -> list[str]:
@@ -244,9 +244,9 @@ def test_a_bad_entry_is_not_a_start_and_never_written_back(tmp_path, caplog, ent
     key = tuning.memory_key(plan_spec(), "tfrecord")
     path.write_text(json.dumps({"version": 1, "entries": {key: entry, "other": {"num_threads": 1}}}))
     from dali_pipes.run.stats import LoaderClock
-    spec, hook = tuning.plan(plan_spec(), "tfrecord", LoaderClock(), tune_threads=True, tune_depth=True)
+    spec, hook = tuning.plan(plan_spec(), "tfrecord", LoaderClock())
     assert settings(hook.describe()["start"]) == tuning.Settings(tuning.default_threads(), 2)
-    assert not hook.describe()["remembered"] and spec.num_threads == tuning.default_threads()
+    assert not hook.describe()["remembered"] and spec.knobs.num_threads == tuning.default_threads()
     tuning.remember(key, {"prefetch_queue_depth": 3, "source": "online"})  # as a run that tuned the depth only
     (warning,) = memory_warnings(caplog, path)
     assert problem in warning and f"entry {key}" in warning
@@ -299,7 +299,6 @@ def test_writers_at_once_lose_no_entry(tmp_path):
 def test_a_locations_resolved_reads_keep_the_remembered_key(numbered_source):
     """A location's loader says exif_orientation=True, png16="scale" (DALI's own reads); `dali-pipes profile`
     leaves them None. Both find the same remembered settings: the key they had before these fields existed."""
-    import dataclasses
 
     from dali_pipes.run.pipeline import PipelineSpec
     loader = DaliLoader(numbered_source, **KW, num_threads=1, prefetch_queue_depth=2)
@@ -308,7 +307,7 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered_source):
     spec = PipelineSpec(train=True, batch_size=2, augment=augment)
     as_profile = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=None, png16=None))
     assert tuning.memory_key(spec, numbered_source.kind) == tuning.memory_key(as_profile, numbered_source.kind)
-    assert not {"exif_orientation", "png16"} & set(tuning.graph_key(spec, numbered_source.kind)["augment"])
+    assert not {"exif_orientation", "png16"} & set(tuning_memory.graph_key(spec, numbered_source.kind)["augment"])
     as_pil = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=False, png16="pil"))
     assert tuning.memory_key(as_pil, numbered_source.kind) != tuning.memory_key(spec, numbered_source.kind)
 
@@ -473,11 +472,13 @@ def test_a_remembered_hw_decoder_load_is_the_start_and_only_confirmed():
     assert "the remembered settings, confirmed" in tuner.decision
 
 
-def gpu_spec(load, decode_device=None):
-    from dali_pipes.graph.augment import AugmentConfig
-    from dali_pipes.run.pipeline import PipelineSpec
-    return PipelineSpec(train=True, batch_size=2, device="gpu", decode_device=decode_device,
-                        augment=AugmentConfig(hw_decoder_load=load))
+def gpu_spec(load, decode_device=None, num_threads=None, device="gpu"):
+    """A spec as DaliLoader makes it for these requests (TunedKnobs.requested: the knobs left "auto")."""
+    from dali_pipes.graph.augment_config import AugmentConfig
+    from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
+    knobs, tuned = TunedKnobs.requested(num_threads, 2, load)
+    return PipelineSpec(train=True, batch_size=2, device=device, decode_device=decode_device,
+                        augment=AugmentConfig(hw_decoder_load=load), knobs=knobs, tuned=tuned)
 
 
 def test_hw_decoder_load_auto_is_searched_on_a_gpus_mixed_decoder_only():
@@ -487,23 +488,22 @@ def test_hw_decoder_load_auto_is_searched_on_a_gpus_mixed_decoder_only():
     from dali_pipes.run.stats import LoaderClock
 
     def plan(spec):
-        return tuning.plan(spec, "file_list", LoaderClock(), tune_threads=False, tune_depth=False)
+        return tuning.plan(spec, "file_list", LoaderClock())
 
     spec, hook = plan(gpu_spec("auto"))
-    assert spec.augment.hw_decoder_load == 0.65 and hook.tuner.tune_hw
-    assert hook.describe()["start"] == {"num_threads": spec.num_threads, "prefetch_queue_depth": 2,
+    assert spec.knobs.hw_decoder_load == 0.65 and hook.tuner.tune_hw
+    assert hook.describe()["start"] == {"num_threads": spec.knobs.num_threads, "prefetch_queue_depth": 2,
                                         "hw_decoder_load": 0.65}
-    for fixed_or_cpu in (gpu_spec(0.99), gpu_spec("auto", decode_device="cpu"),
-                         dataclasses.replace(gpu_spec("auto"), device="cpu")):
+    for fixed_or_cpu in (gpu_spec(0.99), gpu_spec("auto", decode_device="cpu"), gpu_spec("auto", device="cpu")):
         spec, hook = plan(fixed_or_cpu)
-        assert hook is None and spec.augment.hw_decoder_load == (0.99 if fixed_or_cpu.augment.hw_decoder_load
-                                                                  == 0.99 else 0.65)
+        assert hook is None and spec.knobs.hw_decoder_load == (0.99 if fixed_or_cpu.augment.hw_decoder_load
+                                                               == 0.99 else 0.65)
     key = tuning.memory_key(gpu_spec("auto"), "file_list")
     assert key == tuning.memory_key(gpu_spec(0.99), "file_list")  # the load is no part of the graph's key
     tuning.remember(key, {"hw_decoder_load": 0.99, "source": "online"})
     spec, hook = plan(gpu_spec("auto"))
-    assert spec.augment.hw_decoder_load == 0.99 and hook.describe()["remembered"]
-    assert isinstance(PipelineSpec(True, 2).augment.hw_decoder_load, float)  # the default stays 0.65, fixed
+    assert spec.knobs.hw_decoder_load == 0.99 and hook.describe()["remembered"]
+    assert PipelineSpec(train=True, batch_size=2).knobs.hw_decoder_load == 0.65  # the default stays 0.65, fixed
 
 
 class RecordingRank:
@@ -519,17 +519,17 @@ class RecordingRank:
 
 def test_the_hook_rebuilds_a_new_graph_per_load_and_remembers_the_choice(tmp_path):
     """OnlineTuning on a GPU spec, fed a simulated clock: each trial's hw_decoder_load reaches the rank as a new
-    AugmentConfig (the graph is rebuilt for it), the choice is in stats()["tuned"] and in the memory."""
+    TunedKnobs (the graph is rebuilt for it), the choice is in stats()["tuned"] and in the memory."""
     from dali_pipes.run.stats import LoaderClock
     clock = LoaderClock()
-    spec, hook = tuning.plan(gpu_spec("auto"), "file_list", clock, tune_threads=True, tune_depth=False)
+    spec, hook = tuning.plan(gpu_spec("auto", num_threads="auto"), "file_list", clock)
     rank = RecordingRank(spec)
     loop = SimulatedLoop(lambda s: 5.0 if s.num_threads >= 2 else 25.0)
     hook.begin_epoch(rank, 400)
     for i in range(400):
         clock.last = loop.batch(hook.tuner.current, i)  # what LoaderClock.after_batch sets
         hook.after_batch(rank, None)
-    loads = [s.augment.hw_decoder_load for s in rank.rebuilds]
+    loads = [s.knobs.hw_decoder_load for s in rank.rebuilds]
     assert loads[0] == 0.99 and set(loads) == {0.99}  # 0.65 ran from the start; 0.99 chosen, threads after
     view = hook.describe()
     assert view["done"] and view["chosen"]["hw_decoder_load"] == 0.99 and view["decision"].startswith("chose ")
@@ -541,8 +541,9 @@ def test_the_hook_rebuilds_a_new_graph_per_load_and_remembers_the_choice(tmp_pat
 
 
 def test_hw_decoder_load_takes_auto_or_a_number_in_0_1():
-    from dali_pipes.graph.augment import AugmentConfig, decoder_args
+    from dali_pipes.graph.augment_config import AugmentConfig
     from dali_pipes.options import add_arguments, auto_or_fraction
+    from dali_pipes.run.pipeline import PipelineSpec
     parser = argparse.ArgumentParser()
     add_arguments(parser, AugmentConfig, "augment")
     assert parser.parse_args(["--hw-decoder-load", "AUTO"]).hw_decoder_load == "auto"
@@ -553,8 +554,9 @@ def test_hw_decoder_load_takes_auto_or_a_number_in_0_1():
             auto_or_fraction(bad)
     with pytest.raises(ValueError, match=r"hw_decoder_load must be in \[0, 1\] or 'auto', got 'fast'"):
         AugmentConfig(hw_decoder_load="fast")
-    # a graph built outside the loader (dali-pipes profile) reads "auto" as the default
-    assert decoder_args("gpu", AugmentConfig(hw_decoder_load="auto"), 4)["hw_decoder_load"] == 0.65
+    # a spec built outside the loader (dali-pipes profile) reads "auto" as the default
+    assert PipelineSpec(train=True, batch_size=2, augment=AugmentConfig(hw_decoder_load="auto")).knobs.hw_decoder_load \
+        == 0.65
 
 
 # -- on a GPU: the decoders' rounding between loads, and the search with real rebuilds ------------------------

@@ -164,14 +164,14 @@ def test_a_cache_over_its_budget_is_not_used_with_one_log_line(numbered_source, 
 
 def test_train_and_a_reader_that_shuffles_never_cache(numbered_source):
     """Their epochs differ: random crops and flips, another order."""
-    from dali_pipes.graph.augment import AugmentConfig
+    from dali_pipes.graph.augment_config import AugmentConfig
     from dali_pipes.run.pipeline import PipelineSpec
     from dali_pipes.run.val_cache import ValCache
     train = loader(numbered_source, train=True)
     epoch(train)
     epoch(train)
     assert train.stats()["val_cache"]["state"] == "off" and train.stats()["val_cache"]["epochs_replayed"] == 0
-    shuffled = ValCache(ENOUGH, PipelineSpec(False, BATCH, shuffle=True), AugmentConfig())
+    shuffled = ValCache(ENOUGH, PipelineSpec(train=False, batch_size=BATCH, shuffle=True), AugmentConfig())
     assert shuffled.describe()["state"] == "off" and shuffled.spec.normalize
 
 

@@ -6,376 +6,34 @@ Where each step runs (`device`, `decode_device`):
   * "gpu", "cpu" (hybrid): libjpeg-turbo decodes on the CPU threads (in train only the random crop's
     region), the decoded crop moves to the GPU, and the rest runs there. NVIDIA's ConvNets examples
     run this way when the GPU's decoders are the bottleneck;
-  * "cpu", "cpu": the same graph on CPU operators. "cpu" with a GPU decode is refused.
+  * "cpu", "cpu": the same graph on CPU operators. "cpu" with a GPU decode is refused (decoders.py, when the
+    rank's PipelineSpec is made).
 
 DALI is imported inside the functions, never at module level: `import nvidia.dali` takes 0.7-0.8 s
-(measured on this project's 2-core machine) and loads libdali, while this module's dataclass is
-imported by every command, converters, `verify` and `--help` included, that never builds a pipeline.
+(measured on this project's 2-core machine) and loads libdali, and a command that never builds a pipeline may
+import this module.
 
 Every operator that draws random numbers has a name of its own ("RandomCrop", "Flip", ...): a DALI
 checkpoint names operators, and DALI's generated names shift when an operator is added before them
 (dali_checkpoint.py). DALI's auto_aug policies name theirs themselves, by place.
 
-DALI checks argument names and types when a graph is defined, not their values: a `hw_decoder_load`
-of 1.5 or a negative padding is accepted even on a GPU, and a 2-value mean passes definition and
-serialization. The values are checked here, before DALI sees them (`AugmentConfig.__post_init__`,
-`check_decoder_args`); tests/test_graph_check.py has a case for each.
+The settings (AugmentConfig and its value checks) are in augment_config.py, the decoders and their arguments in
+decoders.py; this module holds the graphs that use them. The decoders' thread count and hardware share come in as
+arguments (the rank's PipelineSpec has them resolved: run/pipeline.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import numbers
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from dali_pipes.graph import resolution
-from dali_pipes.graph.resolution import ImageSize
-from dali_pipes.options import auto_or_fraction, option, written_as
+from dali_pipes.graph.augment_config import AUGMIX_BINS, DEFAULT_HW_LOAD, AugmentConfig
+from dali_pipes.graph.decoders import decode_rgb
 
 if TYPE_CHECKING:
     from nvidia.dali.data_node import DataNode
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-AUTO_AUGMENTS = ("autoaugment", "randaugment", "trivialaugment", "augmix")
-INTERPOLATIONS = ("bilinear", "bicubic")
-ERASING_MODES = ("const", "pixel", "rand")
-DEVICES = ("gpu", "cpu")
-PNG16_MODES = ("pil", "scale")
-
-# nvJPEG buffers of the mixed decoders. DALI preallocates them *per CPU thread*: one device buffer of
-# `device_memory_padding` and two pinned host buffers of `host_memory_padding` per thread. DALI's
-# ResNet-50 example pads 211 MB / 140 MB, sized for ImageNet's largest image; per thread, at 16
-# threads that is 3.4 GB of GPU memory and 4.5 GB of pinned host memory per process. Here the
-# example's sizes are a budget per *process*, split across the threads, and no thread gets less
-# than DALI's own defaults (16 MiB / 8 MiB: a 5-Mpixel RGB image, larger than all but a handful of
-# ImageNet's images). A larger image makes its thread grow the buffer once (one allocation, then
-# reused), which is what the padding only postpones. A GPU run should confirm the sizes: the
-# doctor's throughput runs report peak GPU memory.
-DEVICE_PADDING_BUDGET = 211_025_920
-HOST_PADDING_BUDGET = 140_544_512
-DALI_DEFAULT_DEVICE_PADDING = 16 * 2**20
-DALI_DEFAULT_HOST_PADDING = 8 * 2**20
-MAX_PADDING = 4 * 2**30  # per thread; more is a unit mistake (bytes, not pixels or MB)
-HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT = 5980, 6430  # ImageNet's largest image (DALI's example)
-JPEG_MAX_SIDE = 65535
-AUGMIX_BINS = 10  # torchvision's AugMix divides each magnitude range into 10 bins (its _PARAMETER_MAX)
 ERASE_ATTEMPTS = 10  # torchvision's and timm's RandomErasing try 10 rectangles, then leave the image as it is
-AUTO_LOAD = "auto"  # hw_decoder_load="auto": a GPU loader tries run/tuning.HW_LOADS online, starting here:
-DEFAULT_HW_LOAD = 0.65  # DALI's own default; "auto" reads as it wherever nothing tunes it (a CPU decode, profile)
-# What is preallocated can be sized to the data (AugmentConfig.decoder_size_hint): the hardware decoder's
-# width and height hints to the box around the data's images, and each thread's paddings to one decoded RGB
-# image of that box (never above the budget's share). Where the data's sizes are not known (no conversion
-# manifest lists them) the hints stay ImageNet's largest image, as above; (0, 0) preallocates nothing, and
-# DALI allocates on first use, sized to the images met (its own default).
-
-
-def parse_size_hint(text: str) -> tuple[int, int]:
-    """"6000x4000" -> (6000, 4000): a width x height flag value."""
-    try:
-        width, height = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected WIDTHxHEIGHT in pixels, e.g. 6000x4000 (0x0: "
-                                         f"preallocate nothing)") from None
-    return width, height
-
-
-# a config file (python -m train --config WORKDIR/args.json) holds these flags' values parsed: their flag text
-written_as(parse_size_hint, lambda hint: f"{hint[0]}x{hint[1]}")
-written_as(resolution.parse_image_size, resolution.schedule_text)
-
-
-@dataclass(frozen=True)
-class AugmentConfig:
-    """The decode + augment graph's settings; every field is also a flag (config.add_arguments)."""
-    image_size: ImageSize = option(224, "output side in pixels (train crop, val centre crop), or a train schedule "
-                                   "EPOCH:SIZE,... from epoch 0 (progressive resizing), e.g. 0:160,10:192,16:224",
-                                   type=resolution.parse_image_size)
-    val_image_size: int | None = option(None, "val centre-crop side in pixels (default: the last size of "
-                                        "--image-size)", type=int)
-    random_area: tuple[float, float] = option((0.08, 1.0), "train: random-resized-crop area fraction, low high")
-    random_aspect_ratio: tuple[float, float] = option((3 / 4, 4 / 3), "train: random-resized-crop aspect ratio range")
-    flip_probability: float = option(0.5, "train: probability of a horizontal flip")
-    color_jitter: float = option(0.0, "train: brightness/contrast/saturation drawn in 1 +- this (0: off)")
-    auto_augment: str | None = option(None, "train: an AutoAugment-family policy (DALI auto_aug; augmix: torchvision's "
-                                      "AugMix composed of DALI's auto_aug operations)", type=str,
-                                      choices=(*AUTO_AUGMENTS, None))
-    augmix_severity: int = option(3, "train, augmix: magnitudes drawn from the first SEVERITY of 10 bins")
-    augmix_width: int = option(3, "train, augmix: augmentation chains mixed per image")
-    augmix_depth: int = option(-1, "train, augmix: operations per chain (-1: 1 to 3, drawn per chain)")
-    augmix_alpha: float = option(1.0, "train, augmix: concentration of the Beta / Dirichlet mixing weights")
-    random_erasing: float = option(0.0, "train: probability of erasing one random rectangle per image, after "
-                                   "normalisation (torchvision's and timm's RandomErasing; 0: off)")
-    random_erasing_area: tuple[float, float] = option((0.02, 0.33), "train: erased area as a fraction of the "
-                                                      "image, low high")
-    random_erasing_ratio: tuple[float, float] = option((0.3, 3.3), "train: erased rectangle's height / width, "
-                                                       "low high (drawn log-uniform)")
-    random_erasing_mode: str = option("const", "train: what fills an erased rectangle: const (random_erasing_value), "
-                                      "pixel (per-pixel N(0, 1) noise: torchvision's value='random'), rand (one "
-                                      "N(0, 1) colour per rectangle)", choices=ERASING_MODES)
-    random_erasing_value: tuple[float, float, float] = option((0.0, 0.0, 0.0), "train: const erasing's fill per "
-                                                              "channel, in normalised units (0: the mean colour)")
-    interpolation: str = option("bilinear", "resize filter of the train crop and the val resize, antialiased as "
-                                "PIL's: bilinear or bicubic (timm's default)", choices=INTERPOLATIONS)
-    crop_ratio: float = option(0.875, "val: resize the shorter side to image_size / crop_ratio, then centre-crop")
-    val_stretch: bool = option(False, "val: resize both sides to image_size / crop_ratio, the aspect ratio not "
-                               "kept (torchvision's Resize((h, w)), a ViT image processor's), not the shorter side")
-    mean: tuple[float, float, float] = option(IMAGENET_MEAN, "normalisation mean per channel, on the [0, 1] scale")
-    std: tuple[float, float, float] = option(IMAGENET_STD, "normalisation std per channel, on the [0, 1] scale")
-    channels_last: bool = option(False, "NHWC memory (the logical shape stays N,3,H,W): faster convs on GPU")
-    float16: bool = option(False, "float16 output instead of float32: half the bytes to move")
-    hw_decoder_load: float | str = option(DEFAULT_HW_LOAD, "gpu: share of images sent to the hardware JPEG decoder "
-                                          "(A100/H100); auto: tried online among 0, 0.65 and 0.99 in the first "
-                                          "epoch (a decoder change may alter pixels by rounding)",
-                                          type=auto_or_fraction)
-    decoder_size_hint: tuple[int, int] | None = option(
-        None, "gpu: WIDTHxHEIGHT the GPU decoders preallocate for (the hardware decoder's hints; the per-thread "
-        "paddings to one such RGB image); 0x0: nothing, allocated on first use. default: the box around the data's "
-        "images where its conversion manifest lists it, else ImageNet's largest image (5980x6430)",
-        type=parse_size_hint)
-    # How images are read where DALI and PIL differ. None: the loader's form decides (DaliLoader(dataset) reads
-    # as DataLoader + PIL; a location keeps DALI's way); the graph reads None as DALI's way.
-    exif_orientation: bool | None = option(None, "rotate JPEGs as their EXIF orientation tag says (DALI's way); "
-                                           "--no-exif-orientation: as stored (PIL's, DataLoader's). default: PIL's "
-                                           "for a dataset object, DALI's for a location", type=bool)
-    png16: str | None = option(None, "16-bit PNGs: 'pil' as PIL reads them (grey clipped at 255, colour's high "
-                               "byte; those images are decoded at 16 bits), 'scale' DALI's (x 255/65535, rounded). "
-                               "default: 'pil' for a dataset object that lists .png files, else 'scale'", type=str,
-                               choices=(*PNG16_MODES, None))
-
-    def __post_init__(self) -> None:
-        problems = augment_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        object.__setattr__(self, "image_size", resolution.normalized(self.image_size))  # one form (resolution.py)
-
-    def size_at(self, epoch: int) -> int:
-        """The train size of epoch `epoch` under the image_size schedule."""
-        return resolution.size_at(self.image_size, epoch)
-
-    @property
-    def val_size(self) -> int:
-        """The val centre-crop side: val_image_size, or the schedule's last size."""
-        return self.val_image_size or resolution.last_size(self.image_size)
-
-    def for_epoch(self, epoch: int, train: bool) -> "AugmentConfig":
-        """The settings of one pipeline: image_size the one size its graph has in epoch `epoch`."""
-        size = self.size_at(epoch) if train else self.val_size
-        return self if size == self.image_size else replace(self, image_size=size, val_image_size=None)
-
-
-def augment_problems(cfg: AugmentConfig) -> list[str]:
-    """Every value of `cfg` that DALI would accept silently (or fail on deep inside a run)."""
-    problems = []
-    problems += resolution.schedule_problems(cfg.image_size)
-    val = cfg.val_image_size
-    if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < 1):
-        problems.append(f"val_image_size must be a positive integer or None, got {cfg.val_image_size!r}")
-    if cfg.auto_augment not in (None, *AUTO_AUGMENTS):
-        problems.append(f"auto_augment must be one of {AUTO_AUGMENTS} or None, got {cfg.auto_augment!r}")
-    low_high = _pair(cfg.random_area)
-    if not low_high or not 0 < low_high[0] <= low_high[1] <= 1:
-        problems.append(f"random_area must be (low, high) with 0 < low <= high <= 1, got {cfg.random_area}")
-    low_high = _pair(cfg.random_aspect_ratio)
-    if not low_high or not 0 < low_high[0] <= low_high[1]:
-        problems.append(f"random_aspect_ratio must be (low, high) with 0 < low <= high, got {cfg.random_aspect_ratio}")
-    if not _number(cfg.flip_probability) or not 0 <= cfg.flip_probability <= 1:
-        problems.append(f"flip_probability must be in [0, 1], got {cfg.flip_probability!r}")
-    if not _number(cfg.color_jitter) or not 0 <= cfg.color_jitter < 1:
-        problems.append(f"color_jitter must be in [0, 1) (factors drawn in 1 +- it stay positive), "
-                        f"got {cfg.color_jitter!r}")
-    if not _number(cfg.crop_ratio) or not 0 < cfg.crop_ratio <= 1:
-        problems.append(f"crop_ratio must be in (0, 1], got {cfg.crop_ratio!r}")
-    problems += _normalisation_problems(cfg.mean, cfg.std)
-    problems += _recipe_problems(cfg)
-    if cfg.hw_decoder_load != AUTO_LOAD and not _fraction(cfg.hw_decoder_load):
-        problems.append(f"hw_decoder_load must be in [0, 1] or 'auto', got {cfg.hw_decoder_load!r}")
-    hint = cfg.decoder_size_hint
-    if hint is not None and not _size_hint(hint):
-        problems.append(f"decoder_size_hint must be (width, height) in pixels, both in [1, {JPEG_MAX_SIDE}] or both 0 "
-                        f"(preallocate nothing), or None, got {hint!r}")
-    if cfg.exif_orientation is not None and not isinstance(cfg.exif_orientation, bool):
-        problems.append(f"exif_orientation must be True, False or None, got {cfg.exif_orientation!r}")
-    if cfg.png16 not in (None, *PNG16_MODES):
-        problems.append(f"png16 must be one of {PNG16_MODES} or None, got {cfg.png16!r}")
-    return problems
-
-
-def _recipe_problems(cfg: AugmentConfig) -> list[str]:
-    """AugMix's, random erasing's and the resize filter's values (the graph draws with them per sample)."""
-    problems = []
-    if cfg.interpolation not in INTERPOLATIONS:
-        problems.append(f"interpolation must be one of {INTERPOLATIONS}, got {cfg.interpolation!r}")
-    for name, low in (("augmix_severity", 1), ("augmix_width", 1)):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= AUGMIX_BINS:
-            problems.append(f"{name} must be an integer in [{low}, {AUGMIX_BINS}], got {value!r}")
-    depth = cfg.augmix_depth
-    if isinstance(depth, bool) or not isinstance(depth, int) or not (depth == -1 or 1 <= depth <= AUGMIX_BINS):
-        problems.append(f"augmix_depth must be -1 (1 to 3 per chain) or an integer in [1, {AUGMIX_BINS}], "
-                        f"got {depth!r}")
-    if not _number(cfg.augmix_alpha) or cfg.augmix_alpha <= 0:
-        problems.append(f"augmix_alpha must be > 0, got {cfg.augmix_alpha!r}")
-    if not _number(cfg.random_erasing) or not 0 <= cfg.random_erasing <= 1:
-        problems.append(f"random_erasing must be a probability in [0, 1], got {cfg.random_erasing!r}")
-    low_high = _pair(cfg.random_erasing_area)
-    if not low_high or not 0 < low_high[0] <= low_high[1] <= 1:
-        problems.append(f"random_erasing_area must be (low, high) with 0 < low <= high <= 1, got "
-                        f"{cfg.random_erasing_area}")
-    low_high = _pair(cfg.random_erasing_ratio)
-    if not low_high or not 0 < low_high[0] <= low_high[1]:
-        problems.append(f"random_erasing_ratio must be (low, high) with 0 < low <= high, got "
-                        f"{cfg.random_erasing_ratio}")
-    if cfg.random_erasing_mode not in ERASING_MODES:
-        problems.append(f"random_erasing_mode must be one of {ERASING_MODES}, got {cfg.random_erasing_mode!r}")
-    value = tuple(cfg.random_erasing_value) if isinstance(cfg.random_erasing_value, (tuple, list)) else ()
-    if len(value) != 3 or not all(_number(v) for v in value):
-        problems.append(f"random_erasing_value must be 3 finite numbers (R, G, B), got {cfg.random_erasing_value!r}")
-    return problems
-
-
-def _number(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _fraction(x) -> bool:
-    return _number(x) and 0 <= x <= 1
-
-
-def hw_load(cfg: AugmentConfig) -> float:
-    """The mixed decoder's hw_decoder_load: "auto" reads as DEFAULT_HW_LOAD (the loader's tuning replaces it
-    before a graph is built; a graph built outside the loader runs the default)."""
-    return DEFAULT_HW_LOAD if cfg.hw_decoder_load == AUTO_LOAD else float(cfg.hw_decoder_load)
-
-
-def _size_hint(hint) -> bool:
-    sides = tuple(hint) if isinstance(hint, (tuple, list)) else ()
-    if len(sides) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in sides):
-        return False
-    return sides == (0, 0) or all(1 <= v <= JPEG_MAX_SIDE for v in sides)
-
-
-def _pair(values) -> tuple[float, float] | None:
-    try:
-        low, high = values
-    except (TypeError, ValueError):
-        return None
-    return (low, high) if _number(low) and _number(high) else None
-
-
-def _normalisation_problems(mean, std) -> list[str]:
-    problems = []
-    for name, given in (("mean", mean), ("std", std)):
-        values = tuple(given) if isinstance(given, (tuple, list)) else ()
-        if len(values) != 3 or not all(_number(v) for v in values):
-            problems.append(f"{name} must be 3 finite numbers (R, G, B), got {given!r}")
-        elif any(v > 1 for v in values):
-            problems.append(f"{name} is on the [0, 1] scale, got {values}; divide 0-255 values by 255")
-        elif name == "mean" and any(v < 0 for v in values):
-            problems.append(f"mean values must be in [0, 1], got {values}")
-        elif name == "std" and any(v <= 0 for v in values):
-            problems.append(f"std values must be > 0 (they divide), got {values}")
-    return problems
-
-
-def resolve_decode_device(device: str, decode_device: str | None) -> str:
-    """Where the decoder runs: `decode_device`, or `device` when None. A GPU decode feeding a CPU
-    pipeline is refused (the decoded images would come back to the host every batch)."""
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    decode_device = decode_device or device
-    if decode_device not in DEVICES:
-        raise ValueError(f"decode_device must be one of {DEVICES} or None, got {decode_device!r}")
-    if device == "cpu" and decode_device == "gpu":
-        raise ValueError("decode_device='gpu' needs device='gpu': a GPU decode cannot feed a CPU pipeline. "
-                         "For CPU decoding with GPU augmentation use device='gpu', decode_device='cpu'")
-    return decode_device
-
-
-def decoder_paddings(num_threads: int, size_hint: tuple[int, int] | None = None) -> tuple[int, int]:
-    """(device_memory_padding, host_memory_padding) per thread: the per-process budget split across
-    `num_threads`, never below DALI's defaults (see DEVICE_PADDING_BUDGET); with a `size_hint` (width, height)
-    no more than one decoded RGB image of that size, (0, 0) none at all."""
-    threads = max(1, num_threads)
-    device, host = (max(DALI_DEFAULT_DEVICE_PADDING, DEVICE_PADDING_BUDGET // threads),
-                    max(DALI_DEFAULT_HOST_PADDING, HOST_PADDING_BUDGET // threads))
-    if size_hint is None:
-        return device, host
-    image = size_hint[0] * size_hint[1] * 3
-    return min(device, image), min(host, image)
-
-
-def check_decoder_args(args: dict) -> dict:
-    """Check the decoder arguments DALI never checks by value; returns `args` unchanged."""
-    for key in ("device_memory_padding", "host_memory_padding"):
-        value = args.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_PADDING:
-            raise ValueError(f"{key} must be a byte count in [0, {MAX_PADDING}] per thread, got {value!r}")
-    for key in ("preallocate_width_hint", "preallocate_height_hint"):
-        value = args.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= JPEG_MAX_SIDE:
-            raise ValueError(f"{key} must be a side in pixels in [0, {JPEG_MAX_SIDE}], got {value!r}")
-    load = args.get("hw_decoder_load", 0.0)
-    if not _number(load) or not 0 <= load <= 1:
-        raise ValueError(f"hw_decoder_load must be in [0, 1], got {load!r}")
-    return args
-
-
-def decoder_args(decode_device: str, cfg: AugmentConfig, num_threads: int) -> dict:
-    """Keywords for DALI's image decoders on `decode_device` ("gpu": the mixed decoder)."""
-    from nvidia.dali import types
-    # Fancy upsampling makes the mixed decoder upsample chroma as libjpeg-turbo does, so GPU and CPU
-    # decodes agree at colour edges. DALI 2.4 accepts it on both backends; it changes only the mixed one.
-    # adjust_orientation: False reads a JPEG as stored, as PIL does (DataLoader's ImageFolder applies no EXIF tag)
-    args: dict[str, Any] = dict(device="mixed" if decode_device == "gpu" else "cpu",
-                                output_type=types.DALIImageType.RGB, jpeg_fancy_upsampling=True,
-                                adjust_orientation=cfg.exif_orientation is not False)
-    if decode_device == "gpu":
-        device_padding, host_padding = decoder_paddings(num_threads, cfg.decoder_size_hint)
-        width, height = cfg.decoder_size_hint or (HW_DECODER_WIDTH_HINT, HW_DECODER_HEIGHT_HINT)
-        args.update(device_memory_padding=device_padding, host_memory_padding=host_padding,
-                    hw_decoder_load=hw_load(cfg), preallocate_width_hint=width, preallocate_height_hint=height)
-    return check_decoder_args(args)
-
-
-def decode_rgb(decoder: Callable[..., DataNode], jpegs: DataNode, cfg: AugmentConfig, decode_device: str,
-               **args) -> DataNode:
-    """`decoder` (one of DALI's image decoders) of `jpegs` with `args` and decoder_args: uint8 RGB HWC.
-
-    png16="pil" reads 16-bit PNGs as PIL's convert("RGB") does, which DALI's uint8 decode cannot: PIL clips
-    16-bit grey (mode I;16) at 255 and keeps the high byte of colour (and of grey + alpha); DALI scales each
-    16-bit image by 255/65535, rounded. Those samples alone (a per-sample `if`: the pipeline is built with
-    enable_conditionals, pipeline.py) are decoded at 16 bits and divided as their PNG header says; every
-    other image takes the plain decode. tests/test_dataloader_args.py checks it against PIL, pixel for pixel."""
-    from nvidia.dali import fn, types
-    args.update(decoder_args(decode_device, cfg, _pipeline_threads()))
-    if cfg.png16 != "pil":
-        return decoder(jpegs, **args)
-    # A PNG: 8-byte signature, then IHDR: length, "IHDR", width, height, bit depth (byte 24), colour type (25)
-    head = fn.slice(jpegs, [0], [26], axes=[0], out_of_bounds_policy="pad", fill_values=0)
-    if (head[0] == 0x89) & (head[1] == 0x50) & (head[24] == 16):  # a branch's operator needs a name of its own
-        wide = {**args, "name": args["name"] + "16"} if "name" in args else args
-        images = _as_pil_reduces(decoder(jpegs, dtype=types.DALIDataType.UINT16, **wide), grey=head[25] == 0)
-    else:
-        images = decoder(jpegs, **args)
-    return images
-
-
-def _as_pil_reduces(images: DataNode, grey: DataNode) -> DataNode:
-    """16-bit images to uint8 as PIL reduces them: grey (mode I;16) clipped at 255, else the high byte."""
-    from nvidia.dali import fn, types
-    from nvidia.dali import math as dmath
-    divisor = 256 - 255 * fn.cast(grey, dtype=types.DALIDataType.INT32)
-    return fn.cast(dmath.min(images // divisor, 255), dtype=types.DALIDataType.UINT8)
-
-
-def _pipeline_threads() -> int:
-    """CPU threads of the pipeline being defined (decoder paddings are per thread)."""
-    from nvidia.dali import Pipeline
-    pipe = Pipeline.current()
-    return pipe.num_threads if pipe is not None and pipe.num_threads else 1
 
 
 def _normalize(images: DataNode, cfg: AugmentConfig, uint8: bool = False, **crop_args) -> DataNode:
@@ -390,17 +48,18 @@ def _normalize(images: DataNode, cfg: AugmentConfig, uint8: bool = False, **crop
         mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std], **crop_args)
 
 
-def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu",
-                  decode_device: str | None = None) -> DataNode:
+def train_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None, *,
+                  num_threads: int = 1, hw_decoder_load: float = DEFAULT_HW_LOAD) -> DataNode:
     """Random-resized-crop decode (only the crop's region is decoded), resize to image_size,
     optional colour jitter and AutoAugment-family policy (AugMix included), flip, normalise, optional
-    random erasing. Returns float CHW (HWC with channels_last) images on `device`."""
+    random erasing. Returns float CHW (HWC with channels_last) images on `device`. `decode_device` None: `device`;
+    `num_threads` (the pipeline's) and `hw_decoder_load` go to the decoder (decoders.decoder_args)."""
     from nvidia.dali import fn
     if not isinstance(cfg.image_size, int):
         raise ValueError(f"train_augment builds one size, got the schedule {cfg.image_size}: pass "
                          f"cfg.for_epoch(epoch, train=True)")
-    decode_device = resolve_decode_device(device, decode_device)
-    images = decode_rgb(fn.decoders.image_random_crop, jpegs, cfg, decode_device, name="RandomCrop",
+    images = decode_rgb(fn.decoders.image_random_crop, jpegs, cfg, decode_device or device, num_threads=num_threads,
+                        hw_decoder_load=hw_decoder_load, name="RandomCrop",
                         random_area=list(cfg.random_area),
                         random_aspect_ratio=list(cfg.random_aspect_ratio), num_attempts=100)
     if device == "gpu":
@@ -548,12 +207,14 @@ def _augmix(images: DataNode, cfg: AugmentConfig, size: int) -> DataNode:
     return fn.cast(dmath.clamp(dmath.floor(mixed), 0, 255), dtype=types.UINT8)  # torchvision's .to(uint8)
 
 
-def decode_only(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None) -> DataNode:
+def decode_only(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None, *,
+                num_threads: int = 1, hw_decoder_load: float = DEFAULT_HW_LOAD) -> DataNode:
     """The whole image decoded, nothing else (uint8 HWC on `device`): `dali-pipes profile`'s decode
     stage, timed without the augmentation after it. Train's graph decodes only its crop's region, so
-    this is the upper bound of its decode cost."""
+    this is the upper bound of its decode cost. The decoder's arguments as train_augment's."""
     from nvidia.dali import fn
-    images = decode_rgb(fn.decoders.image, jpegs, cfg, resolve_decode_device(device, decode_device))
+    images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device or device, num_threads=num_threads,
+                        hw_decoder_load=hw_decoder_load)
     return images.gpu() if device == "gpu" else images
 
 
@@ -568,13 +229,14 @@ def _auto_augment(images: DataNode, policy: str) -> DataNode:
 
 
 def eval_augment(jpegs: DataNode, cfg: AugmentConfig, device: str = "cpu", decode_device: str | None = None,
-                 normalize: bool = True) -> DataNode:
+                 normalize: bool = True, *, num_threads: int = 1, hw_decoder_load: float = DEFAULT_HW_LOAD) -> DataNode:
     """Decode, resize the shorter side (both sides with val_stretch) to val_size / crop_ratio, centre-crop
     val_size (val_image_size, or image_size's last size), normalise. Returns float CHW (HWC with channels_last)
-    images on `device`; uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py)."""
+    images on `device`; uint8, not normalised, with `normalize=False` (the val cache keeps those: run/val_cache.py).
+    The decoder's arguments as train_augment's."""
     from nvidia.dali import fn
-    decode_device = resolve_decode_device(device, decode_device)
-    images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device)
+    images = decode_rgb(fn.decoders.image, jpegs, cfg, decode_device or device, num_threads=num_threads,
+                        hw_decoder_load=hw_decoder_load)
     if device == "gpu":
         images = images.gpu()
     size = cfg.val_size

@@ -1,19 +1,22 @@
 """Wire one Source to one graph for one rank as a DALI pipeline: the rank's settings as one typed value
 (PipelineSpec), and the pipeline built from it (build_pipeline). num_threads goes from DaliLoader(...)
-(loader.py) into the spec here, and from the spec to DALI's pipeline_def below; tuning (tuning.py) makes
-new specs in between."""
+(loader.py) into the spec's TunedKnobs here ("auto" and None resolved once, TunedKnobs.requested), and from the
+spec to DALI's pipeline_def below, once; the decoders get it from build_pipeline as an argument (their paddings
+are per thread). Tuning (tuning.py) makes new specs in between, replacing the knobs whole."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, cast
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, cast
 
 import numpy as np
 
 from dali_pipes.data.formats import PythonFedFormat
 from dali_pipes.data.reader import READER_NAME, ReaderModel
 from dali_pipes.data.source import Source
-from dali_pipes.graph.augment import AugmentConfig, decode_only, eval_augment, resolve_decode_device, train_augment
+from dali_pipes.graph.augment import decode_only, eval_augment, train_augment
+from dali_pipes.graph.augment_config import AUTO_LOAD, DEFAULT_HW_LOAD, AugmentConfig
+from dali_pipes.graph.decoders import resolve_decode_device
 from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
@@ -21,8 +24,11 @@ from dali_pipes.run.machine import default_threads
 if TYPE_CHECKING:
     from nvidia.dali import Pipeline
 
-__all__ = ["READER_NAME", "PipelineSpec", "build_pipeline", "cuda_device_id", "rank_seed", "reader_model",
-           "source_reader"]
+__all__ = ["AUTO", "KNOBS", "READER_NAME", "PipelineSpec", "TunedKnobs", "build_pipeline", "cuda_device_id",
+           "rank_seed", "reader_model", "source_reader"]
+
+AUTO = AUTO_LOAD  # "auto": tuned online, whichever knob (augment_config spells it for hw_decoder_load)
+KNOBS = ("num_threads", "prefetch_queue_depth", "hw_decoder_load")  # TunedKnobs' fields: what tuning may search
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -30,24 +36,76 @@ def rank_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class TunedKnobs:
+    """The settings tuning (tuning.py) may change, as one value that it replaces whole: none changes a sample
+    (a pipeline rebuilt with others at DALI's checkpoint goes on with the same batches; hw_decoder_load but for
+    the decoders' rounding). Resolved: no "auto" and no None here (TunedKnobs.requested reads them)."""
+    num_threads: int = 0                  # DALI's CPU threads; 0: machine.default_threads(), resolved here
+    prefetch_queue_depth: int = 2         # batches DALI computes ahead
+    hw_decoder_load: float = DEFAULT_HW_LOAD  # the share of a GPU's mixed decoder on the hardware JPEG decoder
+
+    def __post_init__(self) -> None:
+        if not self.num_threads:
+            object.__setattr__(self, "num_threads", default_threads())
+        for name in ("num_threads", "prefetch_queue_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive count, got {value!r}")
+        load = self.hw_decoder_load
+        if isinstance(load, (bool, str)) or not 0 <= load <= 1:
+            raise ValueError(f"hw_decoder_load must be in [0, 1], got {load!r}")
+
+    @classmethod
+    def requested(cls, num_threads: int | str | None, prefetch_queue_depth: int | str,
+                  hw_decoder_load: float | str) -> tuple["TunedKnobs", tuple[str, ...]]:
+        """(the knobs to start with, the names of those left AUTO): the one place "auto" is read. AUTO starts at
+        the default (threads: machine.default_threads(); depth 2; hw_decoder_load DEFAULT_HW_LOAD), as does a
+        None thread count; tuning searches from there. Another string is a ValueError."""
+        given = {"num_threads": num_threads, "prefetch_queue_depth": prefetch_queue_depth,
+                 "hw_decoder_load": hw_decoder_load}
+        for name, value in given.items():
+            if isinstance(value, str) and value != AUTO:
+                raise ValueError(f"{name} must be a count or {AUTO!r}, got {value!r}")
+        auto = tuple(name for name in KNOBS if given[name] == AUTO)
+        fixed: dict[str, Any] = {name: value for name, value in given.items() if name not in auto and value is not None}
+        return cls(**fixed), auto
+
+
+@dataclass(frozen=True, kw_only=True)
 class PipelineSpec:
     """Everything one rank's DALI pipeline is built from, its source aside: a value, built once by the loader
-    (loader.py); tuning and schedules make new ones (dataclasses.replace), never edit one."""
+    (loader.py) with keywords only and checked once, here (decode_device resolved, never None after); tuning
+    and schedules make new ones (dataclasses.replace), never edit one."""
     train: bool                         # the train graph (random crop, flip, ...) or val's (resize, centre crop)
-    batch_size: int
+    batch_size: int                     # the loader's Contract.batch_size (contract.py), which DALI batches by
     device: str = "cpu"                 # where batches come out: "gpu" (device_id's GPU) or "cpu"
-    decode_device: str | None = None    # None: device; "cpu" with device "gpu": hybrid (graph.py)
+    decode_device: str | None = None    # None: device, resolved at construction; "cpu" with device "gpu": hybrid
     shard: Shard = Shard()              # this rank, of how many: DALI's shard_id / num_shards (the slice)
     seed: int = 0                       # one per run; each rank's DALI seed is rank_seed(seed, rank)
     augment: AugmentConfig = AugmentConfig()  # image_size may be a schedule: at_epoch picks the epoch's size
-    num_threads: int | None = None      # DALI's CPU threads; None: machine.default_threads()
-    prefetch_queue_depth: int = 2       # batches DALI computes ahead
+    knobs: TunedKnobs = field(default_factory=TunedKnobs)  # threads, prefetch depth, hw_decoder_load: tuning's
+    tuned: tuple[str, ...] = ()         # the knobs left "auto" (TunedKnobs.requested): tuning searches them
     shuffle_buffer: int = 4096          # the reader's shuffle buffer (train)
     shuffle: bool | None = None         # the reader shuffles and rotates slices per epoch; None: train
     max_pixels: int | None = None       # the pixel guard (reader.guard_pixels); None: off
     device_id: int | None = None        # the GPU; None: cuda_device_id(shard)
     normalize: bool = True              # False (val only): uint8 images, normalised by the loader (val_cache.py)
+
+    def __post_init__(self) -> None:
+        # Refuse a bad combination before DALI sees it; readers get the decode device resolved
+        object.__setattr__(self, "decode_device", resolve_decode_device(self.device, self.decode_device))
+        load = self.augment.hw_decoder_load  # the user's request; the graph builds with knobs.hw_decoder_load
+        if load != AUTO and load != self.knobs.hw_decoder_load:
+            raise ValueError(f"augment.hw_decoder_load={load!r} but knobs.hw_decoder_load="
+                             f"{self.knobs.hw_decoder_load!r}: the knobs are what the decoder gets; pass "
+                             f"knobs=TunedKnobs(hw_decoder_load={load!r}) (TunedKnobs.requested reads the request)")
+        if not set(self.tuned) <= set(KNOBS):
+            raise ValueError(f"tuned must name knobs among {KNOBS}, got {self.tuned!r}")
+
+    def with_knobs(self, **values: Any) -> "PipelineSpec":
+        """This spec with `values` of its knobs (tuning's choice), the TunedKnobs replaced whole: a new spec."""
+        return replace(self, knobs=replace(self.knobs, **values))
 
     @property
     def shuffled(self) -> bool:
@@ -85,16 +143,15 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
     is given, in that order, into the same graph."""
     require_dali()  # a missing DALI is named with the wheel that fits torch
     from nvidia.dali import pipeline_def
-    resolve_decode_device(spec.device, spec.decode_device)  # refuse a bad combination before DALI sees it
     if not spec.normalize and (spec.train or stage != "augment"):
         raise ValueError("normalize=False is val's augment graph alone (the val cache's uint8 output)")
-    augment, shard, gpu = sized_to_data(spec.augment, source), spec.shard, spec.device == "gpu"
+    augment, shard, gpu, knobs = sized_to_data(spec.augment, source), spec.shard, spec.device == "gpu", spec.knobs
     device_id = (spec.device_id if spec.device_id is not None else cuda_device_id(shard)) if gpu else None
 
     # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
-    @pipeline_def(batch_size=spec.batch_size, num_threads=spec.num_threads or default_threads(),
+    @pipeline_def(batch_size=spec.batch_size, num_threads=knobs.num_threads,  # DALI's one read of the threads
                   device_id=device_id,  # type: ignore[arg-type]
-                  seed=rank_seed(spec.seed, shard.rank), prefetch_queue_depth=spec.prefetch_queue_depth,
+                  seed=rank_seed(spec.seed, shard.rank), prefetch_queue_depth=knobs.prefetch_queue_depth,
                   enable_checkpointing=enable_checkpointing,
                   # auto_aug's policies and png16="pil"'s per-sample decode (graph.decode_rgb) are `if`s on samples
                   enable_conditionals=spec.train and augment.auto_augment is not None or augment.png16 == "pil")
@@ -112,7 +169,8 @@ def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None 
             return jpegs, labels
         augment_images = {"augment": train_augment if spec.train else eval_augment, "decode": decode_only}[stage]
         uint8 = {} if spec.normalize else {"normalize": False}
-        images = augment_images(jpegs, augment, spec.device, spec.decode_device, **uint8)
+        images = augment_images(jpegs, augment, spec.device, spec.decode_device, num_threads=knobs.num_threads,
+                                hw_decoder_load=knobs.hw_decoder_load, **uint8)
         labels = labels.gpu() if gpu else labels
         return (images, labels, *ids)  # ids: each sample's identity (delivery.py), when asked
 
@@ -134,7 +192,7 @@ def reader_model(spec: PipelineSpec, num_samples: int, list_order_shuffles: bool
     `order`: a Python-fed format's read order of a shuffled epoch (source_reader gives it)."""
     shard = spec.shard
     return ReaderModel(num_samples, shard.rank, shard.world_size, spec.shuffled, spec.batch_size, spec.shuffle_buffer,
-                       spec.prefetch_queue_depth, list_shuffled=spec.shuffled and list_order_shuffles,
+                       spec.knobs.prefetch_queue_depth, list_shuffled=spec.shuffled and list_order_shuffles,
                        order=order if spec.shuffled else None)
 
 

@@ -4,7 +4,6 @@ its run of DALI pipelines (run.py) and their rebuilds. Everything else that acts
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
@@ -71,11 +70,11 @@ class RankPipeline:
         self.spec, self._pending = spec, not now
         if not now:
             return
-        started = time.perf_counter()
+        started, knobs = time.perf_counter(), spec.knobs
         copies_done(self.spec)
         self.build(self.run.checkpoint())
         self.clock.event("rebuild", started, time.perf_counter(),
-                         settings=f"num_threads={spec.num_threads} prefetch_queue_depth={spec.prefetch_queue_depth}")
+                         settings=f"num_threads={knobs.num_threads} prefetch_queue_depth={knobs.prefetch_queue_depth}")
 
     def reader(self) -> ReaderModel:
         return source_reader(self.spec, self.source)
@@ -180,11 +179,11 @@ class FeedOptions:
 
 
 def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy, *,
-                  contract: Contract, feed: FeedOptions, sharding_check: bool, tune_threads: bool,
-                  tune_depth: bool, started: float | None = None, sampler: SamplerRead | None = None) -> RankPipeline:
+                  contract: Contract, feed: FeedOptions, sharding_check: bool, started: float | None = None,
+                  sampler: SamplerRead | None = None) -> RankPipeline:
     """The rank's pipeline with its hooks, in the order they run: the clock (the tuner judges its figures),
-    online tuning of the knobs left "auto", the image-size schedule, the sharding check, the outage handler;
-    with a `sampler` read by drawing it, its epochs (sampled.py) first, and no sharding check (the sampler
+    online tuning of the knobs left "auto" (spec.tuned), the image-size schedule, the sharding check, the outage
+    handler; with a `sampler` read by drawing it, its epochs (sampled.py) first, and no sharding check (the sampler
     decides what each rank reads). s3:// data read through the shard cache is not tuned online: a rebuild
     would replay the epoch's shards into a new cache (the remembered or default values run). Damage found
     while opening (skip_bad) is excluded first. `started`: when the loader's construction began
@@ -195,10 +194,10 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
     if spec.device == "gpu" and policy.device_id is None:  # the bad-sample search decodes on the rank's own GPU
         policy.device_id = spec.device_id if spec.device_id is not None else cuda_device_id(spec.shard)
     through_cache = source.remote is not None and feed.mode == "cache"
-    spec, tuner = tuning.plan(spec, source.kind, clock, tune_threads=tune_threads, tune_depth=tune_depth,
-                              online=not through_cache)
+    spec, tuner = tuning.plan(spec, source.kind, clock, online=not through_cache)
     # The feed keeps the reader's reach local: with the depth searched online, the deepest it may be
-    deepest = dataclasses.replace(spec, prefetch_queue_depth=max(tuning.DEPTHS)) if tuner and tune_depth else spec
+    deepest = spec.with_knobs(prefetch_queue_depth=max(tuning.DEPTHS)) if tuner and "prefetch_queue_depth" in (
+        spec.tuned) else spec
     remote = RemoteFeed(feed.mode, deepest, cache_dir=feed.cache_dir, cache_bytes=feed.cache_bytes,
                         cache_prefetch=feed.cache_prefetch, options=feed.store)
     every_sample = not (contract.drop_last or contract.sampler_drop_last)  # val promises full cover

@@ -33,7 +33,7 @@ from dali_pipes._version import __version__
 from dali_pipes.data import fingerprint
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph import resolution
-from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.run import elastic
 from dali_pipes.run.dali_checkpoint import unsealed
 from dali_pipes.run.delivery import pack as pack_bits

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dali_pipes.data import fingerprint
-from dali_pipes.graph.augment import AugmentConfig
+from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.run.hooks import BatchTiming
 from dali_pipes.run.pipeline import PipelineSpec
 

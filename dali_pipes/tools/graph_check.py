@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from dali_pipes.graph import _dali
-from dali_pipes.graph.augment import AUTO_AUGMENTS, AugmentConfig
+from dali_pipes.graph.augment_config import AUTO_AUGMENTS, AugmentConfig
 from dali_pipes.run.dist import Shard
 
 if TYPE_CHECKING:
@@ -199,10 +199,13 @@ def _variant(name: str, source: Source, train: bool, decoder: str = "mixed", *, 
              sample_ids: bool = False, stage: str = "augment", fed: bool = False, **spec_args) -> GraphVariant:
     """One graph as the loader builds it on a GPU: `spec_args` are PipelineSpec fields; `fed`: a sampler's
     drawn order read through sampled.OrderFeed instead of the source's reader."""
-    from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
+    from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline
     from dali_pipes.run.position import Position
     from dali_pipes.run.sampled import OrderFeed
-    spec = PipelineSpec(train, batch_size, "gpu", num_threads=1, device_id=device_id, shuffle_buffer=4, **spec_args)
+    load = spec_args.get("augment", AugmentConfig()).hw_decoder_load  # a tuning variant's: the knobs carry it
+    spec_args.setdefault("knobs", TunedKnobs.requested(1, 2, load)[0])
+    spec = PipelineSpec(train=train, batch_size=batch_size, device="gpu", device_id=device_id, shuffle_buffer=4,
+                        **spec_args)
     feed = OrderFeed(batch_size, Position()) if fed else None
     return GraphVariant(f"{name} ({'train' if train else 'val'})",
                         lambda: build_pipeline(source, spec, sample_ids=sample_ids, stage=stage, feed=feed), decoder)
@@ -292,8 +295,8 @@ def _memory_and_tuning_variants(first: Source, variant: Callable[..., GraphVaria
                                 batch_size: int) -> list[GraphVariant]:
     """The decoders' preallocation sized to the data or none, the val cache's uint8 graph, profile's decode stage,
     and the graphs online tuning rebuilds: thread counts and hw_decoder_loads."""
-    from dali_pipes.run.pipeline import PipelineSpec, build_pipeline
-    from dali_pipes.run.tuning import HW_LOADS
+    from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline
+    from dali_pipes.run.trials import HW_LOADS
     out: list[GraphVariant] = []
     # The GPU decoders' preallocation: sized to the data (a conversion manifest's box, or the flag), or none
     # (0x0: DALI allocates on first use); the default, ImageNet's largest image, is every other graph's.
@@ -307,13 +310,14 @@ def _memory_and_tuning_variants(first: Source, variant: Callable[..., GraphVaria
     out.append(variant("val uint8 for the val cache, channels_last", first, False, normalize=False,
                        augment=AugmentConfig(channels_last=True)))
     # dali-pipes profile's decode stage (the whole image, nothing after), and DaliLoader's online tuning:
-    # a thread count sets the mixed decoder's per-thread memory paddings (graph.decoder_paddings).
+    # a thread count sets the mixed decoder's per-thread memory paddings (graph/decoders.decoder_paddings).
     out.append(variant("profile's decode stage", first, True, stage="decode"))
     out.append(variant("profile's decode stage, hybrid", first, True, "cpu", decode_device="cpu", stage="decode"))
     for threads in (2, 8, 64):
         out.append(replace(variant(f"num_threads={threads} (tuning)", first, True),
                            define=functools.partial(build_pipeline, first, PipelineSpec(
-                               True, batch_size, "gpu", num_threads=threads, device_id=0, shuffle_buffer=4))))
+                               train=True, batch_size=batch_size, device="gpu", knobs=TunedKnobs(num_threads=threads),
+                               device_id=0, shuffle_buffer=4))))
     # ... and hw_decoder_load="auto": each load it tries is a decoder argument, so a graph of its own (train and val)
     for load in HW_LOADS:
         for train in (True, False):
