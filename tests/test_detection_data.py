@@ -180,3 +180,195 @@ def test_coco_from_object_storage(s3, tmp_path):
     s3.client.delete_object(Bucket=s3.bucket, Key="coco/images/b.jpg")
     with pytest.raises(DatasetError, match=r"coco/images/b.jpg: image 42 of s3://.*file missing"):
         coco.read_coco(s3.url("coco/instances.json"), s3.url("coco/images"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection shards: TFRecord (Object Detection API keys) and WebDataset (a JSON member per sample)
+# ---------------------------------------------------------------------------------------------
+
+def assert_same_samples(got, expected, exact_boxes=True):
+    """Ids, labels, annotation ids, crowd flags exact; boxes exact or (normalised floats) within 1e-3 px."""
+    assert [s.image_id for s in got] == [s.image_id for s in expected]
+    assert [(s.width, s.height) for s in got] == [(s.width, s.height) for s in expected]
+    for g, e in zip(got, expected):
+        assert g.labels.tolist() == e.labels.tolist() and g.labels.dtype == np.int64
+        assert g.annotation_ids.tolist() == e.annotation_ids.tolist()
+        assert g.iscrowd.tolist() == e.iscrowd.tolist()
+        np.testing.assert_allclose(g.area, e.area, rtol=1e-6)
+        if exact_boxes:
+            np.testing.assert_array_equal(g.boxes, e.boxes)
+        else:
+            np.testing.assert_allclose(g.boxes, e.boxes, atol=1e-3)
+
+
+def _images_of(samples):
+    return [open(s.path, "rb").read() for s in samples]
+
+
+def test_tfrecord_shard_round_trip(coco_files, tmp_path):
+    from dali_pipes.data.formats import detection_tfrecord as od
+    annotations, images = coco_files
+    samples = coco.read_coco(annotations, images)
+    shard = str(tmp_path / "det.tfrecord")
+    assert od.write_shard(shard, zip(samples, _images_of(samples)), {1: "cat", 3: "dog"}) == 3
+    got = od.read_shards([shard])
+    assert_same_samples(got, samples, exact_boxes=False)
+    assert [od.image_bytes(s) for s in got] == _images_of(samples)
+    assert [tuple(map(int, line.split())) for line in open(shard + ".idx")] == [s.extra for s in got]
+
+
+def test_tfrecord_record_without_detection_keys_named(tmp_path):
+    from dali_pipes.data.formats import detection_tfrecord as od
+    from dali_pipes.data.formats.tfrecord import encode_example, frame_record
+    shard = tmp_path / "classification.tfrecord"
+    shard.write_bytes(frame_record(encode_example({"image/encoded": b"\xff\xd8", "image/class/label": 3})))
+    with pytest.raises(DatasetError, match=r"classification.tfrecord#0: no feature image/height, image/width, "
+                                           r"image/object/bbox/xmin"):
+        od.read_shards([str(shard)])
+
+
+def test_webdataset_shard_round_trip(coco_files, tmp_path):
+    from dali_pipes.data.formats import detection_webdataset as wds
+    annotations, images = coco_files
+    samples = coco.read_coco(annotations, images)
+    shard = str(tmp_path / "det.tar")
+    items = [(f"s{i:03d}", s, data, "jpg") for i, (s, data) in enumerate(zip(samples, _images_of(samples)))]
+    assert wds.write_shard(shard, items) == 3
+    got = wds.read_shards([shard])
+    assert_same_samples(got, samples)
+    assert [wds.image_bytes(s) for s in got] == _images_of(samples)
+    assert open(shard + ".idx").readline().split() == ["v1.2", "3"]
+
+
+def test_webdataset_sample_without_json_named(tmp_path):
+    import tarfile
+
+    from dali_pipes.data.formats import detection_webdataset as wds
+    from dali_pipes.data.formats.webdataset import add_member
+    shard = str(tmp_path / "bad.tar")
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tar:
+        add_member(tar, "a.jpg", jpeg_bytes(1))
+        add_member(tar, "a.json", b'{"image_id": 1, "width": 32, "height": 24, "boxes": [], "labels": []}')
+        add_member(tar, "b.jpg", jpeg_bytes(2))
+        add_member(tar, "b.cls", b"3")
+    with pytest.raises(DatasetError, match=r"bad.tar#b: sample without an image or a .json member "
+                                           r"\(members: cls, jpg\)"):
+        wds.read_shards([shard])
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tar:
+        add_member(tar, "a.jpg", jpeg_bytes(1))
+        add_member(tar, "a.json", b'{"image_id": 1, "width": 32, "boxes": [], "labels": []}')
+    with pytest.raises(DatasetError, match=r"bad.tar#a: .json member lacks height"):
+        wds.read_shards([shard])
+
+
+# tf.train.Example's messages (tensorflow/core/example/{example,feature}.proto), built with the protobuf
+# package itself: records serialized the way TensorFlow serializes them, with no code of ours.
+def _tf_example_class():
+    descriptor_pb2 = pytest.importorskip("google.protobuf.descriptor_pb2")
+    from google.protobuf import descriptor_pool, message_factory
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="dali_pipes_test_example.proto", package="tftest",
+                                               syntax="proto3")
+
+    def message(name, *fields, parent=None):
+        m = (parent.nested_type if parent else proto.message_type).add(name=name)
+        for number, field_name, kind, label, type_name in fields:
+            m.field.add(name=field_name, number=number, type=kind, label=label, type_name=type_name or None)
+        return m
+    rep, opt = F.LABEL_REPEATED, F.LABEL_OPTIONAL
+    message("BytesList", (1, "value", F.TYPE_BYTES, rep, ""))
+    message("FloatList", (1, "value", F.TYPE_FLOAT, rep, ""))
+    message("Int64List", (1, "value", F.TYPE_INT64, rep, ""))
+    feature = message("Feature", (1, "bytes_list", F.TYPE_MESSAGE, opt, ".tftest.BytesList"),
+                      (2, "float_list", F.TYPE_MESSAGE, opt, ".tftest.FloatList"),
+                      (3, "int64_list", F.TYPE_MESSAGE, opt, ".tftest.Int64List"))
+    feature.oneof_decl.add(name="kind")
+    for field in feature.field:
+        field.oneof_index = 0
+    features = message("Features", (1, "feature", F.TYPE_MESSAGE, rep, ".tftest.Features.FeatureEntry"))
+    entry = message("FeatureEntry", (1, "key", F.TYPE_STRING, opt, ""), (2, "value", F.TYPE_MESSAGE, opt,
+                                                                         ".tftest.Feature"), parent=features)
+    entry.options.map_entry = True
+    message("Example", (1, "features", F.TYPE_MESSAGE, opt, ".tftest.Features"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tftest.Example"))
+
+
+def _od_api_example(Example, image: dict, anns: list, jpeg: bytes, names: dict):
+    """One image's Example as the OD API's create_coco_tf_record.create_tf_example builds it."""
+    w, h = image["width"], image["height"]
+    example = Example()
+    feature = example.features.feature
+    feature["image/height"].int64_list.value.append(h)
+    feature["image/width"].int64_list.value.append(w)
+    feature["image/filename"].bytes_list.value.append(image["file_name"].encode())
+    feature["image/source_id"].bytes_list.value.append(str(image["id"]).encode())
+    feature["image/key/sha256"].bytes_list.value.append(b"0" * 64)
+    feature["image/encoded"].bytes_list.value.append(jpeg)
+    feature["image/format"].bytes_list.value.append(b"jpeg")
+    for key, index, scale in (("xmin", 0, w), ("xmax", 0, w), ("ymin", 1, h), ("ymax", 1, h)):
+        ends = [(a["bbox"][index] + (a["bbox"][index + 2] if key.endswith("max") else 0)) / scale for a in anns]
+        feature[f"image/object/bbox/{key}"].float_list.value.extend(ends)
+    feature["image/object/class/text"].bytes_list.value.extend(names[a["category_id"]].encode() for a in anns)
+    feature["image/object/class/label"].int64_list.value.extend(a["category_id"] for a in anns)
+    feature["image/object/is_crowd"].int64_list.value.extend(a["iscrowd"] for a in anns)
+    feature["image/object/area"].float_list.value.extend(a.get("area", 0.0) for a in anns)
+    return example
+
+
+def _tf_frame(data: bytes) -> bytes:
+    """TFRecordWriter's frame, from the TFRecord format's text (not tfrecord.py's)."""
+    import struct
+
+    import google_crc32c
+
+    def masked(b):
+        crc = google_crc32c.value(b)
+        return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+    length = struct.pack("<Q", len(data))
+    return length + masked(length) + data + masked(data)
+
+
+def test_tfrecord_written_as_the_od_api_writes_it_reads_back(coco_files, tmp_path):
+    from dali_pipes.data.formats import detection_tfrecord as od
+    Example = _tf_example_class()
+    annotations, images = coco_files
+    names = {c["id"]: c["name"] for c in CATEGORIES}
+    shard = tmp_path / "od_api.tfrecord"
+    ordered = sorted(IMAGES, key=lambda i: i["id"])
+    with open(shard, "wb") as f:
+        for image in ordered:
+            anns = [a for a in ANNOTATIONS if a["image_id"] == image["id"]]
+            jpeg = open(os.path.join(images, image["file_name"]), "rb").read()
+            f.write(_tf_frame(_od_api_example(Example, image, anns, jpeg, names).SerializeToString()))
+    got = od.read_shards([str(shard)])
+    expected = coco.read_coco(annotations, images)
+    assert [s.annotation_ids.tolist() for s in got] == [[-1, -1], [], [-1]]  # the OD API writes no annotation ids
+    np.testing.assert_allclose(np.concatenate([s.boxes for s in got]), np.concatenate([s.boxes for s in expected]),
+                               atol=1e-4)
+    assert [s.labels.tolist() for s in got] == [[1, 3], [], [3]]
+    assert [s.image_id for s in got] == [7, 9, 42] and [s.iscrowd.tolist() for s in got] == [[0, 0], [], [1]]
+    assert [od.image_bytes(s)[:2] for s in got] == [b"\xff\xd8"] * 3
+
+
+def test_tfrecord_we_write_parses_as_tensorflows_example(coco_files, tmp_path):
+    from dali_pipes.data.formats import detection_tfrecord as od
+    from dali_pipes.data.formats.tfrecord import walk_records
+    Example = _tf_example_class()
+    annotations, images = coco_files
+    samples = coco.read_coco(annotations, images)
+    shard = str(tmp_path / "ours.tfrecord")
+    od.write_shard(shard, zip(samples, _images_of(samples)), {1: "cat", 3: "dog"})
+    parsed = [Example.FromString(data).features.feature for _, _, data, _ in walk_records(shard)]
+    first, empty = parsed[0], parsed[1]
+    assert first["image/object/bbox/xmin"].float_list.value == pytest.approx([2 / 32, 20.5 / 32])
+    assert first["image/object/bbox/ymax"].float_list.value == pytest.approx([8 / 24, 1.0])
+    assert list(first["image/object/class/label"].int64_list.value) == [1, 3]
+    assert list(first["image/object/class/text"].bytes_list.value) == [b"cat", b"dog"]
+    assert first["image/source_id"].bytes_list.value == [b"7"] and first["image/format"].bytes_list.value == [b"jpeg"]
+    assert (first["image/height"].int64_list.value, first["image/width"].int64_list.value) == ([24], [32])
+    # an image without boxes: every list present, each of its own type (TensorFlow's parser checks types)
+    assert empty["image/object/bbox/xmin"].WhichOneof("kind") == "float_list"
+    assert empty["image/object/class/label"].WhichOneof("kind") == "int64_list"
+    assert len(empty["image/object/bbox/xmin"].float_list.value) == 0
