@@ -372,3 +372,97 @@ def test_tfrecord_we_write_parses_as_tensorflows_example(coco_files, tmp_path):
     assert empty["image/object/bbox/xmin"].WhichOneof("kind") == "float_list"
     assert empty["image/object/class/label"].WhichOneof("kind") == "int64_list"
     assert len(empty["image/object/bbox/xmin"].float_list.value) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# dali-pipes convert / verify
+# ---------------------------------------------------------------------------------------------
+
+def run_cli(capsys, *argv):
+    from dali_pipes.tools.cli import main
+    try:
+        status = main(list(argv))
+    except SystemExit as e:  # a bad-input error: sys.exit("error: ...")
+        status = e.code if isinstance(e.code, int) else 1
+        capsys.readouterr()
+        return status, str(e.code)
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
+@pytest.mark.parametrize("kind,ext", [("tfrecord", ".tfrecord"), ("webdataset", ".tar")])
+def test_convert_coco_to_detection_shards_with_manifest(coco_files, tmp_path, capsys, kind, ext):
+    from dali_pipes.data import manifest
+    from dali_pipes.data.formats import detection_tfrecord, detection_webdataset
+    annotations, images = coco_files
+    out = tmp_path / "shards"
+    status, text = run_cli(capsys, "convert", kind, annotations, str(out), "--images", images, "--shards", "2")
+    assert status == 0, text
+    assert "3 samples -> 2 shards" in text and "3 boxes in 2 categories" in text
+    shards = sorted(str(p) for p in out.glob(f"instances-*{ext}"))
+    assert [os.path.basename(s) for s in shards] == [f"instances-0000{i}-of-00002{ext}" for i in (0, 1)]
+    written = manifest.read(str(out / "manifest.json"))
+    assert written["task"] == "detection" and written["kind"] == kind and written["samples"] == 3
+    assert written["categories"] == [{"id": 1, "name": "cat"}, {"id": 3, "name": "dog"}]
+    assert sum(s["boxes"] for s in written["shards"]) == 3
+    reader = detection_tfrecord if kind == "tfrecord" else detection_webdataset
+    got = sorted(reader.read_shards(shards), key=lambda s: s.image_id)
+    assert_same_samples(got, coco.read_coco(annotations, images), exact_boxes=kind == "webdataset")
+    status, text = run_cli(capsys, "verify", str(out))
+    assert status == 0 and text.endswith(f"{kind} detection shards, 3 samples checked, 0 problems\n"), text
+
+
+def test_convert_refuses_an_image_of_another_size(coco_files, tmp_path, capsys):
+    annotations, images = coco_files
+    rewrite(annotations, lambda d: d["images"][0].update(width=41))
+    status, text = run_cli(capsys, "convert", "tfrecord", annotations, str(tmp_path / "o"), "--images", images,
+                           "--shards", "1")
+    assert status != 0
+    assert "b.jpg: image 42: the file is 40 x 30, the JSON says 41 x 30" in text
+
+
+def test_convert_coco_needs_its_images(coco_files, tmp_path, capsys):
+    annotations, _ = coco_files
+    status, text = run_cli(capsys, "convert", "webdataset", annotations, str(tmp_path / "o"))
+    assert status != 0 and "instances.json: a COCO JSON comes with its image folder. Pass --images" in text
+
+
+def test_verify_coco_names_every_bad_annotation(coco_files, capsys):
+    annotations, images = coco_files
+
+    def spoil(data):
+        data["annotations"][0]["bbox"] = [30, 3, 10, 5]  # past the right edge of the 32 px image
+        data["annotations"][1]["category_id"] = 2
+        data["annotations"][2]["bbox"] = [1, 1, 0, 4]
+        data["annotations"].append({"id": 103, "image_id": 5, "category_id": 1, "bbox": [0, 0, 1, 1]})
+    rewrite(annotations, spoil)
+    os.remove(os.path.join(images, "sub", "c.jpg"))
+    status, text = run_cli(capsys, "verify", annotations, "--images", images)
+    assert status == 1
+    lines = text.splitlines()
+    named = [line.split("): ", 1)[0].rsplit("(", 1)[1] for line in lines if ", annotation " in line]
+    assert named == ["image 7, annotation 100", "image 42, annotation 101", "image 7, annotation 102",
+                     "image 5, annotation 103"]
+    assert any(line.endswith("sub/c.jpg: image 9 of " + annotations + ": file missing") for line in lines)
+    assert lines[-1].endswith("coco, 3 samples checked, 5 problems")
+
+
+def test_verify_detection_shards_names_bad_boxes_and_labels(coco_files, tmp_path, capsys):
+    from dali_pipes.data.detection import detection_sample
+    from dali_pipes.tools.convert_detection import write_detection_shards
+    annotations, images = coco_files
+    found = coco.coco_set(annotations, images)
+    a, b = found.samples[0], found.samples[2]
+    bad = detection_sample(a.path, a.image_id, a.width, a.height, [[2, 3, 40, 8], [5, 5, 5, 9]], [1, 4],
+                           annotation_ids=[100, 102])  # outside the 32 px width; no area; label 4 unknown
+    spoiled = coco.CocoSet([bad, b], found.categories, [])
+    for kind in ("tfrecord", "webdataset"):
+        out = tmp_path / kind
+        write_detection_shards(spoiled, str(out), kind=kind, shards=1, progress=False)
+        status, text = run_cli(capsys, "verify", str(out))
+        assert status == 1, text
+        problems = [line.split("#0 ", 1)[1] for line in text.splitlines() if "#0 " in line]
+        assert problems == [
+            "(image 7, annotation 100): box [2.0, 3.0, 40.0, 8.0] (xyxy) is outside the 32 x 24 image",
+            "(image 7, annotation 102): box [5.0, 5.0, 5.0, 9.0] (xyxy) has no area",
+            "(image 7, annotation 102): label 4 is not among the categories (1, 3) of the manifest"], text

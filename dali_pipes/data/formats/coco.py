@@ -187,6 +187,12 @@ def _sample(images_root: str, image: dict, annotations: list) -> DetectionSample
         area=[float(a["area"]) if "area" in a else (b[2] - b[0]) * (b[3] - b[1]) for a, b in annotations])
 
 
+def default_prefix(annotations: str) -> str:
+    """Shard names for a COCO JSON: its name less COCO's "instances_" (instances_val2017.json -> "val2017")."""
+    stem = annotations.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".json").removeprefix("instances_")
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in stem) or "train"
+
+
 def coco_set(annotations: str, images: str, *, keep_empty: bool = True, bad_boxes: str = "raise",
              check_files: bool = True) -> CocoSet:
     """Read a COCO detection JSON (`annotations`) whose file names are relative to `images` (a folder or
