@@ -466,3 +466,55 @@ def test_verify_detection_shards_names_bad_boxes_and_labels(coco_files, tmp_path
             "(image 7, annotation 100): box [2.0, 3.0, 40.0, 8.0] (xyxy) is outside the 32 x 24 image",
             "(image 7, annotation 102): box [5.0, 5.0, 5.0, 9.0] (xyxy) has no area",
             "(image 7, annotation 102): label 4 is not among the categories (1, 3) of the manifest"], text
+
+
+# ---------------------------------------------------------------------------------------------
+# dali-pipes sample --detection
+# ---------------------------------------------------------------------------------------------
+
+def test_sample_detection_boxes_are_where_the_objects_are(tmp_path, capsys):
+    from PIL import Image
+
+    from dali_pipes.tools.sample_data import load_photo
+    from dali_pipes.tools.sample_detection import OBJECTS
+    from dali_pipes.tools.verify_detection import verify_coco
+    status, text = run_cli(capsys, "sample", str(tmp_path), "--detection", "--categories", "3", "--train-images",
+                           "6", "--val-images", "2", "--min-side", "96", "--max-side", "128", "--workers", "1")
+    assert status == 0, text
+    found = coco.coco_set(str(tmp_path / "annotations" / "instances_train.json"), str(tmp_path / "images" / "train"))
+    assert found.categories == {1: "astronaut", 2: "chelsea", 3: "coffee"}
+    assert [s.image_id for s in found.samples] == [1, 2, 3, 4, 5, 6]
+    boxes = sum(len(s.labels) for s in found.samples)
+    assert f"instances_train.json: 6 train images, {boxes} boxes in 3 categories" in text and boxes > 0
+    for sample in found.samples:
+        pixels = np.asarray(Image.open(sample.path).convert("RGB"), np.float32)
+        for (x0, y0, x1, y1), label in zip(sample.boxes.astype(int).tolist(), sample.labels.tolist()):
+            obj = Image.fromarray(load_photo(OBJECTS[label - 1])).resize((x1 - x0, y1 - y0), Image.BILINEAR)
+            ref = np.asarray(obj, np.float32)
+            crop = pixels[y0:y1, x0:x1]
+            error = min(np.abs(crop - ref).mean(), np.abs(crop - ref[:, ::-1]).mean())  # pasted flipped or not
+            assert error < 12, (sample.image_id, label, error)  # JPEG's error; another object or place: >> 12
+    assert verify_coco(found.samples[0].path.rsplit("/images/", 1)[0] + "/annotations/instances_val.json",
+                       str(tmp_path / "images" / "val")).problems == []
+
+
+def test_sample_detection_same_seed_same_bytes(tmp_path):
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig, make_detection_sample
+    cfg = DetectionSampleConfig(categories=2, train_images=2, val_images=0, min_side=64, max_side=64)
+    for name in ("a", "b"):
+        make_detection_sample(str(tmp_path / name), cfg, workers=1, progress=False)
+    for relative in ("annotations/instances_train.json", "images/train/train_000001.jpg"):
+        assert (tmp_path / "a" / relative).read_bytes() == (tmp_path / "b" / relative).read_bytes()
+
+
+def test_train_and_val_converted_into_one_folder_keep_the_detection_manifest(coco_files, tmp_path, capsys):
+    from dali_pipes.data import manifest
+    annotations, images = coco_files
+    out = str(tmp_path / "shards")
+    for prefix in ("train", "val"):
+        status, text = run_cli(capsys, "convert", "webdataset", annotations, out, "--images", images, "--shards",
+                               "1", "--prefix", prefix)
+        assert status == 0, text
+    written = manifest.read(os.path.join(out, "manifest.json"))
+    assert [s["name"] for s in written["shards"]] == ["train-00000-of-00001.tar", "val-00000-of-00001.tar"]
+    assert written["task"] == "detection" and written["samples"] == 6 and len(written["categories"]) == 2

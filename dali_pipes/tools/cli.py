@@ -75,6 +75,8 @@ class CocoConfig:
 # ---------------------------------------------------------------------------------------------
 
 def sample(args: argparse.Namespace) -> int:
+    if args.detection:
+        return sample_detection(args)
     from dali_pipes.tools.sample_data import SampleDatasetConfig, make_sample_dataset, write_tfrecord_copy
     cfg = from_args(SampleDatasetConfig, args)
     start = time.perf_counter()
@@ -84,6 +86,15 @@ def sample(args: argparse.Namespace) -> int:
     if args.tfrecord_shards:
         for split, converted in write_tfrecord_copy(args.out, args.tfrecord_shards, workers=args.workers).items():
             print(f"{args.out}/tfrecord/{split}: {converted}")
+    return 0
+
+
+def sample_detection(args: argparse.Namespace) -> int:
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig, make_detection_sample
+    cfg = from_args(DetectionSampleConfig, args)
+    for split, made in make_detection_sample(args.out, cfg, workers=args.workers).items():
+        print(f"{made['annotations']}: {made['images']} {split} images, {made['boxes']} boxes in "
+              f"{cfg.categories} categories (images in {args.out}/images/{split})")
     return 0
 
 
@@ -229,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_sample_parser(commands) -> None:
     from dali_pipes.tools.sample_data import SampleDatasetConfig
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig
     p = _subcommand(commands, "sample", sample, "make the built-in ImageNet-like dataset (real photographs; "
                     "needs dali_pipes[sample])", "Make OUT/train/<class>/*.jpg and OUT/val/<class>/*.jpg from "
                     "photographs that ship inside scikit-image and matplotlib (pip install 'dali_pipes[sample]'); "
@@ -236,6 +248,10 @@ def _add_sample_parser(commands) -> None:
                     "50 makes 50,000 train images, for epochs that last seconds on a GPU.")
     p.add_argument("out", help="output folder")
     add_arguments(p, SampleDatasetConfig, "dataset")
+    p.add_argument("--detection", action="store_true", help="make the built-in detection set instead: objects "
+                   "pasted onto backgrounds, their boxes known, as OUT/annotations/instances_{train,val}.json (COCO) "
+                   "and OUT/images/{train,val}/*.jpg; --seed, --min-side, --max-side apply")
+    add_arguments(p, DetectionSampleConfig, "detection set (with --detection)", skip=("seed", "min_side", "max_side"))
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--tfrecord-shards", type=int, default=0, metavar="K", help="also write OUT/tfrecord/train and "
                    "OUT/tfrecord/val as K TFRecord shards each, with indexes (default: 0, the folders only). At "
