@@ -108,7 +108,8 @@ def make_detection_image(args: tuple[DetectionSampleConfig, str, int]) -> tuple[
 
 def coco_json(cfg: DetectionSampleConfig, split: str, made: list[tuple[bytes, int, int, list]]) -> dict:
     """COCO's layout of one split: image ids from 1, annotation ids from 1, category ids from 1."""
-    images, annotations = [], []
+    images: list[dict] = []
+    annotations: list[dict] = []
     for i, (_, width, height, pastes) in enumerate(made):
         images.append({"id": i + 1, "file_name": f"{split}_{i:06d}.jpg", "width": width, "height": height})
         for category, (x, y, w, h) in pastes:
