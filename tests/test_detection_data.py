@@ -518,3 +518,24 @@ def test_train_and_val_converted_into_one_folder_keep_the_detection_manifest(coc
     written = manifest.read(os.path.join(out, "manifest.json"))
     assert [s["name"] for s in written["shards"]] == ["train-00000-of-00001.tar", "val-00000-of-00001.tar"]
     assert written["task"] == "detection" and written["samples"] == 6 and len(written["categories"]) == 2
+
+
+@pytest.mark.parametrize("kind", ["tfrecord", "webdataset"])
+def test_convert_to_and_verify_in_object_storage(coco_files, s3, capsys, kind):
+    from dali_pipes.data.formats import detection_tfrecord, detection_webdataset
+    from dali_pipes.storage import remote
+    annotations, images = coco_files
+    out = s3.url(f"det/{kind}/")
+    status, text = run_cli(capsys, "convert", kind, annotations, out, "--images", images, "--shards", "2")
+    assert status == 0, text
+    names = sorted(remote.basename(o.url) for o in remote.list_objects(out))
+    ext = ".tfrecord" if kind == "tfrecord" else ".tar"
+    assert names == sorted(["manifest.json"] + [f"instances-0000{i}-of-00002{ext}{idx}" for i in (0, 1)
+                                                for idx in ("", ".idx")])
+    reader = detection_tfrecord if kind == "tfrecord" else detection_webdataset
+    shards = [s3.url(f"det/{kind}/instances-0000{i}-of-00002{ext}") for i in (0, 1)]
+    got = sorted(reader.read_shards(shards), key=lambda s: s.image_id)
+    assert [s.image_id for s in got] == [7, 9, 42] and [s.labels.tolist() for s in got] == [[1, 3], [], [3]]
+    assert reader.image_bytes(got[0]) == open(os.path.join(images, "a.jpg"), "rb").read()
+    status, text = run_cli(capsys, "verify", out)
+    assert status == 0 and "detection shards, 3 samples checked, 0 problems" in text, text
