@@ -539,3 +539,32 @@ def test_convert_to_and_verify_in_object_storage(coco_files, s3, capsys, kind):
     assert reader.image_bytes(got[0]) == open(os.path.join(images, "a.jpg"), "rb").read()
     status, text = run_cli(capsys, "verify", out)
     assert status == 0 and "detection shards, 3 samples checked, 0 problems" in text, text
+
+
+def test_dali_tfrecord_reader_reads_our_detection_records(coco_files, tmp_path):
+    """DALI's own TFRecord reader (CPU) parses the records: images, box lists (an empty one too) and labels."""
+    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali import tfrecord as tfrec
+
+    from dali_pipes.data.formats import detection_tfrecord as od
+    annotations, images = coco_files
+    samples = coco.read_coco(annotations, images)
+    shard = str(tmp_path / "det.tfrecord")
+    od.write_shard(shard, zip(samples, _images_of(samples)), {1: "cat", 3: "dog"})
+    features = {od.IMAGE: tfrec.FixedLenFeature((), tfrec.string, ""), od.LABEL: tfrec.VarLenFeature(tfrec.int64, 0),
+                **{k: tfrec.VarLenFeature(tfrec.float32, 0.0) for k in (od.XMIN, od.YMIN, od.XMAX, od.YMAX)}}
+
+    @pipeline_def(batch_size=3, num_threads=1, device_id=None)
+    def pipe():
+        read = fn.readers.tfrecord(path=shard, index_path=shard + ".idx", features=features, name="Reader")
+        return tuple(read[k] for k in (od.IMAGE, od.LABEL, od.XMIN, od.YMIN, od.XMAX, od.YMAX))
+
+    p = pipe()
+    p.build()
+    image, label, *corners = p.run()
+    del p
+    for i, sample in enumerate(samples):
+        assert np.array(image[i]).tobytes() == _images_of([sample])[0]
+        assert np.array(label[i]).tolist() == sample.labels.tolist()
+        boxes = np.stack([np.array(c[i]) for c in corners], axis=-1) * np.array([sample.width, sample.height] * 2)
+        np.testing.assert_allclose(boxes.reshape(-1, 4), sample.boxes, atol=1e-3)
