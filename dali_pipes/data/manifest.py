@@ -44,7 +44,8 @@ def merged(previous: dict | None, new: dict, prefix: str) -> dict:
     if not previous or previous.get("format") != FORMAT:
         return new
     kept = [s for s in previous.get("shards", []) if not s["name"].startswith(f"{prefix}-")]
-    return build(new["kind"], new["classes"], sorted(kept + new["shards"], key=lambda s: s["name"]))
+    # keys beyond build's (a detection set's task and categories) are the new conversion's
+    return {**new, **build(new["kind"], new["classes"], sorted(kept + new["shards"], key=lambda s: s["name"]))}
 
 
 def write(folder: str, manifest: dict) -> str:

@@ -58,11 +58,25 @@ class ConvertConfig:
                              "conversion wrote are never removed")
 
 
+@dataclass(frozen=True)
+class CocoConfig:
+    """Reading a COCO detection JSON (convert's SRC or verify's PATH ending in .json): keywords of coco_set."""
+    images: str | None = option(None, "the image folder (or store URL) that the JSON's file names are relative "
+                                "to; needed with a .json", type=str)
+    keep_empty: bool = option(True, "keep images without annotations (--no-keep-empty drops them, as torchvision's "
+                              "detection references do for training)")
+    bad_boxes: str = option("raise", "an annotation outside its image, of no area or of an unknown category or "
+                            "image: raise (name it and stop) or drop (leave it out, with a warning)",
+                            choices=("raise", "drop"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Subcommands: each takes the parsed flags and returns an exit status
 # ---------------------------------------------------------------------------------------------
 
 def sample(args: argparse.Namespace) -> int:
+    if args.detection:
+        return sample_detection(args)
     from dali_pipes.tools.sample_data import SampleDatasetConfig, make_sample_dataset, write_tfrecord_copy
     cfg = from_args(SampleDatasetConfig, args)
     start = time.perf_counter()
@@ -75,7 +89,18 @@ def sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def sample_detection(args: argparse.Namespace) -> int:
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig, make_detection_sample
+    cfg = from_args(DetectionSampleConfig, args)
+    for split, made in make_detection_sample(args.out, cfg, workers=args.workers).items():
+        print(f"{made['annotations']}: {made['images']} {split} images, {made['boxes']} boxes in "
+              f"{cfg.categories} categories (images in {args.out}/images/{split})")
+    return 0
+
+
 def convert(args: argparse.Namespace) -> int:
+    if args.src.endswith(".json"):
+        return convert_detection(args)
     from dali_pipes import open_source
     from dali_pipes.tools.convert import default_prefix, write_tfrecords, write_webdataset
     write = {"tfrecord": write_tfrecords, "webdataset": write_webdataset}[args.format]
@@ -83,6 +108,27 @@ def convert(args: argparse.Namespace) -> int:
     layout = from_args(ConvertConfig, args, prefix=args.prefix or default_prefix(args.src))
     stats = write(source, args.out, **asdict(layout))
     print(f"{args.out}: {stats}")
+    return 0
+
+
+def _images(args: argparse.Namespace, path: str) -> str:
+    from dali_pipes.errors import DatasetError
+    if not args.images:
+        raise DatasetError(path, "a COCO JSON comes with its image folder", "Pass --images FOLDER (the folder its "
+                           "file names are relative to, e.g. coco/train2017)")
+    return args.images
+
+
+def convert_detection(args: argparse.Namespace) -> int:
+    """COCO JSON SRC (+ --images) -> detection shards of args.format with their manifest."""
+    from dali_pipes.data.formats.coco import coco_set, default_prefix
+    from dali_pipes.tools.convert_detection import write_detection_shards
+    cfg = from_args(CocoConfig, args)
+    found = coco_set(args.src, _images(args, args.src), keep_empty=cfg.keep_empty, bad_boxes=cfg.bad_boxes)
+    layout = from_args(ConvertConfig, args, prefix=args.prefix or default_prefix(args.src))
+    stats = write_detection_shards(found, args.out, kind=args.format, **asdict(layout))
+    print(f"{args.out}: {stats}, {sum(len(s.labels) for s in found.samples)} boxes in {len(found.categories)} "
+          f"categories")
     return 0
 
 
@@ -112,9 +158,14 @@ def index(args: argparse.Namespace) -> int:
 def verify(args: argparse.Namespace) -> int:
     from dali_pipes.tools.verify import verify as verify_location
     from dali_pipes.tools.verify import write_clean_list
+    from dali_pipes.tools.verify_detection import is_coco_json, is_detection, verify_detection
     keywords = from_args(SourceConfig, args).open_kwargs()
-    report = verify_location(args.path, keys=keywords["keys"], label_ext=keywords["label_ext"],
-                             max_pixels=args.max_pixels, workers=args.workers)
+    if is_detection(args.path):  # a COCO JSON, or shards of boxes: every bad annotation named
+        images = _images(args, args.path) if is_coco_json(args.path) else None
+        report = verify_detection(args.path, images=images, max_pixels=args.max_pixels)
+    else:
+        report = verify_location(args.path, keys=keywords["keys"], label_ext=keywords["label_ext"],
+                                 max_pixels=args.max_pixels, workers=args.workers)
     for problem in report.problems:
         print(problem)
     print(f"{args.path}: {report.kind}, {report.checked} samples checked, {len(report.problems)} problems")
@@ -162,9 +213,11 @@ def _add_convert_parsers(commands) -> None:
         parser = _subcommand(formats, name, convert, f"any dataset -> {layout}, + .idx indexes + classes.json",
                              f"Convert SRC (image folder, file list or shards) to {layout}, each with its DALI "
                              f"index, and OUT/classes.json. Prints MB/s.")
-        parser.add_argument("src", help="image folder, file list, or shards (a folder, glob or list file)")
+        parser.add_argument("src", help="image folder, file list, or shards (a folder, glob or list file); or a "
+                            "COCO detection JSON (with --images): detection shards")
         parser.add_argument("out", help="output folder")
         add_arguments(parser, ConvertConfig, "shards")
+        add_arguments(parser, CocoConfig, "reading a COCO JSON (SRC ending in .json)")
         add_arguments(parser, SourceConfig, "reading SRC")
     parser = _subcommand(formats, "decompress", decompress, "GZIP/ZLIB TFRecords -> uncompressed ones "
                          "(DALI reads no compressed ones), same names, + .idx indexes")
@@ -187,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_sample_parser(commands) -> None:
     from dali_pipes.tools.sample_data import SampleDatasetConfig
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig
     p = _subcommand(commands, "sample", sample, "make the built-in ImageNet-like dataset (real photographs; "
                     "needs dali_pipes[sample])", "Make OUT/train/<class>/*.jpg and OUT/val/<class>/*.jpg from "
                     "photographs that ship inside scikit-image and matplotlib (pip install 'dali_pipes[sample]'); "
@@ -194,6 +248,10 @@ def _add_sample_parser(commands) -> None:
                     "50 makes 50,000 train images, for epochs that last seconds on a GPU.")
     p.add_argument("out", help="output folder")
     add_arguments(p, SampleDatasetConfig, "dataset")
+    p.add_argument("--detection", action="store_true", help="make the built-in detection set instead: objects "
+                   "pasted onto backgrounds, their boxes known, as OUT/annotations/instances_{train,val}.json (COCO) "
+                   "and OUT/images/{train,val}/*.jpg; --seed, --min-side, --max-side apply")
+    add_arguments(p, DetectionSampleConfig, "detection set (with --detection)", skip=("seed", "min_side", "max_side"))
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     p.add_argument("--tfrecord-shards", type=int, default=0, metavar="K", help="also write OUT/tfrecord/train and "
                    "OUT/tfrecord/val as K TFRecord shards each, with indexes (default: 0, the folders only). At "
@@ -212,7 +270,9 @@ def _add_check_parsers(commands) -> None:
                     "Decode every image in parallel and list each problem with its file (and shard#record): "
                     "zero-byte, truncated and non-image files, bad TFRecord frames and CRCs, missing keys, "
                     "truncated tar members, empty classes, oversized images. Exit 1 if any.")
-    p.add_argument("path", help="image folder, file list, or shards (a folder, glob or list file)")
+    p.add_argument("path", help="image folder, file list, or shards (a folder, glob or list file); a COCO JSON "
+                   "(with --images) or detection shards: every bad box named")
+    p.add_argument("--images", help="the image folder of a COCO JSON PATH")
     p.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help=f"images with more pixels are flagged, from the header alone (a decompression-bomb "
                         f"guard; default: {DEFAULT_MAX_PIXELS})")
