@@ -1,4 +1,8 @@
-"""Resource use of this process and all its descendants (DataLoader workers included), from /proc."""
+"""Resource use of this process and all its descendants (DataLoader workers included), from /proc.
+
+Not psutil: its only way to the descendants, Process.children(recursive=True), reads /proc/PID/stat of every process
+on the machine, 3-14x slower per call than this walk of the tree's own /proc/PID/task/*/children, and growing with
+the machine's process count (benchmarks/results/cpu2-2026-11-27/plumbing.md)."""
 
 from __future__ import annotations
 
