@@ -236,14 +236,19 @@ def accelerate_shard(train: bool) -> tuple[int, int] | None:
     if state is None or not state.is_initialized():
         return None
     shared = state.PartialState()  # the initialised state (a shared singleton), never a new one
-    if shared.num_processes <= 1:
+    process, world = shared.process_index, shared.num_processes
+    if world <= 1:
         return None
-    val = "" if train else ("; its gather_for_metrics cannot drop DaliLoader's repeated val samples: pass "
-                            "val_padding='label' and drop labels -1 (PADDING_LABEL) after gathering")
-    warnings.warn(f"DaliLoader built under Accelerate: rank {shared.process_index} of {shared.num_processes}, "
-                  f"sharded as accelerator.prepare shards a DataLoader (prepare passes a DaliLoader through){val}",
+    val = "" if train else (f"; val: process {process} reads slice {world - 1 - process} (the longer slices first, "
+                            f"so gather_for_metrics can cut the repeats off the last step, exact on 2 processes; "
+                            f"where it cannot, pass val_padding='label' and drop labels -1 after gathering)")
+    warnings.warn(f"DaliLoader built under Accelerate: rank {process} of {world}, sharded as accelerator.prepare "
+                  f"shards a DataLoader (prepare passes a DaliLoader through){val}",
                   stacklevel=4)  # the DaliLoader(...) line (through resolve_call and __init__)
-    return shared.process_index, shared.num_processes
+    # Val: DALI's later slices are the longer ones (reader.ReaderModel), and gather_for_metrics keeps a prefix
+    # of the last gathered step (run/accelerate_end.py): the longer slices on the first processes put the
+    # repeats last. Train keeps rank = process (its slices rotate every epoch).
+    return (process if train else world - 1 - process), world
 
 
 def _refuse_unsupported(batch_sampler: Any, worker_init_fn: Any) -> None:

@@ -30,3 +30,9 @@ class LabelError(DatasetError):
 class IndexMismatchError(DatasetError):
     """A record not where its shard's index puts it: the index's fault, not the data's, so skip_bad never
     excludes the sample (the recovery names the index file instead)."""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an optional extra, as every message says it: from the checkout, since
+    dali_pipes is not on PyPI (once it is released, `pip install 'dali_pipes[EXTRA]'` does the same)."""
+    return f"pip install '.[{extra}]' (from the dali_pipes checkout)"

@@ -13,15 +13,19 @@ Accelerate (tests/frameworks_job.py runs this on 2 processes):
 
   * prepare() re-wraps torch DataLoaders only: a DaliLoader is handed back unchanged, so it is not sharded a
     second time and its batches are not moved (they stay where DALI made them: move them in the step).
-  * gather_for_metrics trims the repeated tail only for Accelerate's own loaders; from a DaliLoader it gathers
-    everything. val_padding="label" gives every rank the same full batches with the padding labelled -1: drop
-    those. (The default "repeat" counts the repeated samples twice; "none" can give the ranks different batch
-    counts, and a gather on one rank alone waits forever.)
+  * gather_for_metrics cuts the repeats off the last gathered step of the loader registered in Accelerate's
+    GradientState as the one being iterated: a DaliLoader registers itself there for each epoch
+    (run/accelerate_end.py), and under Accelerate val process p reads slice world - 1 - p, so that the
+    repeats come last and the default val_padding="repeat" counts each val sample once on 2 processes, as
+    DataLoader does. Where the last step's layout allows no exact cut (val_padding="label", some sizes on 3+
+    processes) nothing is cut: val_padding="label" gives every rank the same full batches with the padding
+    labelled -1, drop those. ("none" can give the ranks different batch counts, and a gather on one rank alone
+    waits forever.)
   * save_state writes a registered object's state from rank 0 alone and load_state gives that copy to every
     rank: RankStates gathers every rank's state into it (a collective: save_state runs on every rank) and
     hands each rank its own back (on another world size, the elastic resume, loader.py).
-  * Accelerate does not know where a DaliLoader's epoch ends: with gradient accumulation, the last accumulated
-    steps of an epoch are not flushed at the epoch's end (they run on into the next epoch's first batches).
+  * Accelerate hears where a DaliLoader's epoch ends (GradientState.end_of_dataloader, as for its own loaders),
+    so accumulate() syncs the gradients at an epoch's last batch.
 
 Hugging Face Trainer: get_train_dataloader / get_eval_dataloader return DictBatches(DaliLoader(...)); Trainer
 calls model(**batch) on dict batches, len(), set_epoch(), .dataset and nothing else of the loader.
@@ -50,7 +54,9 @@ class RankStates:
             return {"ranks": [mine]}
         states: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(states, mine)
-        return {"ranks": states}
+        # In the loaders' rank order, which load_state_dict reads: a val loader under Accelerate has rank
+        # world - 1 - process (dataloader_args.accelerate_shard), so process order is not always rank order
+        return {"ranks": sorted(states, key=lambda state: state.get("loader", {}).get("rank", 0))}
 
     def load_state_dict(self, state: dict) -> None:
         """This rank's entry of a state_dict() (every old rank's, on another world size: elastic)."""

@@ -1,6 +1,6 @@
 """Lightning: a LightningDataModule over DaliLoader, one loader per split per rank (optional extra).
 
-    from dali_pipes.lightning import DaliDataModule  # needs: pip install dali_pipes[lightning]
+    from dali_pipes.lightning import DaliDataModule  # needs: pip install '.[lightning]' (a checkout)
     data = DaliDataModule("/data/train", "/data/val", batch_size=256, image_size=224)
     Trainer(accelerator="gpu", devices=8, strategy="ddp").fit(model, datamodule=data)
 
@@ -24,10 +24,12 @@ from typing import Any, Iterator
 
 import torch
 
+from dali_pipes.errors import install_hint
+
 try:
     import lightning.pytorch as pl
 except ImportError as error:
-    raise ImportError("dali_pipes.lightning needs Lightning, an optional extra: pip install dali_pipes[lightning]"
+    raise ImportError(f"dali_pipes.lightning needs Lightning, an optional extra: {install_hint('lightning')}"
                       ) from error
 
 from dali_pipes import DaliLoader, Source

@@ -49,6 +49,7 @@ from dali_pipes.dataloader_args import (
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.run import resume
+from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place
 from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
@@ -291,15 +292,17 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.pipe.begin_epoch(len(self))  # the hooks' epoch: a sampler's draw, clock, tuning, image-size schedule, ...
         cut, at = self._cut(), self.position
-        while at.batch < cut.batches:
-            batch = self.val_cache.next(self.pipe, cut, at.batch)  # DALI's; later val epochs' from the cache
-            if batch is None:
-                break  # DALI ended the epoch first: never, as contract.py models it
-            self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
-            out = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(), self.batch_transform,
-                            (self.shard.rank, at.epoch))  # (images, labels), or what a collate_fn returned
-            at.batch += 1
-            yield out
+        with accelerate_end(self, cut) as end:  # Accelerate hears where the epoch ends (run/accelerate_end.py)
+            while at.batch < cut.batches:
+                batch = self.val_cache.next(self.pipe, cut, at.batch)  # DALI's; later val epochs' from the cache
+                if batch is None:
+                    break  # DALI ended the epoch first: never, as contract.py models it
+                self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
+                out = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(), self.batch_transform,
+                                (self.shard.rank, at.epoch))  # (images, labels), or what a collate_fn returned
+                at.batch += 1
+                end.batch(at.batch == cut.batches)
+                yield out
         self.pipe.settle()
         remainder_done = self.pipe.end_epoch()  # tuning's choice if still open; the sharding check
         at.next_epoch()
@@ -324,6 +327,23 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         """Continue exactly where `state` was taken, images included. Given every old rank's state in rank
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
         resume.restore(self.pipe, self.position, facts_of(self), state)
+
+
+def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd:
+    """This epoch as Accelerate's GradientState hears it, where Accelerate runs: its `remainder` from every
+    process's real entries in its last batch, where the processes' slices are known (each process reads slice
+    `rank`, or val under Accelerate slice world - 1 - rank: dataloader_args.accelerate_shard); else 0."""
+    state, pipe, shard = gradient_state(), loader.pipe, loader.shard
+    if state is None or not cut.batches or pipe.sampled or pipe.remainder is not None:
+        return EpochEnd(state, 0)
+    (me, processes), world = process_place(), shard.world_size
+    slices = {me: range(world), world - 1 - me: range(world - 1, -1, -1)}.get(shard.rank)
+    if slices is None or processes != world:
+        return EpochEnd(state, 0)
+    reader, last = pipe.reader(), cut.batches - 1
+    cuts = [loader.contract.epoch_cut(dataclasses.replace(reader, rank=k), pipe.pipeline_epoch, None, len(pipe.run),
+                                      loader.num_samples) for k in slices]
+    return EpochEnd(state, gathered_real([c.real_in(last) for c in cuts], cut.size(last)))
 
 
 def sampler_read(call: DataLoaderCall, loader: DaliLoader) -> SamplerRead | None:

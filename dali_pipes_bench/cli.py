@@ -13,8 +13,10 @@ import sys
 from dataclasses import asdict
 from typing import Callable, Sequence
 
+from dali_pipes.errors import install_hint
+
 DEFAULT_DATA = "data/sample/images/train"  # the built-in train split, relative to the working directory
-BENCH_EXTRA = "pip install 'dali_pipes[bench]'"
+BENCH_EXTRA = install_hint("bench")
 
 
 def data_or_builtin(data: str) -> str:

@@ -40,7 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="comma-separated case groups to run: loaders, loader_overhead, "
                         "hw_decoder_load, dali_threads, torch_workers, batch_size, formats")
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
-                        help="write throughput.png and scaling.png (needs matplotlib: dali_pipes[bench])")
+                        help="write throughput.png and scaling.png (needs matplotlib: the [bench] extra)")
     parser.add_argument("--case", type=int, default=-1, help=argparse.SUPPRESS)  # internal: run one case, print JSON
     add_arguments(parser, SourceConfig, "reading --data")
     add_arguments(parser, AugmentConfig, "augmentation (every case that takes it)")

@@ -85,7 +85,7 @@ def _clear(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def gcs_endpoint():
-    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs: pip install 'dali_pipes[gcs]'")
+    pytest.importorskip("gcsfs", reason="gs:// needs gcsfs: pip install '.[gcs]' (from the dali_pipes checkout)")
     with GcsEmulator() as server:
         yield server.endpoint
 
@@ -104,7 +104,7 @@ def gcs(gcs_endpoint, monkeypatch) -> Store:
 
 @pytest.fixture(scope="session")
 def azurite_server():
-    pytest.importorskip("adlfs", reason="az:// needs adlfs: pip install 'dali_pipes[azure]'")
+    pytest.importorskip("adlfs", reason="az:// needs adlfs: pip install '.[azure]' (from the dali_pipes checkout)")
     reason = azurite_missing()
     if reason:
         pytest.skip(reason)
@@ -150,7 +150,8 @@ def hub_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hub_endpoint(hub_root):
-    pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: pip install 'dali_pipes[hf]'")
+    pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: "
+                        "pip install '.[hf]' (from the dali_pipes checkout)")
     with HubMirror(str(hub_root), page_size=5) as server:  # listings of more than 5 entries come in pages
         yield server.endpoint
 

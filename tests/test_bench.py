@@ -235,7 +235,8 @@ def test_bench_loaders_tables_rank_nothing_whose_passes_spread_more_than_ten_per
 def test_s3_feed_reads_the_same_images_from_local_disk_and_through_the_cache(scheme, tmp_path):
     """s3_feed --scheme http|hf: the shards on its local server behind the proxy; both cases read every batch."""
     if scheme == "hf":
-        pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: pip install 'dali_pipes[hf]'")
+        pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: "
+                            "pip install '.[hf]' (from the dali_pipes checkout)")
     from dali_pipes_bench import s3_feed
     out = tmp_path / "feed.jsonl"
     s3_feed.main(["--scheme", scheme, "--cases", "local", "cache", "--ranks", "1", "--images", "64", "--shards",
@@ -311,7 +312,8 @@ def test_bench_loaders_prints_tables_keeps_json_in_the_results_and_shows_a_bar_p
 def test_profile_plots_its_stages_on_a_log_axis():
     """Issue 36: read (38,000 images/s) and decode (about 800) on one linear axis left the stages that matter as
     slivers; on a log axis each stage's bar is readable."""
-    pytest.importorskip("matplotlib", reason="the plot needs matplotlib: pip install 'dali_pipes[bench]'")
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib: "
+                        "pip install '.[bench]' (from the dali_pipes checkout)")
     from dali_pipes_bench.profile import stage_chart
     rates = {"read": 38_000.0, "decode": 800.0, "augment": 760.0, "iterator": 700.0}
     rows = [{"case": f"{stage}, 2 threads", "images_per_s": rate} for stage, rate in rates.items()]

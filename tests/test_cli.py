@@ -129,7 +129,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exit:
         main(["sample", str(tmp_path / "d"), "--classes", "1"])
     assert str(exit.value.code).startswith("error: skimage is not installed")
-    assert "pip install 'dali_pipes[sample]'" in str(exit.value.code)
+    assert "pip install '.[sample]' (from the dali_pipes checkout)" in str(exit.value.code)
     assert not (tmp_path / "d").exists()  # checked before anything is written
 
 

@@ -34,7 +34,8 @@ _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_A
 
 
 def need(module: str):
-    return pytest.importorskip(module, reason=f"{module} is in the [test] extra: pip install 'dali_pipes[test]'")
+    return pytest.importorskip(module, reason=f"{module} is in the [test] extra: "
+                               f"pip install '.[test]' (from the dali_pipes checkout)")
 
 
 def write_one_per_class(root: str, n: int) -> str:
@@ -232,8 +233,8 @@ def test_accelerate_gather_for_metrics_counts_each_val_sample_once_with_label_pa
     for rank in first:
         for val in rank["val"]:
             assert val["masked"] == list(range(VAL_N))  # labels -1 dropped: every val sample exactly once
-            assert val["gathered"] == 2 * 2 * BATCH  # what gather_for_metrics gives: it trims only its own loaders
-            assert val["repeat"] == 12  # val_padding="repeat": sample 0 twice (why the recipe masks)
+            assert val["gathered"] == 2 * 2 * BATCH  # "label": the padding is not last on the last step, none cut
+            assert val["repeat"] == VAL_N  # val_padding="repeat": the repeat cut off the last gathered step
 
 
 def test_accelerate_save_state_and_load_state_resume_every_rank_exactly(accelerate_run):
@@ -289,9 +290,7 @@ def run_hf_script(root: str, loader: str, processes: int) -> list[dict]:
     return [json.load(open(os.path.join(root, f"{loader}_{processes}_rank{rank}.json"))) for rank in range(processes)]
 
 
-# On 2 processes the train steps agree, but gather_for_metrics gives 8 val samples for DaliLoader, 7 for
-# DataLoader: accelerate trims the last gathered batch only for loaders registered in its GradientState (open)
-@pytest.mark.parametrize("processes", [1])
+@pytest.mark.parametrize("processes", [1, 2])
 def test_the_transformers_script_renamed_counts_train_steps_and_gathered_val_samples_as_dataloader(hf_script_data,
                                                                                                processes):
     need("accelerate")
@@ -301,3 +300,32 @@ def test_the_transformers_script_renamed_counts_train_steps_and_gathered_val_sam
         assert (a["len"], a["steps"]) == (b["len"], b["steps"])
         assert a["gathered"] == b["gathered"] == [sum(HF_VAL)] * 2
         assert a["labels"] == b["labels"]
+
+
+def accumulation_syncs(loader, accelerator) -> list[tuple[bool, bool]]:
+    """(end_of_dataloader, sync_gradients) at each step of one epoch under accumulate(), 2 steps accumulated."""
+    model = torch.nn.Linear(1, 1)
+    seen = []
+    for _ in loader:
+        with accelerator.accumulate(model):
+            seen.append((accelerator.gradient_state.end_of_dataloader, accelerator.sync_gradients))
+    return seen
+
+
+def test_accumulate_syncs_the_gradients_at_a_daliloaders_last_batch_as_at_a_dataloaders(val_dataset):
+    """3 batches an epoch, 2 steps accumulated: the third (the epoch's last) syncs, as Accelerate does for its own
+    loaders; from the next epoch the count starts again. One process, in this process (its state reset after)."""
+    accelerate = need("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+    from torch.utils.data import DataLoader
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    try:
+        theirs = accelerator.prepare(DataLoader(val_dataset, batch_size=BATCH))
+        ours = DaliLoader(val_dataset, batch_size=BATCH)
+        expected = [(False, False), (False, True), (True, True)]
+        assert [accumulation_syncs(theirs, accelerator) for _ in range(2)] == [expected] * 2
+        assert [accumulation_syncs(ours, accelerator) for _ in range(2)] == [expected] * 2
+        assert accelerator.gradient_state.dataloader_references == [None]  # each epoch left it
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()

@@ -211,7 +211,7 @@ def test_parquet_feeds_the_decode(numbered_list, tmp_path, device):
 def bucket(request):
     """The s3 fixture (a bucket on a local moto server), or a skip where moto or boto3 is missing (a device
     run packed --without tests): checked before the session's server would fail to start."""
-    pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+    pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install '.[s3]' (from the dali_pipes checkout)")
     pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
     return request.getfixturevalue("s3")
 

@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("lightning", reason="Lightning is an optional extra: pip install dali_pipes[lightning]")
+pytest.importorskip("lightning", reason="Lightning is an optional extra: "
+                    "pip install '.[lightning]' (from the dali_pipes checkout)")
 
 import lightning.pytorch as pl  # noqa: E402
 from lightning_ddp_job import BATCH_SIZE, LOADER_ARGS, RANKS, Recorder  # noqa: E402
@@ -186,7 +187,7 @@ def test_missing_lightning_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lightning", None)  # None in sys.modules: import raises ImportError
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
     monkeypatch.delitem(sys.modules, "dali_pipes.lightning")
-    with pytest.raises(ImportError, match=r"pip install dali_pipes\[lightning\]"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[lightning\]' \(from the dali_pipes checkout\)"):
         importlib.import_module("dali_pipes.lightning")
 
 

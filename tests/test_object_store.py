@@ -15,7 +15,7 @@ from dali_pipes_bench.servers.latency_proxy import Fault
 from s3_server import closed_endpoint
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
-pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install '.[s3]' (from the dali_pipes checkout)")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
 
 

@@ -639,7 +639,7 @@ def test_without_pyarrow_a_parquet_location_names_the_extra(hf):
     said = _python(f"import sys; sys.modules['pyarrow'] = None\n"  # as if pyarrow were not installed
                    f"from dali_pipes import open_source\n"
                    f"try:\n    open_source({hf!r})\nexcept ImportError as e:\n    print(e)")
-    assert "pip install 'dali_pipes[parquet]'" in said
+    assert "pip install '.[parquet]' (from the dali_pipes checkout)" in said
 
 
 def test_a_transformers_script_dataset_runs_its_dict_collate_fn_and_stretches_resize_h_w(imagefolder, torchvision):

@@ -56,7 +56,8 @@ def test_validation_loop_counts_exactly_without_nan(val_set, loop, tmp_path, tor
 
 @pytest.mark.parametrize("form", ["location", "dataset"])
 def test_lightning_module_logging_with_sync_dist(val_set, tmp_path, form, torchvision):
-    pytest.importorskip("lightning", reason="Lightning is an optional extra: pip install dali_pipes[lightning]")
+    pytest.importorskip("lightning", reason="Lightning is an optional extra: "
+                        "pip install '.[lightning]' (from the dali_pipes checkout)")
     folder, counts, batch = val_set
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

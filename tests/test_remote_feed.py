@@ -13,7 +13,7 @@ from dali_pipes.data.reader import ReaderModel
 from conftest import jpeg_bytes
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server)
-pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install '.[s3]' (from the dali_pipes checkout)")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
 
 N = 48  # per rank 24: more than the reader's read-ahead below, so the cache cannot just hold everything

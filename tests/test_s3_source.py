@@ -28,7 +28,7 @@ from conftest import jpeg_bytes
 from s3_server import closed_endpoint
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy, restricted_s3
-pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install '.[s3]' (from the dali_pipes checkout)")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
 
 DATA = os.path.join(os.path.dirname(__file__), "data")

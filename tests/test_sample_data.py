@@ -50,7 +50,8 @@ def test_missing_photographs_name_the_extra(tmp_path, monkeypatch):
                         lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
     make_sample_dataset(str(tmp_path / "few"), SampleDatasetConfig(classes=2, train_per_class=1, val_per_class=0),
                         workers=1, progress=False)  # the first classes' photographs come from scikit-image
-    with pytest.raises(ImportError, match=r"matplotlib is not installed.*pip install 'dali_pipes\[sample\]'"):
+    with pytest.raises(ImportError, match=r"matplotlib is not installed.*pip install '\.\[sample\]' "
+                                          r"\(from the dali_pipes checkout\)"):
         make_sample_dataset(str(tmp_path / "all"), SampleDatasetConfig(classes=10), progress=False)
     assert not (tmp_path / "all").exists()
 

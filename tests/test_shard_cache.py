@@ -14,7 +14,7 @@ from dali_pipes.storage import object_store
 from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardCache, ShardTooLargeError, default_cache_folder
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
-pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install 'dali_pipes[s3]'")
+pytest.importorskip("boto3", reason="s3:// support needs boto3: pip install '.[s3]' (from the dali_pipes checkout)")
 pytest.importorskip("moto.server", reason="the S3 tests need a local S3 server: pip install 'moto[server]'")
 
 KB = 1000

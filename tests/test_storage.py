@@ -63,7 +63,7 @@ def test_a_url_whose_backend_is_missing_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if not installed: importing it raises ImportError
     monkeypatch.setitem(sys.modules, "gcsfs.core", None)
     remote._cached_backend.cache_clear()
-    with pytest.raises(ImportError, match=r"pip install 'dali_pipes\[gcs\]'"):
+    with pytest.raises(ImportError, match=r"pip install '\.\[gcs\]' \(from the dali_pipes checkout\)"):
         remote.list_objects("gs://bucket/train/")
     remote._cached_backend.cache_clear()
 

@@ -27,6 +27,7 @@ from typing import Any, Sequence, TypeVar
 
 import torch.distributed as dist
 
+from dali_pipes.errors import install_hint
 from dali_pipes.run import tuning
 
 T = TypeVar("T")
@@ -205,7 +206,7 @@ class Trace:
 
 
 class TensorBoard:
-    """Epoch metrics as TensorBoard scalars (rank 0; pip install 'dali_pipes[tensorboard]')."""
+    """Epoch metrics as TensorBoard scalars (rank 0; pip install '.[tensorboard]' from the checkout)."""
 
     def __init__(self, logdir: str | None, is_main: bool) -> None:
         self.writer = None
@@ -213,8 +214,8 @@ class TensorBoard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as error:
-                raise SystemExit(f"--tensorboard needs the tensorboard package ({error}): pip install "
-                                 f"'dali_pipes[tensorboard]'") from None
+                raise SystemExit(f"--tensorboard needs the tensorboard package ({error}): "
+                                 f"{install_hint('tensorboard')}") from None
             self.writer = SummaryWriter(logdir)
 
     def epoch(self, stats: dict) -> None:

@@ -83,7 +83,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default="", help="write a Chrome/Perfetto trace here: per rank, steps, waits, loader "
                    "rebuilds and tuning trials")
     p.add_argument("--tensorboard", default="",
-                   help="log the epoch metrics here (pip install 'dali_pipes[tensorboard]')")
+                   help="log the epoch metrics here (pip install '.[tensorboard]' from the checkout)")
     # The loader's options, generated from the library's dataclasses (one config path; saved in config.json).
     add_arguments(p, LoaderConfig, "the DALI loader (bad samples excluded with --skip-bad are recorded in "
                   "WORKDIR/bad_samples-rank<R>.txt)")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib.util
 import re
 
+from dali_pipes.errors import install_hint
+
 DALI_WHEEL = re.compile(r"^nvidia[-_.]dali[-_.]cuda(\d+)$", re.IGNORECASE)  # cuda120: built for CUDA 12.0
 
 
@@ -81,5 +83,4 @@ def require_dali() -> None:
     if not found:
         import torch
         raise ModuleNotFoundError(f"NVIDIA DALI is not installed; {wheel_problem(torch.version.cuda, [])} "
-                                  f"(or, from a checkout of dali_pipes: pip install "
-                                  f"'.[{extra_for(torch.version.cuda)}]')", name="nvidia.dali")
+                                  f"(or {install_hint(extra_for(torch.version.cuda))})", name="nvidia.dali")

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Iterator
 
+from dali_pipes.errors import install_hint
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import (  # noqa: F401  (the names s3:// code and tests have always used)
     BACKOFF_BASE_S,
@@ -105,7 +106,7 @@ def _cached_client(pid: int, options: ClientOptions, environment: tuple):
         import boto3
         from botocore.config import Config
     except ImportError as e:
-        raise remote.MissingBackendError("s3:// locations need boto3: pip install 'dali_pipes[s3]'") from e
+        raise remote.MissingBackendError(f"s3:// locations need boto3: {install_hint('s3')}") from e
     config = Config(connect_timeout=options.connect_timeout, read_timeout=options.read_timeout,
                     retries={"total_max_attempts": 1, "mode": "standard"},  # remote.retrying retries
                     max_pool_connections=options.max_pool_connections)

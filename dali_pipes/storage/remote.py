@@ -20,7 +20,7 @@ and telling its errors apart. Everything else is here and the same for every sch
         ConnectionError     endpoint unreachable or timing out after the bounded retries (UnreachableError);
                             a download not done within its deadline (DownloadTooSlowError: never retried)
         DatasetError        an object changed since it was listed, a truncated download
-        ImportError         the scheme's backend is not installed: names the extra (pip install 'dali_pipes[gcs]')
+        ImportError         the scheme's backend is not installed: names the extra (errors.install_hint)
   * every download (and ranged read) has an overall deadline (`ClientOptions.deadline`, --download-deadline):
     a store that keeps sending, too slowly for any read timeout to fire, is warned of at a quarter of it and
     ends at it; a server that ignores Range requests (answers 200 with the whole body) is read from the
@@ -54,7 +54,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, TypeVar
 
-from dali_pipes.errors import DatasetError
+from dali_pipes.errors import DatasetError, install_hint
 from dali_pipes.storage import redact
 from dali_pipes.storage.files import private_tmp
 
@@ -353,7 +353,7 @@ def _cached_backend(pid: int, entry: Scheme, options: ClientOptions, environment
     except ImportError as error:
         raise MissingBackendError(
             f"{entry.backend.removesuffix('Backend')} URLs need a package that is not installed "
-            f"({error.name or error}): pip install 'dali_pipes[{entry.extra}]'") from error
+            f"({error.name or error}): {install_hint(entry.extra)}") from error
 
 
 def prepare_native(url: str, options: ClientOptions | None = None) -> dict[str, str]:

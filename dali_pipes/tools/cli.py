@@ -242,8 +242,9 @@ def _add_sample_parser(commands) -> None:
     from dali_pipes.tools.sample_data import SampleDatasetConfig
     from dali_pipes.tools.sample_detection import DetectionSampleConfig
     p = _subcommand(commands, "sample", sample, "make the built-in ImageNet-like dataset (real photographs; "
-                    "needs dali_pipes[sample])", "Make OUT/train/<class>/*.jpg and OUT/val/<class>/*.jpg from "
-                    "photographs that ship inside scikit-image and matplotlib (pip install 'dali_pipes[sample]'); "
+                    "needs the [sample] extra)", "Make OUT/train/<class>/*.jpg and OUT/val/<class>/*.jpg from "
+                    "photographs that ship inside scikit-image and matplotlib (pip install '.[sample]' from the "
+                    "checkout); "
                     "with --tfrecord-shards, also as TFRecord shards. Any size: --classes 1000 --train-per-class "
                     "50 makes 50,000 train images, for epochs that last seconds on a GPU.")
     p.add_argument("out", help="output folder")

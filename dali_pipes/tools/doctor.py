@@ -389,8 +389,9 @@ def check_throughput(env: dict, train_dir: str, seconds: float, out: str) -> tup
     (the library never imports the benchmarks); not checked where that package is not installed."""
     require_gpu(env)
     if importlib.util.find_spec("dali_pipes_bench") is None:
-        raise NotChecked("the throughput run is a benchmark: pip install 'dali_pipes[bench]' (or run from a "
-                         "source checkout)")
+        from dali_pipes.errors import install_hint
+        raise NotChecked(f"the throughput run is a benchmark: {install_hint('bench')}, or run the doctor "
+                         f"from the checkout")
     result = os.path.join(out, "throughput.json")
     run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.doctor_throughput", train_dir, "--seconds",
                           str(seconds), "--out", out], text=True)

@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageFilter
 from tqdm import tqdm
 
+from dali_pipes.errors import install_hint
 from dali_pipes.options import option
 from dali_pipes.tools.workers import process_pool
 
@@ -60,7 +61,7 @@ class SampleDatasetConfig:
             raise ValueError(f"need 0 < min_side <= max_side, got {self.min_side} and {self.max_side}")
 
 
-EXTRA = "pip install 'dali_pipes[sample]'"  # installs the packages that ship the photographs
+EXTRA = install_hint("sample")  # installs the packages that ship the photographs
 
 
 def photo_path(package: str, relative: str) -> str:
@@ -149,7 +150,7 @@ def make_sample_dataset(root: str, cfg: SampleDatasetConfig = SampleDatasetConfi
                         workers: int | None = None, progress: bool = True) -> dict:
     """Write ROOT/train/<class>/*.jpg and ROOT/val/<class>/*.jpg; returns counts and mean bytes.
 
-    Needs scikit-image and matplotlib (`pip install 'dali_pipes[sample]'`), which ship the photographs;
+    Needs scikit-image and matplotlib (`pip install '.[sample]'` from the checkout), which ship the photographs;
     neither is imported."""
     check_photos(cfg.classes)
     jobs = []

@@ -37,7 +37,7 @@ import numpy as np
 from dali_pipes.data.formats import parquet_images
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, TFRecordKeys
-from dali_pipes.errors import DatasetError, LabelError
+from dali_pipes.errors import DatasetError, LabelError, install_hint
 from dali_pipes.storage.files import atomic_write
 
 SHARD_NAME = "a .parquet (or datasets' .arrow) file"  # in messages
@@ -49,7 +49,7 @@ SNIFF_BYTES = len(MAGIC)
 INDEX_VERSION = "parquet-v1"
 MISSING_LABEL = -2_147_483_000  # a null label: fails its batch in the graph, as TFRecord's missing key does
 GROUP_THREADS = 4  # row groups read at once, per process (pyarrow decompresses outside the GIL)
-INSTALL = "pip install 'dali_pipes[parquet]' (pyarrow)"
+INSTALL = install_hint("parquet")  # pyarrow
 
 
 def pyarrow_modules():
