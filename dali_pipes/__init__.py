@@ -13,10 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from dali_pipes import _moved
 from dali_pipes._version import __version__
-
-_moved.install()  # the modules' earlier import paths keep working for a release (a DeprecationWarning)
 
 _EXPORTS = {
     "AugmentConfig": "dali_pipes.graph.augment", "DaliLoader": "dali_pipes.loader",

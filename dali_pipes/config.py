@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 from dali_pipes.options import auto_or_count, count_or_fraction, option
 
@@ -96,14 +96,3 @@ def run_cli(main: Callable[[_Args], _Result], args: _Args) -> _Result:
     except (DatasetError, FileNotFoundError, PermissionError, UnreachableError, DiskFullError) as e:
         sys.exit(f"error: {e}")
 
-
-def __getattr__(name: str) -> Any:
-    """The flag machinery moved to options.py in 0.3.0: its names still import from here for a release."""
-    if name in ("add_arguments", "from_args", "flag_name"):
-        import warnings
-
-        from dali_pipes import options
-        warnings.warn(f"dali_pipes.config.{name} moved to dali_pipes.options in 0.3.0", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(options, name)
-    raise AttributeError(f"module 'dali_pipes.config' has no attribute {name!r}")
