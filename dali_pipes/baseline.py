@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_pipes.data.formats import read_sample
 from dali_pipes.data.labels import check_label, label_bound
-from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
 from dali_pipes.data.source import Source, open_source, with_num_classes
 from dali_pipes.graph.augment import AugmentConfig
 from dali_pipes.run.dist import Shard
@@ -137,7 +137,7 @@ class TorchLoader:
     def __init__(self, source: Source | str, *, batch_size: int, train: bool, rank: int | None = None,
                  world_size: int | None = None, image_size: int = 224, seed: int = 0, num_workers: int = 4,
                  pin_memory: bool = True, persistent_workers: bool = True, augment: AugmentConfig | None = None,
-                 prefetch_factor: int = 2, keys: TFRecordKeys | None = None, num_classes: int | None = None) -> None:
+                 prefetch_factor: int = 2, keys: SampleKeys | None = None, num_classes: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.source = with_num_classes(source, num_classes) if isinstance(source, Source) else \

@@ -32,8 +32,8 @@ class SourceConfig:
 
     def open_kwargs(self) -> dict:
         """Keywords for open_source."""
-        from dali_pipes.data.samples import TFRecordKeys
-        keys = TFRecordKeys(self.image_key, self.label_key, self.label_offset, self.image_column, self.label_column)
+        from dali_pipes.data.samples import SampleKeys
+        keys = SampleKeys(self.image_key, self.label_key, self.label_offset, self.image_column, self.label_column)
         return dict(keys=keys, label_ext=self.label_ext,
                     index_cache_dir=self.index_cache_dir, allow_duplicates=self.allow_duplicates)
 

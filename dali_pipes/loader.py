@@ -34,7 +34,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
-from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
@@ -106,7 +106,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
+def open_dataset(call, keys: SampleKeys | None, label_ext: str, index_cache_dir: str | None,
                  skip_bad: bool, s3_attempts: int | remote.ClientOptions, allow_duplicates: bool = False,
                  num_classes: int | None = None, s3_timeout: float | None = None) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location, its labels
@@ -118,7 +118,7 @@ def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_di
         return _open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, allow_duplicates, num_classes)
 
 
-def _open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None, skip_bad: bool,
+def _open_dataset(call, keys: SampleKeys | None, label_ext: str, index_cache_dir: str | None, skip_bad: bool,
                   allow_duplicates: bool, num_classes: int | None) -> Source:
     if call.location is None:
         return with_num_classes(samples_source(call.root, call.samples, call.classes, skip_bad), num_classes)
@@ -167,7 +167,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  local_rank: int | None = None, image_size: ImageSize | None = None, seed: int | None = None,
                  num_threads: int | str | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
                  prefetch_queue_depth: int | str = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
-                 keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
+                 keys: SampleKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
                  max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,

@@ -119,13 +119,13 @@ def main() -> None:
     os.environ.update(AWS_CONFIG_FILE=empty.name, AWS_SHARED_CREDENTIALS_FILE=empty.name)
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         os.environ.pop(name, None)
-    from dali_pipes import DaliLoader, TFRecordKeys
+    from dali_pipes import DaliLoader, SampleKeys
     shard_bytes = put_parquet(moto, bucket) if feed == "parquet" else put_shards(moto, bucket)
     kw = dict(batch_size=2, train=True, seed=3, image_size=16, device="cpu", num_threads=1, shuffle_buffer=4,
               prefetch_queue_depth=1, remote_feed="cache" if feed == "parquet" else feed,
               cache_bytes=4 * shard_bytes, cache_prefetch=1)
     if feed == "parquet":
-        kw.update(keys=TFRecordKeys(image_column="jpg", label_column="cls"))
+        kw.update(keys=SampleKeys(image_column="jpg", label_column="cls"))
     if outage in ("long", "probed"):
         kw.update(s3_attempts=2, s3_timeout=1.0 if outage == "long" else 2.0)
     url = f"s3://{bucket}/train/"

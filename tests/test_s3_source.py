@@ -16,7 +16,7 @@ import tarfile
 
 import pytest
 
-from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
+from dali_pipes import DaliLoader, DatasetError, SampleKeys, open_source
 from dali_pipes.data import indexes
 from dali_pipes.data.formats import tfrecord, webdataset
 from dali_pipes.storage import object_store, remote
@@ -98,7 +98,7 @@ def close_all(loaders):
 def test_tensorflow_written_shard_in_a_bucket_reads_exactly_once(s3, cache_dirs, feed):
     with open(os.path.join(DATA, "tf_written", "train-00000-of-00001"), "rb") as f:
         s3.put("tf/train-00000-of-00001", f.read())
-    keys = TFRecordKeys(label_offset=1)
+    keys = SampleKeys(label_offset=1)
     loader = DaliLoader(s3.url("tf/"), batch_size=2, train=False, keys=keys, remote_feed=feed, **KW)
     labels = val_labels([loader])
     assert labels == sorted(label - 1 for label in TF_EXPECTED["labels"])

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.data.samples import SampleRef, TFRecordKeys
+from dali_pipes.data.samples import SampleKeys, SampleRef
 from dali_pipes.data.source import open_source
 from dali_pipes.errors import DatasetError
 from dali_pipes.tools.convert import write_tfrecords
@@ -162,6 +162,6 @@ def test_a_varint_where_a_message_belongs_is_not_an_example(tmp_path):
         tfrecord.decode_example(data)
     shard = tmp_path / "a.tfrecord"
     shard.write_bytes(tfrecord.frame_record(data))
-    ref = SampleRef("tfrecord", str(shard), 0, "0", 0, shard.stat().st_size, extra=(TFRecordKeys(),))
+    ref = SampleRef("tfrecord", str(shard), 0, "0", 0, shard.stat().st_size, extra=(SampleKeys(),))
     with pytest.raises(DatasetError, match=r"a\.tfrecord#0: not a tf\.train\.Example \(a varint where"):
         tfrecord.read_sample(ref)

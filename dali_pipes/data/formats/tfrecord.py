@@ -23,7 +23,7 @@ import google_crc32c
 
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
 from dali_pipes.data.protobuf import as_bytes, fields, read_varint
-from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
+from dali_pipes.data.samples import Sample, SampleKeys, SampleRef, SourceRecord, required
 from dali_pipes.errors import DatasetError, IndexMismatchError
 from dali_pipes.storage.files import atomic_write
 from dali_pipes.storage.remote import ObjectInfo
@@ -510,7 +510,7 @@ def dali_reader(source: SourceRecord, reader_args: dict):
     return out[keys.image], dali_checked_labels(out[keys.label][0], keys.label_offset, label_bound(source)[0])
 
 
-def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
+def check_source(source: SourceRecord, keys: SampleKeys) -> None:
     """The first record of the first and last shards has the image and label keys (check_keys): one
     ranged read each, local or s3://, from the index."""
     num_classes, classes_from = label_bound(source)
@@ -523,7 +523,7 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
                         num_classes=num_classes, classes_from=classes_from)
 
 
-def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | None = None) -> int:
+def check_keys(shard: str, keys: SampleKeys, first_frame: tuple[int, int] | None = None) -> int:
     """DALI returns uninitialised memory as labels when asked for keys the records lack: check
     the first record before DALI ever sees the shard; returns its stored label. `first_frame` (offset, size)
     from the index reads just that record (an s3:// shard: one ranged GET)."""
@@ -546,7 +546,7 @@ def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | No
         for key, kind in ((keys.image, bytes), (keys.label, int)):
             if key not in example:
                 raise DatasetError(f"{shard}#0", f"no feature {key!r}; keys present: {present}",
-                                   "Pass the right key (TFRecordKeys / --image-key / --label-key)")
+                                   "Pass the right key (SampleKeys / --image-key / --label-key)")
             values = example[key]
             if len(values) != 1 or not isinstance(values[0], kind):
                 raise DatasetError(f"{shard}#0", f"feature {key!r} should hold one {kind.__name__} value, "
@@ -555,7 +555,7 @@ def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | No
     raise DatasetError(shard, "empty TFRecord file (0 records)")
 
 
-def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
+def verify_shard(shard: str, keys: SampleKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
     """Walk the framing (headers only): readable records become refs for the per-sample checks,
     broken frames become problems (nothing after a broken frame can be trusted)."""
     check_shard(shard)
