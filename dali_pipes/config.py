@@ -59,9 +59,9 @@ class LoaderConfig:
                                          type=count_or_fraction)
     max_pixels: int | None = option(100_000_000, "refuse (or with --skip-bad exclude) images whose header claims "
                                     "more pixels, before DALI allocates them; None: no limit", type=int)
-    remote_feed: str = option("cache", "s3:// data: 'cache' fetches whole shards ahead into a bounded local folder "
-                              "(0.84-1.21x local disk at 20 ms per request); 'native' lets DALI read each record "
-                              "with a ranged GET (0.10-0.13x)", choices=("cache", "native"))
+    remote_feed: str = option("cache", "s3:// data: 'cache' fetches whole shards ahead into a bounded local folder; "
+                              "'native' lets DALI read each record with a ranged GET (far slower at a store's "
+                              "latency: docs/benchmarks.md)", choices=("cache", "native"))
     cache_dir: str | None = option(None, "s3:// shard cache folder (default: $DALI_PIPES_CACHE/shards or "
                                    "~/.cache/dali_pipes/shards); each run uses a private subfolder", type=str)
     cache_bytes: int = option(8 << 30, "s3:// shard cache bound in bytes per rank; a larger shard is refused")

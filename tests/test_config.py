@@ -89,3 +89,24 @@ def test_a_missing_config_file_is_one_line(tmp_path, capsys):
     assert ended.value.code == 1
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == f"cmd: error: --config {tmp_path}/none.yaml: no such file"
+
+
+def _help_texts(parser: argparse.ArgumentParser):
+    """The parser's --help and its subcommands', all the way down."""
+    yield parser.prog, parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _help_texts(sub)
+
+
+def test_help_texts_hold_no_measured_figures():
+    """Ratios and throughputs go stale and differ per machine: they live on docs/benchmarks.md, dated."""
+    import re
+
+    from dali_pipes.tools.cli import build_parser
+    from train.train import get_args_parser
+    measured = re.compile(r"\b\d+(\.\d+)?(-\d+(\.\d+)?)?x\b|\d[\d,.]*\s*(images|img)/s")
+    found = [(prog, m.group(0)) for parser in (build_parser(), get_args_parser())
+             for prog, text in _help_texts(parser) for m in measured.finditer(" ".join(text.split()))]
+    assert not found, found

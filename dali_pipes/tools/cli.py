@@ -191,7 +191,7 @@ def _add_sample_parser(commands) -> None:
                     "needs dali_pipes[sample])", "Make OUT/train/<class>/*.jpg and OUT/val/<class>/*.jpg from "
                     "photographs that ship inside scikit-image and matplotlib (pip install 'dali_pipes[sample]'); "
                     "with --tfrecord-shards, also as TFRecord shards. Any size: --classes 1000 --train-per-class "
-                    "50 makes 50,000 train images, for epochs that last seconds on a GPU.")
+                    "50 makes 50,000 train images.")
     p.add_argument("out", help="output folder")
     add_arguments(p, SampleDatasetConfig, "dataset")
     p.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
