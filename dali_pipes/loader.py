@@ -48,6 +48,7 @@ from dali_pipes.dataloader_args import (
 )
 from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
 from dali_pipes.graph.resolution import ImageSize
+from dali_pipes.options import take_renamed
 from dali_pipes.run import resume
 from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
@@ -106,14 +107,22 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def store_options(attempts: int, timeout: float, deadline: float, kwargs: dict) -> remote.ClientOptions:
+    """A loader's own retries, timeout and deadline; s3_attempts / s3_timeout (their names until 0.3) taken out of
+    its other keywords for one more release, with a DeprecationWarning."""
+    renamed = take_renamed(kwargs, LoaderConfig, stacklevel=3)
+    return remote.ClientOptions.of(renamed.get("storage_attempts", attempts), renamed.get("storage_timeout", timeout),
+                                   deadline=deadline)
+
+
 def open_dataset(call, keys: SampleKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool, s3_attempts: int | remote.ClientOptions, allow_duplicates: bool = False,
-                 num_classes: int | None = None, s3_timeout: float | None = None) -> Source:
+                 skip_bad: bool, storage_attempts: int | remote.ClientOptions, allow_duplicates: bool = False,
+                 num_classes: int | None = None, storage_timeout: float | None = None) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location, its labels
     bounded by `num_classes` where given. Opening lists and reads objects under the loader's own retries
-    (`s3_attempts`: a count with `s3_timeout`, or the ClientOptions), never another loader's."""
-    options = s3_attempts if isinstance(s3_attempts, remote.ClientOptions) else \
-        remote.ClientOptions.of(s3_attempts, s3_timeout)
+    (`storage_attempts`: a count with `storage_timeout`, or the ClientOptions), never another loader's."""
+    options = storage_attempts if isinstance(storage_attempts, remote.ClientOptions) else \
+        remote.ClientOptions.of(storage_attempts, storage_timeout)
     with remote.options_in_force(options):
         return _open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, allow_duplicates, num_classes)
 
@@ -172,12 +181,13 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
-                 cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
-                 s3_timeout: float = _LOADER.s3_timeout, download_deadline: float = _LOADER.download_deadline,
+                 cache_prefetch: int = _LOADER.cache_prefetch, storage_attempts: int = _LOADER.storage_attempts,
+                 storage_timeout: float = _LOADER.storage_timeout, download_deadline: float = _LOADER.download_deadline,
                  allow_duplicates: bool = _SOURCE.allow_duplicates, sharding_check: bool = _LOADER.sharding_check,
                  val_cache_bytes: int = _LOADER.val_cache_bytes, num_classes: int | None = None,
                  batch_transform: Any = None, **augment_args) -> None:
         started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
+        store = store_options(storage_attempts, storage_timeout, download_deadline, augment_args)  # this loader's own
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
@@ -193,7 +203,6 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.device = resolve_device(device)
         resolve_decode_device(self.device, decode_device)  # refuse device="cpu" with decode_device="gpu" now
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        store = remote.ClientOptions.of(s3_attempts, s3_timeout, deadline=download_deadline)  # this loader's own
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)

@@ -110,3 +110,31 @@ def test_help_texts_hold_no_measured_figures():
     found = [(prog, m.group(0)) for parser in (build_parser(), get_args_parser())
              for prog, text in _help_texts(parser) for m in measured.finditer(" ".join(text.split()))]
     assert not found, found
+
+
+def test_the_store_settings_have_store_neutral_names_and_the_s3_ones_warn_for_a_release(tmp_path, jpeg_folder):
+    """storage_attempts / storage_timeout apply to every scheme; s3_attempts / s3_timeout (until 0.3) still work,
+    as keywords, LoaderConfig fields, flags and config-file keys (a run's args.json), each warned of by name."""
+    from dali_pipes import DaliLoader
+
+    def warned(seen, *texts):  # every text warned of, each once
+        assert sorted(str(w.message).split(" (")[0] for w in seen) == sorted(texts), [str(w.message) for w in seen]
+    with pytest.warns(DeprecationWarning) as seen, pytest.raises(ValueError, match="got 0 and"):
+        DaliLoader(str(jpeg_folder), batch_size=2, device="cpu", s3_attempts=0)  # the old name's value is used
+    warned(seen, "s3_attempts is now storage_attempts")
+    with pytest.warns(DeprecationWarning) as seen:
+        assert LoaderConfig(s3_attempts=3, s3_timeout=4.0) == LoaderConfig(storage_attempts=3, storage_timeout=4.0)
+    warned(seen, "s3_attempts is now storage_attempts", "s3_timeout is now storage_timeout")
+    parser = CommandParser(prog="cmd")
+    add_config_file(parser)
+    add_arguments(parser, LoaderConfig, "loader")
+    assert "--storage-attempts" in parser.format_help() and "--s3-attempts" not in parser.format_help()
+    with pytest.warns(DeprecationWarning) as seen:
+        args = parser.parse_args(["--s3-attempts", "3", "--s3-timeout=4"])
+    warned(seen, "--s3-attempts is now --storage-attempts", "--s3-timeout is now --storage-timeout")
+    assert from_args(LoaderConfig, args) == LoaderConfig(storage_attempts=3, storage_timeout=4.0)
+    (tmp_path / "args.json").write_text(json.dumps({"s3_attempts": 5, "s3_timeout": 6}))
+    with pytest.warns(DeprecationWarning) as seen:
+        args = parser.parse_args(["--config", str(tmp_path / "args.json")])
+    warned(seen, *(f"{tmp_path}/args.json: s3_{name} is now storage_{name}" for name in ("attempts", "timeout")))
+    assert (args.storage_attempts, args.storage_timeout) == (5, 6.0)

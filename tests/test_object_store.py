@@ -118,7 +118,7 @@ def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(s3, monkeypa
     remote.configure(attempts=2, timeout=2)
     with pytest.raises(remote.UnreachableError,
                        match=f"cannot reach the S3 endpoint {closed} after 2 attempts"
-                             f".*AWS_ENDPOINT_URL.*--s3-attempts"):
+                             f".*AWS_ENDPOINT_URL.*--storage-attempts"):
         remote.list_objects("s3://any-bucket/train/")
 
 

@@ -377,7 +377,7 @@ def test_unreachable_endpoint_fails_after_the_set_attempts_and_names_it(s3, cach
     closed = closed_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     with pytest.raises(ConnectionError, match=f"cannot reach the S3 endpoint {closed} after 2 attempts"):
-        DaliLoader("s3://any-bucket/train/", batch_size=2, train=False, s3_attempts=2, s3_timeout=1, **KW)
+        DaliLoader("s3://any-bucket/train/", batch_size=2, train=False, storage_attempts=2, storage_timeout=1, **KW)
 
 
 def _read_all(location, **kw):
