@@ -138,3 +138,17 @@ def test_the_store_settings_have_store_neutral_names_and_the_s3_ones_warn_for_a_
         args = parser.parse_args(["--config", str(tmp_path / "args.json")])
     warned(seen, *(f"{tmp_path}/args.json: s3_{name} is now storage_{name}" for name in ("attempts", "timeout")))
     assert (args.storage_attempts, args.storage_timeout) == (5, 6.0)
+
+
+def test_the_0_2_import_paths_are_gone():
+    """0.4 retires 0.2's module paths (dali_pipes.tuning, ...), object_store.py's re-exports of remote.py's names and
+    the flag machinery's names in config.py: each name has one home."""
+    import importlib
+
+    from dali_pipes import config
+    from dali_pipes.storage import object_store
+    for old in ("dali_pipes.tuning", "dali_pipes.convert", "dali_pipes.object_store", "dali_pipes.samples"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert not hasattr(object_store, "list_objects") and not hasattr(object_store, "UnreachableError")
+    assert not hasattr(config, "add_arguments") and not hasattr(config, "from_args")
