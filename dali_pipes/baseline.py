@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dali_pipes.data.formats import read_sample
 from dali_pipes.data.labels import check_label, label_bound
-from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
 from dali_pipes.data.source import Source, open_source, with_num_classes
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.run.dist import Shard
@@ -48,6 +48,19 @@ def random_resized_crop_box(width: int, height: int, area: tuple[float, float], 
     return (width - w) // 2, (height - h) // 2, w, h
 
 
+# The settings that change a mode's images in DaliLoader's graph, and the values ImageTransform does: any other value
+# would be ignored here, and a comparison of the two loaders would compare two recipes.
+DONE_HERE = {"interpolation": ("bilinear",), "exif_orientation": (None, False), "png16": (None, "pil")}
+DONE_IN_TRAIN = {"color_jitter": (0.0,), "auto_augment": (None,), "random_erasing": (0.0,)}
+DONE_IN_VAL = {"val_stretch": (False,)}
+
+
+def not_implemented(cfg: AugmentConfig, train: bool) -> list[str]:
+    """`cfg`'s settings (as name=value) that change this mode's images and that ImageTransform does not do."""
+    done = {**DONE_HERE, **(DONE_IN_TRAIN if train else DONE_IN_VAL)}
+    return [f"{name}={getattr(cfg, name)!r}" for name, values in done.items() if getattr(cfg, name) not in values]
+
+
 class ImageTransform:
     """PIL image -> normalised float32 CHW tensor, train or val, as the DALI graphs do."""
 
@@ -55,6 +68,11 @@ class ImageTransform:
         if not isinstance(cfg.image_size, int):
             raise ValueError(f"ImageTransform makes one size, got the schedule {cfg.image_size}: pass "
                              f"cfg.for_epoch(epoch, train)")
+        missing = not_implemented(cfg, train)
+        if missing:
+            raise ValueError(f"TorchLoader (the DataLoader + PIL baseline) does not implement {', '.join(missing)}: "
+                             f"it would ignore them, and a comparison would compare two recipes. Leave them at their "
+                             f"defaults for the baseline, or use DaliLoader")
         self.cfg, self.train, self.size = cfg, train, cfg.image_size
         self.mean = np.array(cfg.mean, np.float32) * 255
         self.std = np.array(cfg.std, np.float32) * 255
@@ -137,7 +155,7 @@ class TorchLoader:
     def __init__(self, source: Source | str, *, batch_size: int, train: bool, rank: int | None = None,
                  world_size: int | None = None, image_size: int = 224, seed: int = 0, num_workers: int = 4,
                  pin_memory: bool = True, persistent_workers: bool = True, augment: AugmentConfig | None = None,
-                 prefetch_factor: int = 2, keys: TFRecordKeys | None = None, num_classes: int | None = None) -> None:
+                 prefetch_factor: int = 2, keys: SampleKeys | None = None, num_classes: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.source = with_num_classes(source, num_classes) if isinstance(source, Source) else \

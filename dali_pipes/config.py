@@ -4,10 +4,10 @@ reason per field (options.py turns each into a flag), and the commands' one-line
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from dataclasses import InitVar, dataclass
+from typing import Callable, TypeVar
 
-from dali_pipes.options import auto_or_count, count_or_fraction, option
+from dali_pipes.options import auto_or_count, count_or_fraction, option, take_renamed
 
 _Args = TypeVar("_Args")  # a command's arguments: an argparse.Namespace, or argv where it parses its own
 _Result = TypeVar("_Result")
@@ -32,8 +32,8 @@ class SourceConfig:
 
     def open_kwargs(self) -> dict:
         """Keywords for open_source."""
-        from dali_pipes.data.samples import TFRecordKeys
-        keys = TFRecordKeys(self.image_key, self.label_key, self.label_offset, self.image_column, self.label_column)
+        from dali_pipes.data.samples import SampleKeys
+        keys = SampleKeys(self.image_key, self.label_key, self.label_offset, self.image_column, self.label_column)
         return dict(keys=keys, label_ext=self.label_ext,
                     index_cache_dir=self.index_cache_dir, allow_duplicates=self.allow_duplicates)
 
@@ -59,19 +59,20 @@ class LoaderConfig:
                                          type=count_or_fraction)
     max_pixels: int | None = option(100_000_000, "refuse (or with --skip-bad exclude) images whose header claims "
                                     "more pixels, before DALI allocates them; None: no limit", type=int)
-    remote_feed: str = option("cache", "s3:// data: 'cache' fetches whole shards ahead into a bounded local folder "
-                              "(0.84-1.21x local disk at 20 ms per request); 'native' lets DALI read each record "
-                              "with a ranged GET (0.10-0.13x)", choices=("cache", "native"))
+    remote_feed: str = option("cache", "s3:// data: 'cache' fetches whole shards ahead into a bounded local folder; "
+                              "'native' lets DALI read each record with a ranged GET (far slower at a store's "
+                              "latency: docs/benchmarks.md)", choices=("cache", "native"))
     cache_dir: str | None = option(None, "s3:// shard cache folder (default: $DALI_PIPES_CACHE/shards or "
                                    "~/.cache/dali_pipes/shards); each run uses a private subfolder", type=str)
     cache_bytes: int = option(8 << 30, "s3:// shard cache bound in bytes per rank; a larger shard is refused")
     cache_prefetch: int = option(4, "s3:// shards fetched in parallel ahead of the reader")
-    s3_attempts: int = option(8, "s3://: tries per request (and per rebuild of a --remote-feed native reader) on a "
-                              "connection error, timeout or 5xx reply, waiting 1, 2, 4, 8, 16, 16 ... s (x0.5-1 "
-                              "jitter) between; 8 rides out at least 30 s of outage. A network fault never "
-                              "excludes a sample")
-    s3_timeout: float = option(20.0, "s3://: seconds a request may wait to connect (at most 5) or for its next bytes "
-                               "before that try fails")
+    storage_attempts: int = option(8, "every scheme (s3://, gs://, az://, hf://, http(s)://): tries per request (and "
+                                   "per rebuild of a --remote-feed native reader) on a connection error, timeout or "
+                                   "5xx reply, waiting 1, 2, 4, 8, 16, 16 ... s (x0.5-1 jitter) between; 8 rides out "
+                                   "at least 30 s of outage. A network fault never excludes a sample",
+                                   renamed_from="s3_attempts")
+    storage_timeout: float = option(20.0, "every scheme: seconds a request may wait to connect (at most 5) or for its "
+                                    "next bytes before that try fails", renamed_from="s3_timeout")
     download_deadline: float = option(600.0, "every scheme: seconds one shard download (or one ranged read) may take "
                                       "in all, its retries included, before it fails naming the object; a download "
                                       "still running at a quarter of it is warned of with its progress")
@@ -83,6 +84,14 @@ class LoaderConfig:
                                   "names, sizes, versions); at the end of the first epoch, what they delivered "
                                   "(train: no sample on two ranks; val: each exactly once) and fail naming the "
                                   "mistake; needs an initialised process group")
+    # storage_attempts' and storage_timeout's names until 0.3, taken for one more release (a DeprecationWarning)
+    s3_attempts: InitVar[int | None] = None
+    s3_timeout: InitVar[float | None] = None
+
+    def __post_init__(self, s3_attempts: int | None, s3_timeout: float | None) -> None:
+        given = {"s3_attempts": s3_attempts, "s3_timeout": s3_timeout}
+        for name, value in take_renamed({k: v for k, v in given.items() if v is not None}, LoaderConfig, 3).items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
 
 def run_cli(main: Callable[[_Args], _Result], args: _Args) -> _Result:
@@ -96,14 +105,3 @@ def run_cli(main: Callable[[_Args], _Result], args: _Args) -> _Result:
     except (DatasetError, FileNotFoundError, PermissionError, UnreachableError, DiskFullError) as e:
         sys.exit(f"error: {e}")
 
-
-def __getattr__(name: str) -> Any:
-    """The flag machinery moved to options.py in 0.3.0: its names still import from here for a release."""
-    if name in ("add_arguments", "from_args", "flag_name"):
-        import warnings
-
-        from dali_pipes import options
-        warnings.warn(f"dali_pipes.config.{name} moved to dali_pipes.options in 0.3.0", DeprecationWarning,
-                      stacklevel=2)
-        return getattr(options, name)
-    raise AttributeError(f"module 'dali_pipes.config' has no attribute {name!r}")

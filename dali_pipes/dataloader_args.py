@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS
-from dali_pipes.data.samples import TFRecordKeys
+from dali_pipes.data.samples import SampleKeys
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.transforms import TransformError, augment_from_transform
@@ -80,7 +80,7 @@ class DataLoaderCall:
     world_size: int | None
     seed: int
     batch_size: int            # checked: a positive int
-    keys: TFRecordKeys | None = None  # a datasets.Dataset's image and label columns
+    keys: SampleKeys | None = None  # a datasets.Dataset's image and label columns
     collate_fn: Any = None     # the user's, kept as DataLoader keeps it (timm's loop sets .mixup_enabled on it)
     batch_transform: BatchTransform | None = None  # what collate_fn or batch_transform= does to each batch
     drawn: bool = False        # the sampler's indices are drawn every epoch and fed to DALI (run/sampled.py)
@@ -99,7 +99,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
     samples: list | None = None
     classes: list | None = None
     files: Any = None
-    keys: TFRecordKeys | None = None
+    keys: SampleKeys | None = None
     augment_args: dict[str, Any] = {}
     root, random_transform = "", False
     form: SampleForm | None = DEFAULT_FORM  # what a collate_fn that is run gets per sample
@@ -146,7 +146,7 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
                           bool(drawn.get("drawn")))
 
 
-def read_dataset_object(dataset: Any, collate_fn: Any = None) -> tuple[list | None, Any, TFRecordKeys | None,
+def read_dataset_object(dataset: Any, collate_fn: Any = None) -> tuple[list | None, Any, SampleKeys | None,
                                                                        list | None, str, Any, SampleForm | None]:
     """(samples, files, keys, classes, root, transform, sample form) of a dataset object: a datasets.Dataset read
     from its Arrow files, as a Parquet location is (its samples' form read from one row where a collate_fn is run
@@ -159,7 +159,7 @@ def read_dataset_object(dataset: Any, collate_fn: Any = None) -> tuple[list | No
     return samples, None, None, classes, root, transform, sample_form_of(dataset)
 
 
-def _augment_of(dataset: Any, transform: Any, root: str, keys: TFRecordKeys | None) -> tuple[dict, bool]:
+def _augment_of(dataset: Any, transform: Any, root: str, keys: SampleKeys | None) -> tuple[dict, bool]:
     """augment_from_transform of a dataset object's transform; a refusal names how to build the loader without it."""
     try:
         return augment_from_transform(transform)
@@ -167,14 +167,14 @@ def _augment_of(dataset: Any, transform: Any, root: str, keys: TFRecordKeys | No
         raise TransformError(e.step, e.problem, transform_fix(dataset, root, keys)) from None
 
 
-def transform_fix(dataset: Any, root: str, keys: TFRecordKeys | None) -> str:
+def transform_fix(dataset: Any, root: str, keys: SampleKeys | None) -> str:
     """How to build the loader without the dataset's transform, as code that runs: its images' location (a
     datasets.Dataset: its Arrow files, with its columns) and the loader's own keywords. Keywords given beside the
     dataset object would not help: its transform is read whatever comes with it."""
     if keys is not None:
         files = "[f['filename'] for f in dataset.cache_files]"
         columns = "" if (keys.image_column, keys.label_column) == ("image", "label") else \
-            f"keys=TFRecordKeys(image_column={keys.image_column!r}, label_column={keys.label_column!r}), "
+            f"keys=SampleKeys(image_column={keys.image_column!r}, label_column={keys.label_column!r}), "
         return (f"pass the Dataset's files with the loader's own keywords: DaliLoader({files}, {columns}"
                 f"image_size=..., crop_ratio=..., ...)")
     if type(dataset).__name__ in ("ImageFolder", "DatasetFolder"):
@@ -394,7 +394,7 @@ def is_hf_dataset(dataset: Any) -> bool:
                for c in type(dataset).__mro__)
 
 
-def read_hf_dataset(dataset: Any) -> tuple[list[str], TFRecordKeys, list | None, str, Any]:
+def read_hf_dataset(dataset: Any) -> tuple[list[str], SampleKeys, list | None, str, Any]:
     """(its Arrow files, its image and label columns, the ClassLabel names, their folder, the torchvision
     transform its with_transform / set_transform applies) of a datasets.Dataset split. What cannot be read
     from its files is refused, naming why: a DatasetDict, a streaming dataset, rows chosen by an indices mapping
@@ -415,11 +415,11 @@ def read_hf_dataset(dataset: Any) -> tuple[list[str], TFRecordKeys, list | None,
         raise ValueError("the Dataset is held in memory only (no Arrow files): save it, dataset.save_to_disk(PATH), "
                          "and pass datasets.load_from_disk(PATH), or write it with dataset.to_parquet(PATH)")
     image, label, classes = hf_columns(dataset.features)
-    return files, TFRecordKeys(image_column=image, label_column=label), classes, os.path.dirname(files[0]), \
+    return files, SampleKeys(image_column=image, label_column=label), classes, os.path.dirname(files[0]), \
         hf_transform(dataset)
 
 
-def hf_sample_form(dataset: Any, keys: TFRecordKeys) -> SampleForm:
+def hf_sample_form(dataset: Any, keys: SampleKeys) -> SampleForm:
     """What a datasets.Dataset's rows are after its transform, as roles: its first row read once (its transform
     run on it, as DataLoader runs it on every row), the one tensor in it the image, the label column the label,
     other keys (the decoded PIL image, other columns) not carried, named to a collate_fn that reads them."""

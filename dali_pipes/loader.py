@@ -34,7 +34,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
-from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
@@ -48,6 +48,7 @@ from dali_pipes.dataloader_args import (
 )
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
+from dali_pipes.options import take_renamed
 from dali_pipes.run import resume
 from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place
 from dali_pipes.run.batch_mix import BatchTransform
@@ -106,19 +107,27 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None,
-                 skip_bad: bool, s3_attempts: int | remote.ClientOptions, allow_duplicates: bool = False,
-                 num_classes: int | None = None, s3_timeout: float | None = None) -> Source:
+def store_options(attempts: int, timeout: float, deadline: float, kwargs: dict) -> remote.ClientOptions:
+    """A loader's own retries, timeout and deadline; s3_attempts / s3_timeout (their names until 0.3) taken out of
+    its other keywords for one more release, with a DeprecationWarning."""
+    renamed = take_renamed(kwargs, LoaderConfig, stacklevel=3)
+    return remote.ClientOptions.of(renamed.get("storage_attempts", attempts), renamed.get("storage_timeout", timeout),
+                                   deadline=deadline)
+
+
+def open_dataset(call, keys: SampleKeys | None, label_ext: str, index_cache_dir: str | None,
+                 skip_bad: bool, storage_attempts: int | remote.ClientOptions, allow_duplicates: bool = False,
+                 num_classes: int | None = None, storage_timeout: float | None = None) -> Source:
     """The Source of a DaliLoader call: a dataset object's sample list, a Source, or a location, its labels
     bounded by `num_classes` where given. Opening lists and reads objects under the loader's own retries
-    (`s3_attempts`: a count with `s3_timeout`, or the ClientOptions), never another loader's."""
-    options = s3_attempts if isinstance(s3_attempts, remote.ClientOptions) else \
-        remote.ClientOptions.of(s3_attempts, s3_timeout)
+    (`storage_attempts`: a count with `storage_timeout`, or the ClientOptions), never another loader's."""
+    options = storage_attempts if isinstance(storage_attempts, remote.ClientOptions) else \
+        remote.ClientOptions.of(storage_attempts, storage_timeout)
     with remote.options_in_force(options):
         return _open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, allow_duplicates, num_classes)
 
 
-def _open_dataset(call, keys: TFRecordKeys | None, label_ext: str, index_cache_dir: str | None, skip_bad: bool,
+def _open_dataset(call, keys: SampleKeys | None, label_ext: str, index_cache_dir: str | None, skip_bad: bool,
                   allow_duplicates: bool, num_classes: int | None) -> Source:
     if call.location is None:
         return with_num_classes(samples_source(call.root, call.samples, call.classes, skip_bad), num_classes)
@@ -167,17 +176,18 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  local_rank: int | None = None, image_size: ImageSize | None = None, seed: int | None = None,
                  num_threads: int | str | None = _LOADER.num_threads, shuffle_buffer: int = _LOADER.shuffle_buffer,
                  prefetch_queue_depth: int | str = _LOADER.prefetch_queue_depth, augment: AugmentConfig | None = None,
-                 keys: TFRecordKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
+                 keys: SampleKeys | None = None, skip_bad: bool = _LOADER.skip_bad,
                  max_bad: int | float | None = _LOADER.max_bad, decode_device: str | None = _LOADER.decode_device,
                  label_ext: str = _SOURCE.label_ext, index_cache_dir: str | None = _SOURCE.index_cache_dir,
                  max_pixels: int | None = _LOADER.max_pixels, remote_feed: str = _LOADER.remote_feed,
                  cache_dir: str | None = _LOADER.cache_dir, cache_bytes: int = _LOADER.cache_bytes,
-                 cache_prefetch: int = _LOADER.cache_prefetch, s3_attempts: int = _LOADER.s3_attempts,
-                 s3_timeout: float = _LOADER.s3_timeout, download_deadline: float = _LOADER.download_deadline,
+                 cache_prefetch: int = _LOADER.cache_prefetch, storage_attempts: int = _LOADER.storage_attempts,
+                 storage_timeout: float = _LOADER.storage_timeout, download_deadline: float = _LOADER.download_deadline,
                  allow_duplicates: bool = _SOURCE.allow_duplicates, sharding_check: bool = _LOADER.sharding_check,
                  val_cache_bytes: int = _LOADER.val_cache_bytes, num_classes: int | None = None,
                  batch_transform: Any = None, **augment_args) -> None:
         started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
+        store = store_options(storage_attempts, storage_timeout, download_deadline, augment_args)  # this loader's own
         if augment is not None and augment_args:
             raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
@@ -192,7 +202,6 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.train, self.seed, self.val_padding = call.train, call.seed, val_padding
         self.device = resolve_device(device)
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
-        store = remote.ClientOptions.of(s3_attempts, s3_timeout, deadline=download_deadline)  # this loader's own
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)

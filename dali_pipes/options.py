@@ -16,15 +16,56 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any, Callable, NoReturn, Sequence
 
 
 def option(default: Any, help: str, *, type: Callable | None = None, choices: Sequence | None = None,
-           aliases: Sequence[str] = ()) -> Any:
+           aliases: Sequence[str] = (), renamed_from: str = "") -> Any:
     """A dataclass field that is also a command-line flag. `type` is needed only when the default is
-    None (the flag's type cannot be read from it); `aliases` are extra flag spellings."""
+    None (the flag's type cannot be read from it); `aliases` are extra flag spellings; `renamed_from` the field's
+    earlier name, still read for a release (as a flag, a config file's key, a keyword: take_renamed) with a
+    DeprecationWarning naming the new one."""
     return dataclasses.field(default=default, metadata={"help": help, "type": type, "choices": choices,
-                                                        "aliases": tuple(aliases)})
+                                                        "aliases": tuple(aliases), "renamed_from": renamed_from})
+
+
+def renamed_fields(cls: type) -> dict[str, str]:
+    """{earlier name: name} of `cls`'s option fields declared with renamed_from."""
+    return {f.metadata["renamed_from"]: f.name for f in dataclasses.fields(cls) if f.metadata.get("renamed_from")}
+
+
+def renamed_text(old: str, new: str) -> str:
+    return f"{old} is now {new} (the same setting, for every storage scheme); the old name goes in the next release"
+
+
+def take_renamed(kwargs: dict[str, Any], cls: type, stacklevel: int = 2) -> dict[str, Any]:
+    """The values given under `cls`'s earlier field names, popped from `kwargs` and keyed by the new names, each
+    warned of (a DeprecationWarning at the caller `stacklevel` frames up)."""
+    found = {}
+    for old, new in renamed_fields(cls).items():
+        if old in kwargs:
+            warnings.warn(renamed_text(old, new), DeprecationWarning, stacklevel=stacklevel + 1)
+            found[new] = kwargs.pop(old)
+    return found
+
+
+def _warn_user(text: str, where: str) -> None:
+    """A DeprecationWarning about the user's own input (a flag, a config file's key), shown as Python shows those of
+    a script's own code (attributed to __main__; the default filters hide library-attributed ones)."""
+    warnings.warn_explicit(text, DeprecationWarning, filename=where, lineno=0, module="__main__")
+
+
+class _RenamedFlag(argparse._StoreAction):
+    """A flag's earlier spelling: stores into the new one's dest, warns naming the new flag; not in --help."""
+    def __init__(self, *args: Any, new_flag: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new_flag = new_flag
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        _warn_user(renamed_text(str(option_string), self.new_flag), "command line")
+        super().__call__(parser, namespace, values, option_string)
 
 
 class _DefaultsShown(argparse.HelpFormatter):
@@ -88,7 +129,13 @@ class CommandParser(argparse.ArgumentParser):
         one is refused naming the file and the flag; a flag without a value (--resume, --x/--no-x) takes a
         boolean, and any flag null (None) as is."""
         values = _read_config(self, path)
-        actions = {a.dest: a for a in self._actions if a.option_strings and a.dest not in ("help", "config")}
+        actions = {a.dest: a for a in self._actions if a.option_strings and a.dest not in ("help", "config")
+                   and not isinstance(a, _RenamedFlag)}
+        for flag in (a for a in self._actions if isinstance(a, _RenamedFlag)):  # an earlier run's args.json
+            old = flag.option_strings[0][2:].replace("-", "_")
+            if old in values:
+                _warn_user(f"{path}: {renamed_text(old, flag.dest)}", path)
+                values.setdefault(flag.dest, values.pop(old))
         tokens, direct = [], {}
         for key, value in values.items():
             action = actions.get(key)
@@ -255,6 +302,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, title: str, skip: 
         shown = "" if "default:" in meta["help"] else f" (default: {_show(default)})"  # some explain theirs
         group.add_argument(flag_name(f.name), *meta["aliases"], dest=f.name, default=default,
                            help=meta["help"] + shown, **kind)
+        if meta.get("renamed_from"):
+            group.add_argument(flag_name(meta["renamed_from"]), dest=f.name, default=default, help=argparse.SUPPRESS,
+                               action=_RenamedFlag, new_flag=flag_name(f.name), **kind)
 
 
 def _show(value: Any) -> str:

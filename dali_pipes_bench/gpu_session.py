@@ -384,7 +384,7 @@ def environment() -> dict:
     """GPU, driver, CUDA, torch, DALI and the codec libraries' versions, as installed."""
     from importlib import metadata
 
-    from dali_pipes.tools.doctor import environment as doctor_environment
+    from dali_pipes.tools.environment import environment as doctor_environment
     env = doctor_environment()
     for name in ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-nvimgcodec-cu13", "nvidia-libnvcomp-cu13",
                  "nvidia-nvjpeg", "nvidia-nvjpeg2k-cu13", "nvidia-nvtiff-cu13", "torchvision"):

@@ -212,7 +212,7 @@ def remote_feed(source, spec: PipelineSpec, loader: LoaderConfig) -> Iterator[Re
         return
     feed = RemoteFeed(loader.remote_feed, spec, cache_dir=loader.cache_dir, cache_bytes=loader.cache_bytes,
                       cache_prefetch=loader.cache_prefetch,
-                      options=ClientOptions.of(loader.s3_attempts, loader.s3_timeout,
+                      options=ClientOptions.of(loader.storage_attempts, loader.storage_timeout,
                                                deadline=loader.download_deadline))
     try:
         yield feed

@@ -6,9 +6,9 @@ the endpoint of its first use for the process's life), for tests/test_remote_fee
 
 The AWS chain points at a proxy in front of the moto server (a process; for parquet, in this process, where
 faults can be added). "2s": an uninterrupted epoch, then one with skip_bad=True during which the proxy is
-down for 2 s after batch 1. "long": the proxy goes down after batch 1 and stays down (s3_attempts=2,
-s3_timeout=1). "probed" (parquet): as "2s", but after batch 1 every GET of the data answers 503 until a HEAD
-of it comes (the outage handler's probe: a store that is back once probed), with s3_attempts=2, so that the
+down for 2 s after batch 1. "long": the proxy goes down after batch 1 and stays down (storage_attempts=2,
+storage_timeout=1). "probed" (parquet): as "2s", but after batch 1 every GET of the data answers 503 until a HEAD
+of it comes (the outage handler's probe: a store that is back once probed), with storage_attempts=2, so that the
 fault outlasts the storage layer's retries whatever the timing. Prints one JSON line: the batches (labels,
 image sums) of both epochs, the error, what the loader logged or warned about the outage, its bad samples
 and those in its state.
@@ -119,15 +119,15 @@ def main() -> None:
     os.environ.update(AWS_CONFIG_FILE=empty.name, AWS_SHARED_CREDENTIALS_FILE=empty.name)
     for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         os.environ.pop(name, None)
-    from dali_pipes import DaliLoader, TFRecordKeys
+    from dali_pipes import DaliLoader, SampleKeys
     shard_bytes = put_parquet(moto, bucket) if feed == "parquet" else put_shards(moto, bucket)
     kw = dict(batch_size=2, train=True, seed=3, image_size=16, device="cpu", num_threads=1, shuffle_buffer=4,
               prefetch_queue_depth=1, remote_feed="cache" if feed == "parquet" else feed,
               cache_bytes=4 * shard_bytes, cache_prefetch=1)
     if feed == "parquet":
-        kw.update(keys=TFRecordKeys(image_column="jpg", label_column="cls"))
+        kw.update(keys=SampleKeys(image_column="jpg", label_column="cls"))
     if outage in ("long", "probed"):
-        kw.update(s3_attempts=2, s3_timeout=1.0 if outage == "long" else 2.0)
+        kw.update(storage_attempts=2, storage_timeout=1.0 if outage == "long" else 2.0)
     url = f"s3://{bucket}/train/"
     met: list[str] = []
     handler = logging.Handler()

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from dali_pipes.tools import doctor
+from dali_pipes.tools import doctor, environment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,8 +68,8 @@ def test_a_gpu_torch_cannot_use_is_a_failure_not_a_skip():
                                             ("NVIDIA GeForce RTX 4090", "probably no"),
                                             ("Tesla V100-SXM2-16GB", "probably no")])
 def test_hardware_jpeg_decoder_guess_by_model(monkeypatch, name, expected):
-    monkeypatch.setattr(doctor.Nvml, "open", classmethod(lambda cls: None))  # as without pynvml
-    assert doctor.hardware_jpeg_decoder(name).startswith(expected)
+    monkeypatch.setattr(environment.Nvml, "open", classmethod(lambda cls: None))  # as without pynvml
+    assert environment.hardware_jpeg_decoder(name).startswith(expected)
 
 
 def test_throughput_results_are_tabled_and_the_benchmark_plots_them(tmp_path):

@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from dali_pipes import DaliLoader, TFRecordKeys, open_source
+from dali_pipes import DaliLoader, SampleKeys, open_source
 from dali_pipes.data.formats import tfrecord, webdataset
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, stored_to_label
 from dali_pipes.errors import LabelError
@@ -66,7 +66,7 @@ def test_good_records_keep_exactly_their_labels(tmp_path):
     assert all_labels(DaliLoader(location, **KW)) == sorted([2, 1, 0, 2, 1, 2, 1, 2, 2, 0, 1, 2])
     one_based = str(tmp_path / "one-based.tfrecord")
     write_records(one_based, [3, 1, 2, 1])
-    assert all_labels(DaliLoader(one_based, keys=TFRecordKeys(label_offset=1), **KW)) == [0, 0, 1, 2]
+    assert all_labels(DaliLoader(one_based, keys=SampleKeys(label_offset=1), **KW)) == [0, 0, 1, 2]
 
 
 @pytest.mark.parametrize("skip_bad", [False, True])
@@ -75,16 +75,16 @@ def test_label_offset_that_makes_class_0_negative_fails_the_first_batch_holding_
     Here no shard starts with class 0, so open cannot see it: the first batch holding one fails, naming
     the record and the offset, with skip_bad too (a wrong offset is not a bad sample)."""
     location = zero_based_shards(tmp_path)
-    open_source(location, keys=TFRecordKeys(label_offset=1))  # open cannot tell: no shard starts with class 0
+    open_source(location, keys=SampleKeys(label_offset=1))  # open cannot tell: no shard starts with class 0
     with pytest.raises(LabelError, match=r"train-00000-of-00002.tfrecord#2: label 0 - label offset 1 = -1 is "
                                          r"negative. Check --label-offset \(label_offset=1\)"):
-        all_labels(DaliLoader(location, keys=TFRecordKeys(label_offset=1), skip_bad=skip_bad, **KW))
+        all_labels(DaliLoader(location, keys=SampleKeys(label_offset=1), skip_bad=skip_bad, **KW))
 
 
 def test_label_offset_is_refused_at_open_when_a_first_record_shows_it(tmp_path):
     shard = write_records(tmp_path / "a.tfrecord", [0, 1, 2])
     with pytest.raises(LabelError, match=r"a.tfrecord#0: label 0 - label offset 1 = -1 is negative"):
-        open_source(shard, keys=TFRecordKeys(label_offset=1))
+        open_source(shard, keys=SampleKeys(label_offset=1))
 
 
 def test_record_label_at_or_above_the_classes_of_classes_json_fails_its_batch(tmp_path):
@@ -122,7 +122,7 @@ def test_label_offset_applies_to_webdataset_labels_too(tmp_path):
     0-based shards it is refused at open when a shard starts with class 0, else with the first batch
     holding one, naming the sample and the offset."""
     one_based = tar_shard(tmp_path / "one.tar", [b"1", b"4", b"13\n", b"8"])
-    keys = TFRecordKeys(label_offset=1)
+    keys = SampleKeys(label_offset=1)
     assert all_labels(DaliLoader(one_based, keys=keys, **KW)) == [0, 3, 7, 12]
     assert [s.label for s in open_source(one_based, keys=keys).iter_samples()] == [0, 3, 12, 7]
     starts_with_0 = tar_shard(tmp_path / "zero.tar", [b"0", b"3", b"1", b"2"])
@@ -139,11 +139,11 @@ def test_label_offset_is_refused_for_image_folders_and_file_lists(tmp_path, jpeg
     """Their labels are not stored in records: an offset would have been ignored without a word."""
     with pytest.raises(LabelError, match=r"images: label offset 1 given, but .* sorted class folders, 0 .. "
                                          r"classes - 1; --label-offset applies to TFRecord and WebDataset"):
-        open_source(jpeg_folder, keys=TFRecordKeys(label_offset=1))
+        open_source(jpeg_folder, keys=SampleKeys(label_offset=1))
     listed = tmp_path / "list.txt"
     listed.write_text("images/cat/cat_000.jpg 1\n")
     with pytest.raises(LabelError, match=r"list.txt: label offset 2 given, .* Drop --label-offset .*0-based"):
-        open_source(str(listed), keys=TFRecordKeys(label_offset=2))
+        open_source(str(listed), keys=SampleKeys(label_offset=2))
     assert open_source(jpeg_folder).num_samples == 12  # no offset: as before
 
 

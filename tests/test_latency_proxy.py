@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.storage import object_store
+from dali_pipes.storage import remote
 from dali_pipes_bench.servers.latency_proxy import Fault, LatencyProxy, ProxyProcess
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
@@ -23,9 +23,9 @@ def test_ranges_large_bodies_and_uploads_pass_through(proxy, s3, tmp_path):
     data = os.urandom(5 << 20)
     local = tmp_path / "blob"
     local.write_bytes(data)
-    info = object_store.upload(str(local), s3.url("x/blob"))  # PUT through the proxy
-    assert object_store.read_range(info, 1234, 10_000) == data[1234:11_234]
-    assert object_store.read_bytes(info.url) == data
+    info = remote.upload(str(local), s3.url("x/blob"))  # PUT through the proxy
+    assert remote.read_range(info, 1234, 10_000) == data[1234:11_234]
+    assert remote.read_bytes(info.url) == data
     counts = proxy.counts()
     assert counts["PUT"] >= 1 and counts["GET"] == 2 and counts["HEAD"] >= 1
 
@@ -33,10 +33,10 @@ def test_ranges_large_bodies_and_uploads_pass_through(proxy, s3, tmp_path):
 def test_each_request_waits_the_delay(s3, monkeypatch):
     with LatencyProxy(s3.endpoint, delay_ms=100) as slow:
         monkeypatch.setenv("AWS_ENDPOINT_URL", slow.url)
-        info = object_store.head(s3.put("a", b"abc"))
+        info = remote.head(s3.put("a", b"abc"))
         start = time.monotonic()
         for _ in range(3):
-            object_store.read_range(info, 0, 1)
+            remote.read_range(info, 0, 1)
         assert time.monotonic() - start >= 0.3  # a lower bound only: sleeps are never shorter
         assert slow.counts()["GET"] == 3
 
@@ -44,7 +44,7 @@ def test_each_request_waits_the_delay(s3, monkeypatch):
 def test_injected_status_is_not_forwarded(proxy, s3):
     proxy.add_fault(Fault("/a", method="HEAD", status=500, times=1))
     s3.put("a", b"abc")
-    assert object_store.head(s3.url("a")).size == 3  # botocore retried the 500 once
+    assert remote.head(s3.url("a")).size == 3  # botocore retried the 500 once
     assert proxy.counts()["HEAD"] == 2
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from dali_pipes import DatasetError, TFRecordKeys, open_source
+from dali_pipes import DatasetError, SampleKeys, open_source
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.data.manifest import MANIFEST_NAME, build, problems, write
 from dali_pipes.errors import LabelError
@@ -100,7 +100,7 @@ def test_a_count_that_differs_is_named():
 def test_the_manifest_range_refuses_a_label_offset_at_open(tmp_path):
     out = converted(tmp_path)
     with pytest.raises(LabelError, match=rf"{MANIFEST_NAME} lists labels from 0: label offset 1 makes them negative"):
-        open_source(out, keys=TFRecordKeys(label_offset=1))
+        open_source(out, keys=SampleKeys(label_offset=1))
 
 
 def test_a_convert_cut_short_leaves_no_manifest(tmp_path):

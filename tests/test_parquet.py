@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
+from dali_pipes import DaliLoader, DatasetError, SampleKeys, open_source
 from dali_pipes.errors import LabelError
 
 from conftest import jpeg_bytes
@@ -120,7 +120,7 @@ def test_plain_binary_and_integer_columns_are_named_by_flags(tmp_path):
     path = write_plain_parquet(tmp_path / "plain.parquet")
     with pytest.raises(DatasetError, match=r"no column 'image'; columns: jpg \(binary\), cls \(int32\).*--image-col"):
         open_source(path)
-    keys = TFRecordKeys(image_column="jpg", label_column="cls")
+    keys = SampleKeys(image_column="jpg", label_column="cls")
     assert [(s.data, s.label) for s in open_source(path, keys=keys).iter_samples()] == [(image(i), i) for i in range(N)]
     loader = DaliLoader(path, keys=keys, train=False, **KW)
     labels = [y for _, ys in loader for y in ys.tolist()]
@@ -315,7 +315,7 @@ def test_labels_are_bounded_by_the_runs_class_count(hf):
 
 def test_a_label_offset_applies_to_stored_labels(tmp_path):
     data = write_datasets_parquet(tmp_path / "d", labels=[i + 1 for i in range(N)], files=1, n=N)
-    keys = TFRecordKeys(label_offset=1)
+    keys = SampleKeys(label_offset=1)
     labels = [y for _, ys in DaliLoader(data, keys=keys, train=False, num_classes=N, **KW) for y in ys.tolist()]
     assert labels == list(range(N))
 

@@ -78,7 +78,7 @@ def test_a_long_outage_is_a_connection_error_that_excludes_no_sample(s3, moto_en
     result = outage_job(s3, moto_endpoint, tmp_path, feed, "long")
     assert result["error_type"] == "UnreachableError"
     assert re.search(f"s3://{s3.bucket}/train/train-.*cannot reach the S3 endpoint http://127.0.0.1:\\d+ "
-                     f"after 2 attempts.*--s3-attempts", result["error"]), result["error"]
+                     f"after 2 attempts.*--storage-attempts", result["error"]), result["error"]
     assert result["bad_samples"] == [] and result["state_bad_samples"] == {"bad_samples": [], "excluded": []}
 
 

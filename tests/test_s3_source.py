@@ -16,11 +16,11 @@ import tarfile
 
 import pytest
 
-from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
+from dali_pipes import DaliLoader, DatasetError, SampleKeys, open_source
 from dali_pipes.data import indexes
 from dali_pipes.data.formats import tfrecord, webdataset
-from dali_pipes.storage import object_store
-from dali_pipes.storage.object_store import ObjectChangedError, TruncatedDownloadError
+from dali_pipes.storage import object_store, remote
+from dali_pipes.storage.remote import ObjectChangedError, TruncatedDownloadError
 from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardTooLargeError
 from dali_pipes_bench.servers.latency_proxy import Fault
 
@@ -98,7 +98,7 @@ def close_all(loaders):
 def test_tensorflow_written_shard_in_a_bucket_reads_exactly_once(s3, cache_dirs, feed):
     with open(os.path.join(DATA, "tf_written", "train-00000-of-00001"), "rb") as f:
         s3.put("tf/train-00000-of-00001", f.read())
-    keys = TFRecordKeys(label_offset=1)
+    keys = SampleKeys(label_offset=1)
     loader = DaliLoader(s3.url("tf/"), batch_size=2, train=False, keys=keys, remote_feed=feed, **KW)
     labels = val_labels([loader])
     assert labels == sorted(label - 1 for label in TF_EXPECTED["labels"])
@@ -377,7 +377,7 @@ def test_unreachable_endpoint_fails_after_the_set_attempts_and_names_it(s3, cach
     closed = closed_endpoint()
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed)
     with pytest.raises(ConnectionError, match=f"cannot reach the S3 endpoint {closed} after 2 attempts"):
-        DaliLoader("s3://any-bucket/train/", batch_size=2, train=False, s3_attempts=2, s3_timeout=1, **KW)
+        DaliLoader("s3://any-bucket/train/", batch_size=2, train=False, storage_attempts=2, storage_timeout=1, **KW)
 
 
 def _read_all(location, **kw):
@@ -461,7 +461,7 @@ def test_convert_writes_shards_to_s3_that_verify_and_the_loader_read(s3, cache_d
     expected = write_folder(str(tmp_path / "images"))
     assert main(["convert", fmt, str(tmp_path / "images"), s3.url("out/"), "--shards", "2", "--workers", "1",
                  "--prefix", "train"]) == 0
-    keys = sorted(object_store.S3Url.parse(o.url).key for o in object_store.list_objects(s3.url("out/")))
+    keys = sorted(object_store.S3Url.parse(o.url).key for o in remote.list_objects(s3.url("out/")))
     ext = ".tfrecord" if fmt == "tfrecord" else ".tar"
     assert keys == sorted(["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002{ext}{idx}"
                                                                        for i in range(2) for idx in ("", ".idx")])
@@ -482,11 +482,11 @@ def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs
     write_folder(str(tmp_path / "images"))
     assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1",
                  "--prefix", "train"]) == 0
-    manifest = json.loads(object_store.read_bytes(s3.url("m/manifest.json")))
+    manifest = json.loads(remote.read_bytes(s3.url("m/manifest.json")))
     assert [s["name"] for s in manifest["shards"]] == [f"train-{i:05d}-of-00002.tfrecord" for i in range(2)]
     shard = s3.url("m/train-00001-of-00002.tfrecord")
     extra = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(3), "image/class/label": 1}))
-    s3.put("m/train-00001-of-00002.tfrecord", object_store.read_bytes(shard) + extra)
+    s3.put("m/train-00001-of-00002.tfrecord", remote.read_bytes(shard) + extra)
     s3.client.delete_object(Bucket=s3.bucket, Key="m/train-00001-of-00002.tfrecord.idx")
     with pytest.raises(DatasetError,
                        match=r"train-00001-of-00002.tfrecord: \d+ bytes, but s3://.*/m/manifest.json lists"):
@@ -509,7 +509,7 @@ def test_converting_again_to_a_prefix_is_refused_and_overwrite_replaces_the_old_
                                          r"\(classes.json, manifest.json, train-00000-of-00003.tfrecord"):
         main(convert + ["--shards", "2"])
     assert main(convert + ["--shards", "2", "--overwrite"]) == 0
-    keys = sorted(object_store.S3Url.parse(o.url).key for o in object_store.list_objects(s3.url("out/")))
+    keys = sorted(object_store.S3Url.parse(o.url).key for o in remote.list_objects(s3.url("out/")))
     assert keys == sorted(["out/classes.json", "out/manifest.json"] + [f"out/train-{i:05d}-of-00002.tfrecord{idx}"
                                                                        for i in range(2) for idx in ("", ".idx")])
     assert open_source(s3.url("out/")).num_samples == 12
@@ -576,7 +576,7 @@ def test_bad_sample_in_s3_data_is_named_or_excluded(s3, cache_dirs, layout):
 
 def test_cache_stays_within_its_bound_and_deletes_what_the_rank_read(s3, cache_dirs):
     urls = tfrecord_shards(s3, shards=6)
-    bound = 5 * max(object_store.head(u).size for u in urls)  # the reader's reach: 12 samples, 3-4 shards
+    bound = 5 * max(remote.head(u).size for u in urls)  # the reader's reach: 12 samples, 3-4 shards
     loader = DaliLoader(s3.url("train/"), batch_size=2, train=True, shuffle_buffer=2, cache_bytes=bound, **KW)
     seen = [l for _ in range(3) for _, b in loader for l in b.tolist()]
     stats = loader.stats()["shard_cache"]
@@ -632,7 +632,7 @@ def test_mid_epoch_resume_that_the_cache_cannot_replay_says_what_to_do(s3, cache
     """DALI replays a restored epoch from its start: a resume late in an epoch needs that much of it
     local at once. A bound that runs the epoch but cannot hold its replay is a clear error."""
     urls = tfrecord_shards(s3, shards=6)
-    kw = dict(batch_size=2, train=True, shuffle_buffer=2, cache_bytes=5 * max(object_store.head(u).size for u in urls))
+    kw = dict(batch_size=2, train=True, shuffle_buffer=2, cache_bytes=5 * max(remote.head(u).size for u in urls))
     original = DaliLoader(s3.url("train/"), **{**KW, **kw})
     it = iter(original)
     for _ in range(8):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dali_pipes.storage import object_store
+from dali_pipes.storage import remote
 from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardCache, ShardTooLargeError, default_cache_folder
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
@@ -25,7 +25,7 @@ def put_shards(s3, count: int, size: int, prefix: str = "train") -> tuple[list, 
     contents = [os.urandom(size) for _ in range(count)]
     for i, data in enumerate(contents):
         s3.put(f"{prefix}/shard-{i:03d}.tfrecord", data)
-    return object_store.list_objects(s3.url(f"{prefix}/")), contents
+    return remote.list_objects(s3.url(f"{prefix}/")), contents
 
 
 class FolderSampler:
@@ -114,10 +114,10 @@ def test_consumer_holding_too_much_gets_an_error_not_a_hang(s3, tmp_path):
 def test_changed_object_gets_a_new_file_and_the_stale_listing_an_error(s3, tmp_path):
     (old,), _ = put_shards(s3, 1, 10 * KB)
     s3.put("train/shard-000.tfrecord", b"rewritten")
-    new = object_store.head(old.url)
+    new = remote.head(old.url)
     with ShardCache([old, new], folder=str(tmp_path), max_bytes=1 << 20) as cache:
         assert cache.local_path(0) != cache.local_path(1)
-        with pytest.raises(object_store.ObjectChangedError, match="changed after it was listed"):
+        with pytest.raises(remote.ObjectChangedError, match="changed after it was listed"):
             cache.path(0)
         assert open(cache.path(1), "rb").read() == b"rewritten"
         assert sorted(os.listdir(cache.folder)) == [os.path.basename(cache.local_path(1))]  # no temp files
@@ -219,7 +219,7 @@ def write_record_shards(s3, tmp_path, shards: int, per_shard: int) -> tuple[list
         tfrecord.write_tfrecord_index(tfrecord.build_tfrecord_index(str(local)), str(local) + ".idx")
         indexes.append(str(local) + ".idx")
         s3.put(f"records/{local.name}", local.read_bytes())
-    return object_store.list_objects(s3.url("records/")), indexes
+    return remote.list_objects(s3.url("records/")), indexes
 
 
 def read_rank_through_cache(infos, indexes, tmp_path, rank: int, world: int, bound: int) -> tuple[list, dict]:
@@ -277,7 +277,7 @@ def test_dali_reads_every_record_once_through_bounded_caches_at_two_ranks(s3, tm
 
 def test_a_full_cache_disk_is_one_error_naming_the_file_and_the_flags(s3, tmp_path, disk_full):
     from dali_pipes.storage.files import DiskFullError
-    info = object_store.head(s3.put("train/a.tfrecord", b"x" * 1000))
+    info = remote.head(s3.put("train/a.tfrecord", b"x" * 1000))
     disk_full(tmp_path / "cache")
     with ShardCache([info], folder=str(tmp_path / "cache")) as cache:
         with pytest.raises(DiskFullError,

@@ -13,7 +13,7 @@ import warnings
 import pytest
 from test_recovery import BAD, N, epoch_labels, numbered_folder
 
-from dali_pipes import DaliLoader, DatasetError, TFRecordKeys, open_source
+from dali_pipes import DaliLoader, DatasetError, SampleKeys, open_source
 from dali_pipes.data.formats import tfrecord, webdataset
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
@@ -111,7 +111,7 @@ def test_every_fault_at_once_with_one_based_labels(tmp_path):
     write_records(shard, records)
     with open(shard, "ab") as f:
         f.write(tfrecord.frame_record(tfrecord.encode_example(records[0]))[:-30])  # a cut-off last record
-    labels, warned = val_epoch(shard, keys=TFRecordKeys(label_offset=1))
+    labels, warned = val_epoch(shard, keys=SampleKeys(label_offset=1))
     assert labels == [i for i in range(N) if i not in (3, 11, 15)]
     assert len(warned) == 4
 

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from dali_pipes import DatasetError, Source, TFRecordKeys, open_source
+from dali_pipes import DatasetError, SampleKeys, Source, open_source
 from dali_pipes.data.formats import tfrecord
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
 
@@ -93,7 +93,7 @@ def test_tensorflow_style_keys_and_one_based_labels(tmp_path, jpeg_folder):
     with open(path, "wb") as f:
         for data, label in expected:
             f.write(tfrecord.frame_record(tfrecord.encode_example({"jpeg": data, "cls": label + 1, "extra": 1.5})))
-    source = open_source(os.path.dirname(path), keys=TFRecordKeys("jpeg", "cls", label_offset=1))
+    source = open_source(os.path.dirname(path), keys=SampleKeys("jpeg", "cls", label_offset=1))
     assert dali_read_epoch(source, batch_size=5) == expected
     assert os.path.exists(path + ".idx")
 
@@ -144,14 +144,14 @@ def test_truncated_last_record(tfrecord_dir):
 def test_missing_feature_key_lists_the_keys_present(tfrecord_dir):
     with pytest.raises(DatasetError, match="no feature 'image/class/label_id'; keys present: image/channels, "
                                            "image/class/label, image/class/text, image/colorspace"):
-        open_source(tfrecord_dir, keys=TFRecordKeys(label="image/class/label_id"))
+        open_source(tfrecord_dir, keys=SampleKeys(label="image/class/label_id"))
     with pytest.raises(DatasetError, match="no feature 'img'"):
-        open_source(tfrecord_dir, keys=TFRecordKeys(image="img"))
+        open_source(tfrecord_dir, keys=SampleKeys(image="img"))
 
 
 def test_label_feature_of_the_wrong_type(tfrecord_dir):
     with pytest.raises(DatasetError, match="'image/class/text' should hold one int value"):
-        open_source(tfrecord_dir, keys=TFRecordKeys(label="image/class/text"))
+        open_source(tfrecord_dir, keys=SampleKeys(label="image/class/text"))
 
 
 def test_index_that_does_not_match_its_shard(tfrecord_dir):

@@ -159,7 +159,7 @@ def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(scheme, monk
                        f"BlobEndpoint={closed}/devstoreaccount1;")
     with remote.options_in_force(remote.ClientOptions.of(attempts=2, timeout=2)):
         with pytest.raises(remote.UnreachableError, match=f"cannot reach the .* endpoint {closed}.* after 2 attempts"
-                                                          f".*--s3-attempts"):
+                                                          f".*--storage-attempts"):
             remote.list_objects(url)
 
 
@@ -235,8 +235,8 @@ def test_two_loaders_in_one_process_keep_their_own_retries(s3, proxy, tmp_path, 
     numbered_shards(s3, "a", 48, 12)  # the shard cache fetches the last shards only while the loader runs
     numbered_shards(s3, "b", 48, 12)
     kw = dict(batch_size=2, train=False, cache_prefetch=1, shuffle_buffer=1, prefetch_queue_depth=1, **KW)
-    hasty = DaliLoader(s3.url("a/"), s3_attempts=2, s3_timeout=5, **kw)
-    patient = DaliLoader(s3.url("b/"), s3_attempts=3, s3_timeout=5, **kw)  # built last: once, its retries won
+    hasty = DaliLoader(s3.url("a/"), storage_attempts=2, storage_timeout=5, **kw)
+    patient = DaliLoader(s3.url("b/"), storage_attempts=3, storage_timeout=5, **kw)  # built last: once, its retries won
     proxy.add_fault(Fault("/a/train-00011-of-00012", method="GET", status=503, times=2))
     proxy.add_fault(Fault("/b/train-00011-of-00012", method="GET", status=503, times=2))
     assert sorted(l for _, labels in patient for l in labels.tolist() if l >= 0) == list(range(48))
@@ -338,7 +338,7 @@ NATIVE_GS_JOB = """
 import sys
 from dali_pipes import DaliLoader
 try:
-    list(DaliLoader(sys.argv[1], batch_size=8, train=False, remote_feed="native", s3_attempts=2, s3_timeout=2,
+    list(DaliLoader(sys.argv[1], batch_size=8, train=False, remote_feed="native", storage_attempts=2, storage_timeout=2,
                     image_size=16, device="cpu", num_threads=1))
 except Exception as error:
     print(type(error).__name__, error)
@@ -484,11 +484,11 @@ def test_gs_outages_behave_as_s3s(gcs, tmp_path, monkeypatch):
     calm.close()
     with LatencyProxy(gcs.endpoint, delay_ms=0) as proxy:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        short = DaliLoader(gcs.url("o/"), s3_attempts=4, **kw)
+        short = DaliLoader(gcs.url("o/"), storage_attempts=4, **kw)
         proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503, times=2))
         assert [labels.tolist() for _, labels in short] == expected  # ridden out, the same batches
         short.close()
-        long = DaliLoader(gcs.url("o/"), s3_attempts=2, s3_timeout=2, **kw)
+        long = DaliLoader(gcs.url("o/"), storage_attempts=2, storage_timeout=2, **kw)
         proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503))
         with pytest.raises(ConnectionError, match="cannot reach the GCS endpoint .* after 2 attempts"):
             list(long)

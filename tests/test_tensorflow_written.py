@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dali_pipes import DatasetError, TFRecordKeys, open_source
+from dali_pipes import DatasetError, SampleKeys, open_source
 
 from conftest import dali_read_epoch
 
@@ -28,7 +28,7 @@ def tf_copy(tmp_path):
 
 def test_tensorflow_written_records_read_through_dali(tf_copy):
     folder = tf_copy("tf_written")
-    source = open_source(str(folder), keys=TFRecordKeys(label_offset=1))
+    source = open_source(str(folder), keys=SampleKeys(label_offset=1))
     got = dali_read_epoch(source, batch_size=2)
     assert sorted(label for _, label in got) == [label - 1 for label in EXPECTED["labels"]]
     assert sorted(len(data) for data, _ in got) == sorted(EXPECTED["jpeg_sizes"])
@@ -46,7 +46,7 @@ def test_compressed_tensorflow_records_are_refused_then_decompressed(tf_copy, tm
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "3 samples -> 1 shards" in run.stdout
-    got = dali_read_epoch(open_source(str(out), keys=TFRecordKeys(label_offset=1)))
+    got = dali_read_epoch(open_source(str(out), keys=SampleKeys(label_offset=1)))
     assert sorted(label for _, label in got) == [0, 1, 2]
     assert os.path.getsize(out / "train-00000-of-00001") == os.path.getsize(os.path.join(DATA, "tf_written",
                                                                                        "train-00000-of-00001"))

@@ -10,8 +10,8 @@ import struct
 import pytest
 from PIL import Image
 
-from dali_pipes.data.formats import tfrecord
-from dali_pipes.data.samples import SampleRef, TFRecordKeys
+from dali_pipes.data.formats import tfrecord, tfrecord_framing
+from dali_pipes.data.samples import SampleKeys, SampleRef
 from dali_pipes.data.source import open_source
 from dali_pipes.errors import DatasetError
 from dali_pipes.tools.convert import write_tfrecords
@@ -145,12 +145,12 @@ def test_gzip_and_zlib_are_recognised(tmp_path):
     (tmp_path / "g").write_bytes(gzip.compress(framed))
     (tmp_path / "z").write_bytes(zlib.compress(framed))
     (tmp_path / "p").write_bytes(framed)
-    assert tfrecord.sniff_compression(str(tmp_path / "g")) == "GZIP"
-    assert tfrecord.sniff_compression(str(tmp_path / "z")) == "ZLIB"
-    assert tfrecord.sniff_compression(str(tmp_path / "p")) is None
+    assert tfrecord_framing.sniff_compression(str(tmp_path / "g")) == "GZIP"
+    assert tfrecord_framing.sniff_compression(str(tmp_path / "z")) == "ZLIB"
+    assert tfrecord_framing.sniff_compression(str(tmp_path / "p")) is None
     for name in "gzp":
-        assert tfrecord.looks_like_tfrecord(str(tmp_path / name))
-    walked = [d for _, _, d, p in tfrecord.walk_records(str(tmp_path / "z"), compression="ZLIB")]
+        assert tfrecord_framing.looks_like_tfrecord(str(tmp_path / name))
+    walked = [d for _, _, d, p in tfrecord_framing.walk_records(str(tmp_path / "z"), compression="ZLIB")]
     assert walked == [framed[12:-4]]
 
 
@@ -162,6 +162,6 @@ def test_a_varint_where_a_message_belongs_is_not_an_example(tmp_path):
         tfrecord.decode_example(data)
     shard = tmp_path / "a.tfrecord"
     shard.write_bytes(tfrecord.frame_record(data))
-    ref = SampleRef("tfrecord", str(shard), 0, "0", 0, shard.stat().st_size, extra=(TFRecordKeys(),))
+    ref = SampleRef("tfrecord", str(shard), 0, "0", 0, shard.stat().st_size, extra=(SampleKeys(),))
     with pytest.raises(DatasetError, match=r"a\.tfrecord#0: not a tf\.train\.Example \(a varint where"):
         tfrecord.read_sample(ref)

@@ -8,7 +8,7 @@ import pytest
 
 from dali_pipes.data.formats import webdataset
 from dali_pipes.data.labels import EXCLUDED_LABEL
-from dali_pipes.data.samples import TFRecordKeys
+from dali_pipes.data.samples import SampleKeys
 from dali_pipes.errors import DatasetError
 
 from conftest import jpeg_bytes
@@ -71,7 +71,7 @@ def test_an_index_read_for_another_label_extension_names_the_sample(tmp_path):
         webdataset.add_member(tar, "a_0.cls", b"3")
     webdataset.build_index(path, path + ".idx")
     source = SimpleNamespace(kind="webdataset", location=path, files=[path], index_files=[path + ".idx"],
-                             label_ext="txt", keys=TFRecordKeys())
+                             label_ext="txt", keys=SampleKeys())
     assert [r.key for r in webdataset.sample_refs(SimpleNamespace(**{**vars(source), "label_ext": "cls"}))] == ["a_0"]
     with pytest.raises(DatasetError, match=r"s\.tar#a_0: no image or no \.txt member \(members: jpg, cls\)\. "
                                            r"Pass the label extension"):

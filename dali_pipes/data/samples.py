@@ -6,6 +6,7 @@ the recovery code can all import it without closing an import cycle.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, TypeVar
 
@@ -18,13 +19,25 @@ PADDING_LABEL = -1
 
 
 @dataclass(frozen=True)
-class TFRecordKeys:
-    """Feature keys of TFRecord Examples; defaults are those of TensorFlow's ImageNet scripts."""
+class SampleKeys:
+    """Where a sample's image and label are kept, in every format: TFRecord Examples' feature keys (defaults: those
+    of TensorFlow's ImageNet scripts), Parquet's columns, and the label offset of the formats that store labels."""
     image: str = "image/encoded"
     label: str = "image/class/label"
     label_offset: int = 0  # subtracted from stored labels (TFRecord, WebDataset, Parquet): 1 for TF's 1-based ImageNet
     image_column: str = "image"  # Parquet: the column of encoded images (binary, or datasets' Image struct)
     label_column: str = "label"  # Parquet: the column of integer labels (datasets' ClassLabel)
+
+
+KEYS_RENAMED = "dali_pipes: TFRecordKeys is now SampleKeys (the same class; the old name goes in 0.5)"
+
+
+def __getattr__(name: str) -> Any:
+    """TFRecordKeys, SampleKeys' name until 0.3 (it carries Parquet's columns too): for one more release."""
+    if name == "TFRecordKeys":
+        warnings.warn(KEYS_RENAMED, DeprecationWarning, stacklevel=2)
+        return SampleKeys
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,7 @@ class SourceRecord(Protocol):
     counts: list[int] | None
     classes: list[str] | None
     num_classes: int | None  # the class count the run uses (a model's outputs), where given: labels.label_bound
-    keys: TFRecordKeys
+    keys: SampleKeys
     label_ext: str
     remote: list[Any] | None  # remote.ObjectInfo per file, for remote (s3://, gs://, ...) sources
     damaged: list[tuple[SampleRef | None, Any]]  # (ref, errors.DatasetError): bad samples found at open

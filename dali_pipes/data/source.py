@@ -38,7 +38,7 @@ from dali_pipes.data.formats import (
 )
 from dali_pipes.data.labels import check_label, label_bound, offset_fix
 from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote, named
-from dali_pipes.data.samples import Sample, SampleRef, TFRecordKeys
+from dali_pipes.data.samples import Sample, SampleKeys, SampleRef
 from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import ObjectInfo
@@ -57,7 +57,7 @@ class Source:
     # The class count the run uses (open_source's num_classes: a model's outputs, --num-classes), where given.
     # Labels must be below it and below len(classes): labels.label_bound, in the graph and at open.
     num_classes: int | None = None
-    keys: TFRecordKeys = field(default_factory=TFRecordKeys)
+    keys: SampleKeys = field(default_factory=SampleKeys)
     label_ext: str = "cls"
     remote: list[ObjectInfo] | None = None  # per file, for s3:// sources: what was listed
     # Damage found while opening with skip_bad=True: (ref of a sample to exclude in place, or None
@@ -99,7 +99,7 @@ class Source:
             yield read_sample(ref)
 
 
-def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls",
+def open_source(location: Location, *, keys: SampleKeys | None = None, label_ext: str = "cls",
                 index_cache_dir: str | None = None, build_indexes: bool = True, progress: bool = True,
                 check_keys: bool = True, skip_bad: bool = False, allow_duplicates: bool = False,
                 num_classes: int | None = None) -> Source:
@@ -113,7 +113,7 @@ def open_source(location: Location, *, keys: TFRecordKeys | None = None, label_e
     nothing readable (a compressed or foreign shard) still raises. A file list naming a sample twice is
     refused unless allow_duplicates (then each repeat is warned of). `num_classes`, the class count the
     run uses (a model's outputs), bounds the labels as a class list does (labels.label_bound)."""
-    keys = keys or TFRecordKeys()
+    keys = keys or SampleKeys()
     _check_class_count(num_classes)
     if is_remote(location):
         source = _remote_source(location, keys, label_ext, index_cache_dir, build_indexes, progress, allow_duplicates,
@@ -149,7 +149,7 @@ def _refuse_damage(source: Source, skip_bad: bool) -> None:
         raise DatasetError(first.where, f"{first.problem}{count}", first.fix)
 
 
-def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, label_ext: str,
+def _shard_source(kind: str, where: str, shards: list[str], keys: SampleKeys, label_ext: str,
                   index_cache_dir: str | None, build: bool, progress: bool, skip_bad: bool) -> Source:
     fmt = sharded_format_of(kind)
     for shard in shards:
@@ -162,7 +162,7 @@ def _shard_source(kind: str, where: str, shards: list[str], keys: TFRecordKeys, 
                   keys=keys, label_ext=label_ext, damaged=[(None, e) for e in damaged or []])
 
 
-def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
+def _remote_source(location: Location, keys: SampleKeys, label_ext: str, index_cache_dir: str | None,
                    build: bool, progress: bool, allow_duplicates: bool = False,
                    num_classes: int | None = None) -> Source:
     """open_source for remote locations: listed through storage.remote, indexes built by streaming."""
@@ -180,7 +180,7 @@ def _remote_source(location: Location, keys: TFRecordKeys, label_ext: str, index
     return source
 
 
-def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: TFRecordKeys, label_ext: str,
+def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: SampleKeys, label_ext: str,
                          index_cache_dir: str | None, build: bool, progress: bool) -> Source:
     index_files = indexes.ensure_remote_indexes(infos, kind, cache_dir=index_cache_dir, build=build,
                                                 progress=progress, label_ext=label_ext)
@@ -224,7 +224,7 @@ def remote_folder_source(prefix: str) -> Source:
                   remote=[o for _, o in pairs])
 
 
-def remote_list_source(list_url: str, keys: TFRecordKeys, label_ext: str, index_cache_dir: str | None,
+def remote_list_source(list_url: str, keys: SampleKeys, label_ext: str, index_cache_dir: str | None,
                        build: bool, progress: bool, *, allow_duplicates: bool = False,
                        problems: list | None = None) -> Source:
     """A text object: a file list ("relative/key label" lines) or a list of shards, entries

@@ -1,4 +1,4 @@
-"""s3:// on boto3: the S3 backend of the shared layer (remote.py), and the names S3 code has always used.
+"""s3:// on boto3: the S3 backend of the shared layer (remote.py).
 
 Why boto3 and not s3fs: s3fs reaches S3 through aiobotocore, which pins a botocore older than the boto3
 that moto and this package use (installing it would downgrade botocore under boto3). So S3 keeps one
@@ -6,7 +6,7 @@ boto3 client per process and options, and only what is S3's own lives here: the 
 chain (credentials, region, profile and endpoint, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, come from the
 environment and ~/.aws files, never from here), ListObjectsV2 pages, If-Match reads, uploads, and
 botocore's errors told apart. Listing with globs, retries, checked downloads and the clear errors are
-remote.py's, shared with every scheme; they are re-exported here under their old names.
+remote.py's, shared with every scheme (import them from there: the names re-exported here until 0.3 are gone).
 """
 
 from __future__ import annotations
@@ -21,39 +21,7 @@ from typing import Iterator
 
 from dali_pipes.errors import install_hint
 from dali_pipes.storage import remote
-from dali_pipes.storage.remote import (  # noqa: F401  (the names s3:// code and tests have always used)
-    BACKOFF_BASE_S,
-    BACKOFF_CAP_S,
-    CHUNK_BYTES,
-    DOWNLOAD_ATTEMPTS,
-    RETRY_HINT,
-    WILDCARDS,
-    Cancelled,
-    ClientOptions,
-    ObjectChangedError,
-    ObjectInfo,
-    TruncatedDownloadError,
-    UnreachableError,
-    backoff_delays,
-    changed_error,
-    configure,
-    current_options,
-    delete,
-    dirname,
-    download,
-    has_wildcard,
-    head,
-    iter_chunks,
-    join,
-    list_objects,
-    local_copy,
-    open_object,
-    read_bytes,
-    read_range,
-    relative_to,
-    truncated_error,
-    upload,
-)
+from dali_pipes.storage.remote import ClientOptions, ObjectInfo, changed_error, current_options, truncated_error
 
 SCHEME = "s3://"
 ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or endpoint_url in the AWS config) and that the server is up"

@@ -61,7 +61,7 @@ from dali_pipes.storage.files import private_tmp
 WILDCARDS = "*?["
 CHUNK_BYTES = 1 << 20  # streaming reads: large enough for throughput, small enough to stop promptly
 DOWNLOAD_ATTEMPTS = 3  # whole-object retries after a cut-off body (requests are retried, bodies are not)
-RETRY_HINT = ("--s3-attempts / --s3-timeout (DaliLoader's s3_attempts / s3_timeout; they apply to every scheme) "
+RETRY_HINT = ("--storage-attempts / --storage-timeout (DaliLoader's storage_attempts / storage_timeout) "
               "set how long to keep trying")
 DEADLINE_HINT = "--download-deadline (DaliLoader's download_deadline)"
 SLOW_FRACTION = 0.25  # a download still running at this fraction of its deadline is warned of, with its progress
@@ -218,8 +218,8 @@ class ClientOptions:
     The SDKs try each request once: `retrying` tries it `attempts` times with backoff, so that the
     total wait is known (the defaults: at least 31.5 s over 8 attempts) and the error says it."""
     connect_timeout: float = 5.0  # seconds per connection attempt (at most `timeout`)
-    read_timeout: float = 20.0  # seconds without a byte from the server: --s3-timeout
-    attempts: int = 8  # tries per request: --s3-attempts
+    read_timeout: float = 20.0  # seconds without a byte from the server: --storage-timeout
+    attempts: int = 8  # tries per request: --storage-attempts
     max_pool_connections: int = 32  # >= parallel downloads, else they queue for a connection
     # seconds one whole download (or one ranged read, its retries included) may take: --download-deadline. A
     # store sending a few bytes a second never trips the read timeout; this ends it (10 min: 1 GB at 1.7 MB/s)
@@ -227,7 +227,7 @@ class ClientOptions:
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.read_timeout <= 0:
-            raise ValueError(f"s3_attempts must be >= 1 and s3_timeout > 0, got {self.attempts} and "
+            raise ValueError(f"storage_attempts must be >= 1 and storage_timeout > 0, got {self.attempts} and "
                              f"{self.read_timeout}")
         if not self.deadline > 0:
             raise ValueError(f"download_deadline must be > 0 seconds, got {self.deadline}")

@@ -246,7 +246,7 @@ def _add_sample_parser(commands) -> None:
                     "photographs that ship inside scikit-image and matplotlib (pip install '.[sample]' from the "
                     "checkout); "
                     "with --tfrecord-shards, also as TFRecord shards. Any size: --classes 1000 --train-per-class "
-                    "50 makes 50,000 train images, for epochs that last seconds on a GPU.")
+                    "50 makes 50,000 train images.")
     p.add_argument("out", help="output folder")
     add_arguments(p, SampleDatasetConfig, "dataset")
     p.add_argument("--detection", action="store_true", help="make the built-in detection set instead: objects "

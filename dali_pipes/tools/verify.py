@@ -25,7 +25,7 @@ from dali_pipes.data.formats import format_of, read_sample, sharded_format_of
 from dali_pipes.data.image_check import DEFAULT_MAX_PIXELS, check_image
 from dali_pipes.data.labels import PADDING_LABEL, check_label
 from dali_pipes.data.location import classify, classify_remote, is_remote, named
-from dali_pipes.data.samples import SampleRef, TFRecordKeys, required
+from dali_pipes.data.samples import SampleKeys, SampleRef, required
 from dali_pipes.data.source import classes_beside, file_list_source, folder_source
 from dali_pipes.errors import DatasetError
 from dali_pipes.tools.workers import process_pool
@@ -74,10 +74,10 @@ def _check_ref(task: tuple[SampleRef, int, int | None]) -> tuple[str, int | None
     return sample.origin, sample.label, check_image(sample.data, max_pixels)
 
 
-def verify(location, *, keys: TFRecordKeys | None = None, label_ext: str = "cls",
+def verify(location, *, keys: SampleKeys | None = None, label_ext: str = "cls",
            max_pixels: int = DEFAULT_MAX_PIXELS, workers: int | None = None, progress: bool = True) -> Report:
     """Check every sample of `location` (any kind open_source takes); never raises on bad data."""
-    keys = keys or TFRecordKeys()
+    keys = keys or SampleKeys()
     if is_remote(location):
         return _verify_remote(location, keys, label_ext, max_pixels, workers, progress)
     kind, shards = classify(location)
@@ -139,7 +139,7 @@ def _check_label_ranges(report: Report, shard: str, ranges: dict[str, tuple[int,
         report.problems += [Problem(e.where, e.problem) for e in manifest.label_problems(found, path, ranges, offset)]
 
 
-def _verify_remote(location, keys: TFRecordKeys, label_ext: str, max_pixels: int, workers: int | None,
+def _verify_remote(location, keys: SampleKeys, label_ext: str, max_pixels: int, workers: int | None,
                    progress: bool) -> Report:
     """verify() of an s3:// location: images are read by URL; shards are downloaded one at a time
     into a temporary folder (checked against their listed size and ETag), checked there, deleted."""
@@ -189,7 +189,7 @@ def _record(report: Report, refs: list[SampleRef], results: list) -> Report:
     return report
 
 
-def _shard_refs(kind: str, shards: list[str], keys: TFRecordKeys, label_ext: str, report: Report) -> list[SampleRef]:
+def _shard_refs(kind: str, shards: list[str], keys: SampleKeys, label_ext: str, report: Report) -> list[SampleRef]:
     """Walk each shard's framing (in threads: it is seeks and small reads); broken frames and
     shards become problems, readable records become refs for the per-sample checks."""
     fmt = sharded_format_of(kind)

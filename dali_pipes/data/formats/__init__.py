@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, BinaryIO, Callable, Protocol
 
 from dali_pipes.data.formats import image_files, parquet, tfrecord, webdataset
-from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.data.samples import ReadPlan, Sample, SampleKeys, SampleRef, SourceRecord
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.remote import ObjectInfo
 
@@ -27,7 +27,7 @@ class Format(Protocol):
     def read_sample(self, ref: SampleRef) -> Sample: ...  # DatasetError if unreadable
     def dali_reader(self, source: SourceRecord, reader_args: dict) -> tuple: ...  # (encoded images, labels)
     def source_info(self, ref: SampleRef) -> str: ...  # DALI's source_info of the sample (elastic resume)
-    def check_source(self, source: SourceRecord, keys: TFRecordKeys) -> None: ...  # before DALI sees it
+    def check_source(self, source: SourceRecord, keys: SampleKeys) -> None: ...  # before DALI sees it
 
 
 class ShardedFormat(Format, Protocol):
@@ -48,7 +48,7 @@ class ShardedFormat(Format, Protocol):
     def read_index(self, index_path: str) -> list[Any]: ...
     def write_index(self, entries: list[Any], index_path: str, /) -> None: ...
     def split_source_info(self, info: str) -> tuple[str, int]: ...  # (shard, byte offset); ValueError
-    def verify_shard(self, shard: str, keys: TFRecordKeys,
+    def verify_shard(self, shard: str, keys: SampleKeys,
                      label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]: ...
     def rewrite_without(self, shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes,
                         source: SourceRecord) -> None: ...

@@ -3,7 +3,7 @@ source, verification, exclusion).
 
 Layouts read: Hugging Face `datasets`' (a struct column `image` of {bytes, path}, an integer `label` column,
 the ClassLabel names in the file's "huggingface" schema metadata), and any table with a binary column of
-encoded images and an integer label column, named by --image-column / --label-column (TFRecordKeys).
+encoded images and an integer label column, named by --image-column / --label-column (SampleKeys).
 
 DALI has no Parquet reader, so the encoded bytes reach DALI's decoder through `fn.external_source`, fed by
 ParquetFeed: a callable of (epoch, iteration), so that DALI's own checkpoint holds its position and a
@@ -36,7 +36,7 @@ import numpy as np
 
 from dali_pipes.data.formats import parquet_images
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
-from dali_pipes.data.samples import ReadPlan, Sample, SampleRef, SourceRecord, TFRecordKeys
+from dali_pipes.data.samples import ReadPlan, Sample, SampleKeys, SampleRef, SourceRecord
 from dali_pipes.errors import DatasetError, LabelError, install_hint
 from dali_pipes.storage.files import atomic_write
 
@@ -248,12 +248,12 @@ class Columns:
     struct: bool
 
 
-def columns_of(path: str, keys: TFRecordKeys) -> Columns:
+def columns_of(path: str, keys: SampleKeys) -> Columns:
     """The image and label columns of a file, checked: DatasetError naming the columns found and the flag."""
     pa, _, _ = pyarrow_modules()
     schema = layout(path).schema
     present = ", ".join(f"{f.name} ({f.type})" for f in schema)
-    fix = "Name the columns: --image-column / --label-column (TFRecordKeys(image_column=..., label_column=...))"
+    fix = "Name the columns: --image-column / --label-column (SampleKeys(image_column=..., label_column=...))"
     for name in (keys.image_column, keys.label_column):
         if schema.get_field_index(name) < 0:
             raise DatasetError(path, f"no column {name!r}; columns: {present}", fix)
@@ -457,7 +457,7 @@ def read_sample(ref: SampleRef) -> Sample:
     return Sample(ref.origin, data.tobytes(), stored_to_label(stored, ref.origin, keys.label_offset))
 
 
-def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
+def check_source(source: SourceRecord, keys: SampleKeys) -> None:
     """The image and label columns of every file, the class names of the first one's metadata (when no
     classes.json names them), and the labels: every label of local files (one column, read alone), the first
     row group's of the first and last remote ones. LabelError names file#row. Then the rows with no image to
@@ -479,7 +479,7 @@ def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
 NO_IMAGE_FIX = f"{parquet_images.EMBED}, or leave such rows out with skip_bad=True (--skip-bad)"
 
 
-def rows_without_images(source: SourceRecord, keys: TFRecordKeys) -> None:
+def rows_without_images(source: SourceRecord, keys: SampleKeys) -> None:
     """Rows with no image to decode (parquet_images.problems) listed in `source.damaged` as bad samples found at
     open: excluded with skip_bad, else open_source refuses them. Only row groups whose footer counts null image
     bytes are read (an Arrow file's every record batch: memory-mapped); empty bytes elsewhere the feed finds."""
@@ -509,7 +509,7 @@ def _groups_with_nulls(path: str, columns: Columns) -> list[int]:
     return found
 
 
-def _cell_problem(path: str, group: int, j: int, keys: TFRecordKeys) -> str:
+def _cell_problem(path: str, group: int, j: int, keys: SampleKeys) -> str:
     """What is wrong with the image cell of row `j` of a row group that gave no bytes."""
     cells = read_columns(path, group, [columns_of(path, keys).image]).column(0).combine_chunks().slice(j, 1)
     found = parquet_images.problems(cells)
@@ -521,7 +521,7 @@ def read_group_labels(path: str, group: int, label_column: str) -> np.ndarray:
     return np.asarray(labels.fill_null(MISSING_LABEL).to_numpy(zero_copy_only=False), np.int64)
 
 
-def _check_labels(stored: np.ndarray, path: str, first_row: int, keys: TFRecordKeys, num_classes: int | None,
+def _check_labels(stored: np.ndarray, path: str, first_row: int, keys: SampleKeys, num_classes: int | None,
                   classes_from: str) -> None:
     labels = stored - keys.label_offset
     bad = (stored != EXCLUDED_LABEL) & ((labels < 0) | (labels >= (num_classes or np.iinfo(np.int64).max)))
@@ -535,7 +535,7 @@ def _check_labels(stored: np.ndarray, path: str, first_row: int, keys: TFRecordK
                     classes_from=classes_from)
 
 
-def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
+def verify_shard(shard: str, keys: SampleKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
     """A readable footer and columns: every row becomes a ref for the per-sample checks; else one problem."""
     try:
         columns_of(shard, keys)

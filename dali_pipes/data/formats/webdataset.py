@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_labels, label_bound, stored_to_label
-from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
+from dali_pipes.data.samples import Sample, SampleKeys, SampleRef, SourceRecord, required
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import atomic_write
 from dali_pipes.storage.remote import ObjectInfo
@@ -44,7 +44,7 @@ def sniff_head(head: bytes) -> bool:
     return False
 
 
-def check_source(source: SourceRecord, keys: TFRecordKeys) -> None:
+def check_source(source: SourceRecord, keys: SampleKeys) -> None:
     """Indexing found every sample's image and label members. The label of the first sample of the first
     and last shards, after the label offset, is checked here (one ranged read each, local or s3://), as
     TFRecord's first record is: a --label-offset 1 on 0-based data is refused at open when one shows it."""
@@ -392,7 +392,7 @@ def ascii_to_int64(cls):
     return value // scale * (1 - 2 * negative)
 
 
-def verify_shard(shard: str, keys: TFRecordKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
+def verify_shard(shard: str, keys: SampleKeys, label_ext: str) -> tuple[list[SampleRef], list[DatasetError]]:
     """Scan the members: complete samples become refs for the per-sample checks, incomplete ones
     problems. A tar that cannot be scanned is one problem."""
     try:
