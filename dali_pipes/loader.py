@@ -36,6 +36,8 @@ import torch
 from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
+from dali_pipes.data.detection_dataset import is_detection_dataset
+from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
     DataLoaderAttributes,
@@ -156,6 +158,12 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     pipe: RankPipeline  # set by __init__; absent when it failed before (close() looks first)
+
+    def __new__(cls, dataset: Any = None, *args, **kwargs) -> Any:
+        if is_detection_dataset(dataset):  # torchvision's CocoDetection: images and box targets (detection_loader.py)
+            return DetectionLoader(dataset, *args, **{**kwargs, "device": resolve_device(kwargs.get(
+                "device", _LOADER.device))})
+        return super().__new__(cls)
 
     def __init__(self, dataset: Source | str | os.PathLike | list | Any, batch_size: int | None = 1,
                  shuffle: bool | None = None, sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,

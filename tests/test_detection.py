@@ -1,0 +1,115 @@
+"""Detection through the rename (issue 35): torchvision's CocoDetection as the references build it (v1: their
+target conversion and transforms, shaped in tests/detection_refs.py; v2: torchvision's own wrapper and
+transforms.v2), read by DaliLoader into the detection graph, checked against torchvision itself: the same
+images (within decoder rounding), boxes within a pixel, labels and image ids exact, DataLoader's batch counts
+and sampler order."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, Subset
+
+from dali_pipes import DaliLoader
+from dali_pipes.detection_loader import DetectionLoader
+
+import detection_refs
+
+# (height, width) and boxes (x, y, w, h, category, iscrowd) per image; image 4 has no annotation (the references'
+# Subset leaves it out), image 2 has a crowd box (v1 drops it), a box 0.5 px wide (SanitizeBoundingBoxes drops
+# it, v1 keeps it) and a box past the image's right edge (v1 clamps it; v2 keeps it, and Sanitize drops it).
+IMAGES = {
+    1: ((48, 64), [(4, 6, 20, 12, 1, 0), (30, 10, 25, 30, 3, 0)]),
+    2: ((40, 40), [(2, 2, 10, 10, 2, 1), (10, 12, 0.5, 8, 1, 0), (20, 5, 30, 20, 2, 0), (5, 20, 12, 14, 3, 0)]),
+    3: ((64, 32), [(1, 1, 30, 62, 1, 0)]),
+    4: ((30, 50), []),
+    5: ((36, 52), [(10, 8, 16, 16, 2, 0), (0, 0, 52, 36, 1, 0)]),
+}
+
+
+def collate_fn(batch):  # the references' utils.collate_fn
+    return tuple(zip(*batch))
+
+
+@pytest.fixture(scope="module")
+def coco_dir(tmp_path_factory):
+    """A COCO-style folder: images/NNN.jpg (smooth gradients, so JPEG keeps them close and a flip shows) and
+    annotations.json with the boxes above."""
+    root = tmp_path_factory.mktemp("coco")
+    (root / "images").mkdir()
+    images, annotations, ann_id = [], [], 100
+    for image_id, ((h, w), boxes) in IMAGES.items():
+        y, x = np.mgrid[0:h, 0:w]
+        pixels = np.stack([x * 255 // w, y * 255 // h, np.full_like(x, 40 * image_id)], -1).astype(np.uint8)
+        name = f"{image_id:03d}.jpg"
+        Image.fromarray(pixels).save(root / "images" / name, quality=95)
+        images.append({"id": image_id, "file_name": name, "height": h, "width": w})
+        for bx, by, bw, bh, category, crowd in boxes:
+            annotations.append({"id": ann_id, "image_id": image_id, "bbox": [bx, by, bw, bh], "category_id": category,
+                                "iscrowd": crowd, "area": float(bw * bh), "segmentation": [[bx, by, bx + bw, by,
+                                                                                            bx + bw, by + bh]]})
+            ann_id += 1
+    categories = [{"id": i, "name": f"c{i}"} for i in (1, 2, 3)]
+    with open(root / "annotations.json", "w") as f:
+        json.dump({"images": images, "annotations": annotations, "categories": categories}, f)
+    return root
+
+
+def v2_dataset(torchvision, coco_dir, steps, target_keys=("boxes", "labels", "image_id"), subset=True):
+    """As the references' get_coco(use_v2=True) builds it: CocoDetection(transforms=preset), wrapped, and for
+    training the Subset without images lacking annotations."""
+    from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+    from torchvision.transforms import v2
+    preset = detection_refs.DetectionPresetTrain(v2.Compose(steps))
+    dataset = CocoDetection(str(coco_dir / "images"), str(coco_dir / "annotations.json"), transforms=preset)
+    dataset = wrap_dataset_for_transforms_v2(dataset, target_keys=list(target_keys))
+    return detection_refs.remove_images_without_annotations(dataset) if subset else dataset
+
+
+def v2_hflip(torchvision, p=0.5):
+    from torchvision.transforms import v2
+    return [v2.ToImage(), v2.RandomHorizontalFlip(p=p), v2.ToDtype(torch.float, scale=True),
+            v2.ConvertBoundingBoxFormat("XYXY"), v2.SanitizeBoundingBoxes(), v2.ToPureTensor()]
+
+
+def pairs(loader):
+    """Every (image, target) a loader delivers with the references' collate_fn, in order, and the batch sizes."""
+    out, sizes = [], []
+    for images, targets in loader:
+        out += list(zip(images, targets))
+        sizes.append(len(images))
+    return out, sizes
+
+
+def assert_same(ours, theirs, pixel_tolerance=2 / 255):
+    assert len(ours) == len(theirs)
+    for (image, target), (ref_image, ref_target) in zip(ours, theirs):
+        assert target["image_id"] == ref_target["image_id"]
+        assert set(target) == set(ref_target)
+        assert image.shape == ref_image.shape and image.dtype == torch.float32
+        assert (image - ref_image).abs().max().item() <= pixel_tolerance, target["image_id"]
+        if "boxes" in ref_target:
+            assert target["labels"].dtype == torch.int64
+            assert target["labels"].tolist() == ref_target["labels"].tolist(), target["image_id"]
+            assert target["boxes"].dtype == torch.float32 and target["boxes"].shape == ref_target["boxes"].shape
+            assert torch.allclose(target["boxes"], ref_target["boxes"].float(), atol=1.0), target["image_id"]
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_v2_hflip_matches_torchvision(torchvision, coco_dir, p):
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, p))
+    ours = DaliLoader(dataset, batch_size=2, sampler=SequentialSampler(dataset), collate_fn=collate_fn,
+                      device="cpu")
+    assert isinstance(ours, DetectionLoader) and ours.dataset is dataset
+    theirs = DataLoader(dataset, batch_size=2, sampler=SequentialSampler(dataset), collate_fn=collate_fn)
+    got, sizes = pairs(ours)
+    want, want_sizes = pairs(theirs)
+    assert sizes == want_sizes == [2, 2] and len(ours) == len(theirs)
+    assert_same(got, want)
+    boxes_of_2 = dict((t["image_id"], t) for _, t in got)[2]["boxes"]
+    assert len(boxes_of_2) == 2  # the 0.5 px box and the one past the edge sanitised away; the crowd box kept
