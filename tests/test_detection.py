@@ -113,3 +113,68 @@ def test_v2_hflip_matches_torchvision(torchvision, coco_dir, p):
     assert_same(got, want)
     boxes_of_2 = dict((t["image_id"], t) for _, t in got)[2]["boxes"]
     assert len(boxes_of_2) == 2  # the 0.5 px box and the one past the edge sanitised away; the crowd box kept
+
+
+def v1_dataset(coco_dir, steps, subset=True):
+    """As the references' get_coco(use_v2=False) builds it: their CocoDetection with ConvertCocoPolysToMask then
+    the preset, and for training the Subset without images lacking annotations."""
+    R = detection_refs
+    transforms = R.Compose([R.ConvertCocoPolysToMask(), R.DetectionPresetTrain(R.Compose(steps))])
+    dataset = R.v1_coco_detection(str(coco_dir / "images"), str(coco_dir / "annotations.json"), transforms)
+    return R.remove_images_without_annotations(dataset) if subset else dataset
+
+
+def v1_hflip(p=0.5):
+    return [detection_refs.RandomHorizontalFlip(p), detection_refs.PILToTensor(),
+            detection_refs.ToDtype(torch.float, scale=True)]
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_v1_hflip_matches_the_references_targets_without_masks(torchvision, coco_dir, p):
+    dataset = v1_dataset(coco_dir, v1_hflip(p))
+    with pytest.warns(UserWarning, match="without masks"):
+        ours = DaliLoader(dataset, batch_size=3, sampler=SequentialSampler(dataset), collate_fn=collate_fn,
+                          device="cpu")
+    got, sizes = pairs(ours)
+    want, want_sizes = pairs(DataLoader(dataset, batch_size=3, sampler=SequentialSampler(dataset),
+                                        collate_fn=collate_fn))
+    assert sizes == want_sizes == [3, 1]
+    assert_same(got, want)
+    for (_, target), (_, ref) in zip(got, want):
+        assert target["area"].tolist() == ref["area"].tolist() and target["area"].dtype == torch.float32
+        assert target["iscrowd"].tolist() == ref["iscrowd"].tolist() and target["iscrowd"].dtype == torch.int64
+    by_id = {t["image_id"]: t for _, t in got}
+    assert len(by_id[2]["boxes"]) == 3 and by_id[2]["boxes"][:, 0::2].max() <= 40  # no crowd; clamped, not dropped
+
+
+def epochs_of(loader, epochs=2):
+    return [[[t["image_id"] for t in targets] for _, targets in loader] for _ in range(epochs)]
+
+
+def test_sampler_order_and_counts_are_dataloaders(torchvision, coco_dir):
+    """A RandomSampler on torch's global stream (the references' train sampler) and a BatchSampler over a
+    seeded one (the references' batch_sampler without aspect-ratio groups): the same image ids in the same
+    batches as DataLoader, epoch after epoch. (No random step in the transform: DataLoader on one process runs
+    it on the global stream between epochs, DaliLoader draws in DALI; with workers, DataLoader's main stream
+    too serves only the base seed and the sampler.)"""
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision)[:1] + v2_hflip(torchvision)[2:])
+    for make in (lambda: {"batch_size": 2, "sampler": RandomSampler(dataset)},
+                 lambda: {"batch_sampler": BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(
+                     3)), 3, drop_last=True)}):
+        torch.manual_seed(7)
+        ours = DaliLoader(dataset, collate_fn=collate_fn, device="cpu", **make())
+        got = epochs_of(ours)
+        torch.manual_seed(7)
+        theirs = DataLoader(dataset, collate_fn=collate_fn, **make())
+        want = epochs_of(theirs)
+        assert got == want and len(ours) == len(theirs)
+        assert got[0] != got[1]  # drawn afresh each epoch
+    assert [len(batch) for batch in got[0]] == [3]  # drop_last: 4 images, one batch of 3
+
+
+def test_an_image_without_annotations_gives_its_image_id_only_under_v2(torchvision, coco_dir):
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, 0.0)[:3], subset=False)  # no Sanitize
+    got, _ = pairs(DaliLoader(dataset, batch_size=5, collate_fn=collate_fn, device="cpu"))
+    want, _ = pairs(DataLoader(dataset, batch_size=5, collate_fn=collate_fn))
+    assert [t for _, t in got if t["image_id"] == 4] == [{"image_id": 4}]
+    assert_same(got, want)
