@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 
 from dali_pipes import DaliLoader
 from dali_pipes.detection_loader import DetectionLoader
+from dali_pipes.errors import DatasetError
 
 import detection_refs
 
@@ -178,3 +179,61 @@ def test_an_image_without_annotations_gives_its_image_id_only_under_v2(torchvisi
     want, _ = pairs(DataLoader(dataset, batch_size=5, collate_fn=collate_fn))
     assert [t for _, t in got if t["image_id"] == 4] == [{"image_id": 4}]
     assert_same(got, want)
+
+
+def test_untranslatable_steps_and_mask_targets_are_refused_by_name(torchvision, coco_dir):
+    from torchvision.transforms import v2
+    rotate = v2_hflip(torchvision)[:2] + [v2.RandomRotation(10)] + v2_hflip(torchvision)[2:]
+    with pytest.raises(ValueError, match="RandomRotation .* has no DALI translation"):
+        DaliLoader(v2_dataset(torchvision, coco_dir, rotate), batch_size=2, collate_fn=collate_fn, device="cpu")
+    unscaled = [v2.ToImage(), v2.ToDtype(torch.float)]
+    with pytest.raises(ValueError, match=r"ToDtype\(dtype=torch.float32, scale=False\)"):
+        DaliLoader(v2_dataset(torchvision, coco_dir, unscaled), batch_size=2, collate_fn=collate_fn, device="cpu")
+    masks = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision), target_keys=("boxes", "labels", "masks"))
+    with pytest.raises(ValueError, match=r"asks for \['masks'\].*not supported"):
+        DaliLoader(masks, batch_size=2, collate_fn=collate_fn, device="cpu")
+
+
+def test_a_missing_image_is_named(torchvision, coco_dir, tmp_path):
+    import shutil
+    shutil.copytree(coco_dir, tmp_path / "coco")
+    os.remove(tmp_path / "coco" / "images" / "003.jpg")
+    dataset = v2_dataset(torchvision, tmp_path / "coco", v2_hflip(torchvision))
+    loader = DaliLoader(dataset, batch_size=2, collate_fn=collate_fn, device="cpu")
+    with pytest.raises(DatasetError, match=r"003.jpg: image 3 cannot be read .*file_name"):
+        list(loader)
+
+
+def ssd_steps(torchvision, zoom: bool):
+    """The references' v2 ssdlite preset (RandomIoUCrop, RandomHorizontalFlip), or ssd's geometric steps
+    (RandomZoomOut first, filled with the preset's mean)."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision)
+    zoom_out = [v2.RandomZoomOut(fill=[123.0, 117.0, 104.0])] if zoom else []
+    return steps[:1] + zoom_out + [v2.RandomIoUCrop()] + steps[1:]
+
+
+@pytest.mark.parametrize("zoom", [False, True], ids=["ssdlite", "ssd-geometry"])
+def test_iou_crop_and_zoom_out_keep_boxes_on_their_pixels(torchvision, coco_dir, zoom):
+    """Random crops: every delivered box inside its image and at least a pixel wide and tall (sanitised), its
+    labels among the image's; over epochs both cropped and uncropped images (and, with RandomZoomOut, larger
+    canvases); image ids and counts as DataLoader's."""
+    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom))
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=1)
+    sizes = {i: (h, w) for i, ((h, w), _) in IMAGES.items()}
+    smaller = larger = same = 0
+    for _ in range(6):
+        got, batch_sizes = pairs(loader)
+        assert batch_sizes == [4] and [t["image_id"] for _, t in got] == [1, 2, 3, 5]
+        for image, target in got:
+            h, w = image.shape[-2:]
+            boxes = target["boxes"]
+            assert ((boxes[:, 2:] - boxes[:, :2]) >= 1).all() and (boxes >= 0).all()
+            assert (boxes[:, 0::2] <= w).all() and (boxes[:, 1::2] <= h).all()
+            labels = [c for *_, c, _ in IMAGES[target["image_id"]][1]]
+            assert all(label in labels for label in target["labels"].tolist())
+            original = sizes[target["image_id"]]
+            smaller += h * w < original[0] * original[1]
+            larger += h * w > original[0] * original[1]
+            same += (h, w) == original
+    assert smaller and same and (larger if zoom else not larger)

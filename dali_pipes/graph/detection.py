@@ -73,9 +73,12 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
         boxes = fn.bbox_paste(boxes, ratio=1.0 / zoom.side, paste_x=zoom.x, paste_y=zoom.y, ltrb=True,
                               name="det_zoom_boxes")
     if augment.iou_crop is not None:
+        from nvidia.dali import math as dali_math
         settings = augment.iou_crop
+        # DALI asserts boxes within the image; torchvision's crop clamps them to the window anyway (v2 keeps a
+        # COCO box past the edge unclamped until then).
         anchor, window, boxes, kept = fn.random_bbox_crop(
-            boxes, indices, bbox_layout="xyXY", allow_no_crop=True, thresholds=list(IOU_THRESHOLDS),
+            dali_math.clamp(boxes, 0.0, 1.0), indices, bbox_layout="xyXY", allow_no_crop=True, thresholds=list(IOU_THRESHOLDS),
             scaling=[settings.min_scale, settings.max_scale],
             aspect_ratio=[settings.min_aspect_ratio, settings.max_aspect_ratio], num_attempts=settings.trials,
             name="det_iou_crop")
