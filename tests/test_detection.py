@@ -237,3 +237,41 @@ def test_iou_crop_and_zoom_out_keep_boxes_on_their_pixels(torchvision, coco_dir,
             larger += h * w > original[0] * original[1]
             same += (h, w) == original
     assert smaller and same and (larger if zoom else not larger)
+
+
+def window_of(image: torch.Tensor, size: tuple[int, int]) -> tuple[int, int, bool]:
+    """(top, left, flipped) of a crop, read from its pixels: the fixture's red is 255 * x // width and its green
+    255 * y // height of the original image, so a crop's first row and column tell where it was cut."""
+    height, width = size
+    red, green = image[0] * 255, image[1] * 255
+    flipped = image.shape[-1] > 1 and bool(red[:, -1].mean() < red[:, 0].mean())
+    first = red[:, -1] if flipped else red[:, 0]
+    return round(float(green[0].mean()) * height / 255), round(float(first.mean()) * width / 255), flipped
+
+
+def test_iou_crop_boxes_equal_torchvisions_for_the_same_window(torchvision, coco_dir):
+    """The crop window fixed (read back from the pixels): torchvision's own crop, flip and sanitising of the
+    original boxes give ours within a pixel, the same labels in the same order."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as F
+    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom=False))
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=2)
+    cropped = 0
+    for _ in range(5):
+        for image, target in pairs(loader)[0]:
+            (height, width), annotations = IMAGES[target["image_id"]]
+            top, left, flipped = window_of(image, (height, width))
+            boxes = tv_tensors.BoundingBoxes([[x, y, x + w, y + h] for x, y, w, h, *_ in annotations], format="XYXY",
+                                             canvas_size=(height, width))
+            boxes = F.crop(boxes, top, left, image.shape[-2], image.shape[-1])
+            boxes = F.horizontal_flip(boxes) if flipped else boxes
+            labels = torch.tensor([c for *_, c, _ in annotations])
+            keep = [i for i, (x, y, w, h, *_) in enumerate(annotations)  # the centre rule: torchvision's and DALI's
+                    if left < x + w / 2 < left + image.shape[-1] and top < y + h / 2 < top + image.shape[-2]]
+            boxes, labels = boxes.as_subclass(torch.Tensor)[keep], labels[keep]
+            valid = F.sanitize_bounding_boxes(boxes, format="XYXY", canvas_size=tuple(image.shape[-2:]))[1]
+            boxes, labels = boxes[valid], labels[valid]
+            assert target["labels"].tolist() == labels.tolist(), target["image_id"]
+            assert torch.allclose(target["boxes"], boxes.float(), atol=1.0), (target, boxes, top, left, flipped)
+            cropped += tuple(image.shape[-2:]) != (height, width)
+    assert cropped
