@@ -73,7 +73,8 @@ def target_form(read: DetectionDataset) -> TargetForm:
     if refused:
         raise ValueError(f"{read.where}: wrap_dataset_for_transforms_v2(target_keys=...) asks for {refused}; "
                          f"DaliLoader delivers {list(TARGET_KEYS)} (masks and keypoints, for Mask R-CNN and "
-                         f"Keypoint R-CNN, are not supported). Leave them out of target_keys, or use torch's DataLoader")
+                         f"Keypoint R-CNN, are not supported). Leave them out of target_keys, or use torch's "
+                         f"DataLoader")
     keys = tuple(k for k in read.target_keys if k in TARGET_KEYS)
     return TargetForm(keys=keys, empty_has_boxes=read.form == "v1")
 

@@ -34,10 +34,9 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
+from dali_pipes.data.detection_dataset import is_detection_dataset
 from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
-from dali_pipes.data.detection_dataset import is_detection_dataset
-from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
     DataLoaderAttributes,
@@ -48,6 +47,7 @@ from dali_pipes.dataloader_args import (
     read_as_pil,
     resolve_call,
 )
+from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.run import resume

@@ -9,17 +9,16 @@ from __future__ import annotations
 import json
 import os
 
+import detection_refs
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, Subset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from dali_pipes import DaliLoader
 from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.errors import DatasetError
-
-import detection_refs
 
 # (height, width) and boxes (x, y, w, h, category, iscrowd) per image; image 4 has no annotation (the references'
 # Subset leaves it out), image 2 has a crowd box (v1 drops it), a box 0.5 px wide (SanitizeBoundingBoxes drops

@@ -63,7 +63,8 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
     """(images float32 CHW in [0, 1], each its own size; boxes normalised xyxy to the output image (CPU);
     kept: the `indices` (int32, 0..N-1 per sample) of the input boxes that survived, in order (CPU)).
     `boxes`: float32 (N, 4) xyxy in pixels of the encoded image."""
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn
+    types = dali_types()
     decoder = "mixed" if device == "gpu" else "cpu"
     shape = fn.cast(fn.peek_image_shape(jpegs, name="det_peek"), dtype=types.FLOAT)  # (H, W, C), on the CPU
     boxes = boxes / fn.stack(shape[1], shape[0], shape[1], shape[0])
@@ -77,14 +78,15 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
         settings = augment.iou_crop
         # DALI asserts boxes within the image; torchvision's crop clamps them to the window anyway (v2 keeps a
         # COCO box past the edge unclamped until then).
-        anchor, window, boxes, kept = fn.random_bbox_crop(
-            dali_math.clamp(boxes, 0.0, 1.0), indices, bbox_layout="xyXY", allow_no_crop=True, thresholds=list(IOU_THRESHOLDS),
+        anchor, window, boxes, kept = fn.random_bbox_crop(  # type: ignore[misc]  # four outputs (DALI's stub: one)
+            dali_math.clamp(boxes, 0.0, 1.0), indices, bbox_layout="xyXY", allow_no_crop=True,
+            thresholds=list(IOU_THRESHOLDS),
             scaling=[settings.min_scale, settings.max_scale],
             aspect_ratio=[settings.min_aspect_ratio, settings.max_aspect_ratio], num_attempts=settings.trials,
             name="det_iou_crop")
         crop = (anchor, window)
     images = _decoded(jpegs, decoder, crop if zoom is None else None)
-    if zoom is not None:
+    if zoom is not None and augment.zoom_out is not None:
         images = fn.slice(images, zoom.anchor, zoom.shape, normalized_anchor=True, normalized_shape=True,
                           out_of_bounds_policy="pad", fill_values=list(augment.zoom_out.fill), name="det_zoom")
         if crop is not None:  # the crop window is the zoomed canvas's: cut after the pad
@@ -96,10 +98,17 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
     return images, boxes, kept
 
 
+def dali_types() -> Any:
+    """nvidia.dali.types, typed Any (its enums come from a compiled module type checkers cannot see)."""
+    from nvidia.dali import types
+    return types
+
+
 def _decoded(jpegs: Any, decoder: str, crop: tuple | None) -> Any:
     """The decoded RGB image, or only its crop window (normalised anchor and shape): on the GPU, nvJPEG decodes
     just the window (ROI decode), as NVIDIA's MLPerf detection pipelines do."""
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn
+    types = dali_types()
     if crop is None:
         return fn.decoders.image(jpegs, device=decoder, output_type=types.RGB, name="det_decode")
     return fn.decoders.image_slice(jpegs, *crop, device=decoder, output_type=types.RGB, normalized_anchor=True,
@@ -119,7 +128,8 @@ class ZoomWindow:
 
 def zoom_window(zoom: ZoomOut) -> ZoomWindow:
     """The zoom-out's random draw per sample: applied with probability p, a side drawn from side_range."""
-    from nvidia.dali import fn, types
+    from nvidia.dali import fn
+    types = dali_types()
     applied = fn.cast(fn.random.coin_flip(probability=zoom.p, name="det_zoom_coin"), dtype=types.FLOAT)
     side = 1.0 + applied * (fn.random.uniform(range=list(zoom.side_range), name="det_zoom_side") - 1.0)
     x = fn.random.uniform(range=[0.0, 1.0], name="det_zoom_x")
@@ -133,9 +143,12 @@ def detection_pipeline(feed: Callable, augment: DetectionAugment, *, batch_size:
     """The pipeline (unbuilt): `feed`, called with DALI's batch info, gives (encoded images, pixel boxes (N, 4)
     float32, box indices 0..N-1 int32, sample index (1,) int64) per batch, raising StopIteration at the epoch's
     end. Outputs: images, boxes (normalised), kept box indices, sample index."""
-    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali import fn, pipeline_def
+    types = dali_types()
 
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+    # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id,  # type: ignore[arg-type]
+                  seed=seed,
                   prefetch_queue_depth=prefetch_queue_depth)
     def define() -> tuple:
         jpegs, boxes, indices, sample = fn.external_source(

@@ -82,8 +82,8 @@ def _read_step(step: Any, name: str, settings: dict[str, Any]) -> None:
     elif name == "RandomIoUCrop":
         settings["crop"] = _iou_crop(step)
     elif name == "RandomZoomOut":
-        settings["zoom"] = ZoomOut(fill=_image_fill(step.fill), side_range=tuple(map(float, step.side_range)),
-                                   p=float(step.p))
+        low, high = (float(side) for side in step.side_range)
+        settings["zoom"] = ZoomOut(fill=_image_fill(step.fill), side_range=(low, high), p=float(step.p))
     else:
         raise UntranslatableTransform(
             f"detection transform step {name} ({step!r}) has no DALI translation; supported: RandomHorizontalFlip, "
@@ -110,4 +110,5 @@ def _image_fill(fill: Any) -> tuple[float, float, float]:
         factory = getattr(fill, "default_factory", None)
         fill = image[0] if image else factory() if factory is not None else 0
     values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
-    return (values * 3)[:3] if len(values) == 1 else (values[0], values[1], values[2])
+    values = values * 3 if len(values) == 1 else values
+    return (values[0], values[1], values[2])

@@ -243,8 +243,8 @@ def detection_graphs(batch_size: int) -> list[GraphVariant]:
                                                 iou_crop=IoUCrop(), sanitize=(1.0, 1.0))}
 
     def define(augment: DetectionAugment) -> Callable[[], Pipeline]:
-        return lambda: detection_pipeline(_DetectionBatch(batch_size), augment, batch_size=batch_size, device="gpu", num_threads=1,
-                                          device_id=0, seed=1)
+        return lambda: detection_pipeline(_DetectionBatch(batch_size), augment, batch_size=batch_size, device="gpu",
+                                          num_threads=1, device_id=0, seed=1)
     return [GraphVariant(f"detection, {name} preset", define(augment), host_outputs=HOST_OUTPUTS)
             for name, augment in presets.items()]
 
