@@ -274,3 +274,28 @@ def test_iou_crop_boxes_equal_torchvisions_for_the_same_window(torchvision, coco
             assert torch.allclose(target["boxes"], boxes.float(), atol=1.0), (target, boxes, top, left, flipped)
             cropped += tuple(image.shape[-2:]) != (height, width)
     assert cropped
+
+
+def test_zoom_out_moves_the_boxes_with_the_image(torchvision, coco_dir):
+    """RandomZoomOut to exactly twice the side: the image found on its canvas by its blue (40 * image id, the
+    fill's is 104) and the boxes shifted by where it sits, within a pixel; the canvas filled with the fill."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision, 0.0)
+    steps = steps[:1] + [v2.RandomZoomOut(fill=[123.0, 117.0, 104.0], side_range=(2.0, 2.0), p=1.0)] + steps[1:]
+    dataset = v2_dataset(torchvision, coco_dir, steps)
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=3)
+    offsets = set()
+    for _ in range(3):
+        for image, target in pairs(loader)[0]:
+            (height, width), annotations = IMAGES[target["image_id"]]
+            assert tuple(image.shape[-2:]) == (2 * height, 2 * width)
+            inside = ((image[2] * 255 - 104).abs() > 8).nonzero()
+            top, left = inside.min(0).values.tolist()
+            assert inside.max(0).values.tolist() == [top + height - 1, left + width - 1]
+            assert abs(image[0, 0, 0].item() * 255 - 123) <= 2 or (top, left) == (0, 0)
+            want = [[x + left, y + top, x + w + left, y + h + top] for x, y, w, h, *_ in annotations
+                    if w >= 1 and x + w + left <= 2 * width]  # Sanitize: the thin box gone (and the one past the
+            # image's edge where it is past the canvas's too, as torchvision's pad then Sanitize decide)
+            assert torch.allclose(target["boxes"], torch.tensor(want, dtype=torch.float32), atol=1.0), target
+            offsets.add((top, left))
+    assert len(offsets) > 3  # placed at random

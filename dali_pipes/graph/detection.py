@@ -71,7 +71,7 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
     kept, crop = indices, None
     zoom = zoom_window(augment.zoom_out) if augment.zoom_out is not None else None
     if zoom is not None:
-        boxes = fn.bbox_paste(boxes, ratio=1.0 / zoom.side, paste_x=zoom.x, paste_y=zoom.y, ltrb=True,
+        boxes = fn.bbox_paste(boxes, ratio=zoom.side, paste_x=zoom.x, paste_y=zoom.y, ltrb=True,
                               name="det_zoom_boxes")
     if augment.iou_crop is not None:
         from nvidia.dali import math as dali_math
@@ -131,7 +131,9 @@ def zoom_window(zoom: ZoomOut) -> ZoomWindow:
     from nvidia.dali import fn
     types = dali_types()
     applied = fn.cast(fn.random.coin_flip(probability=zoom.p, name="det_zoom_coin"), dtype=types.FLOAT)
-    side = 1.0 + applied * (fn.random.uniform(range=list(zoom.side_range), name="det_zoom_side") - 1.0)
+    low, high = zoom.side_range
+    drawn = fn.random.uniform(range=[low, high], name="det_zoom_side") if high > low else low  # DALI: empty range
+    side = 1.0 + applied * (drawn - 1.0)
     x = fn.random.uniform(range=[0.0, 1.0], name="det_zoom_x")
     y = fn.random.uniform(range=[0.0, 1.0], name="det_zoom_y")
     room = side - 1.0
