@@ -47,8 +47,11 @@ class DetectionLoader:
         if has_masks:
             warnings.warn(MASKS_NOT_DELIVERED, UserWarning, stacklevel=3)
         self.device = device
-        most = getattr(self.batch_sampler, "batch_size", None) or batch_size or 1
-        self.run = DetectionRun(read.samples, augment, target_form(read), batch_size=int(most), device=device,
+        most = getattr(self.batch_sampler, "batch_size", None)
+        if not isinstance(most, int) or most < 1:
+            raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
+                             f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
+        self.run = DetectionRun(read.samples, augment, target_form(read), batch_size=most, device=device,
                                 num_threads=num_threads or num_workers or default_threads(),
                                 seed=seed if seed is not None else torch.initial_seed() % (1 << 31))
 
