@@ -299,3 +299,19 @@ def test_zoom_out_moves_the_boxes_with_the_image(torchvision, coco_dir):
             assert torch.allclose(target["boxes"], torch.tensor(want, dtype=torch.float32), atol=1.0), target
             offsets.add((top, left))
     assert len(offsets) > 3  # placed at random
+
+
+def test_multiscale_shortest_size_matches_torchvision(torchvision, coco_dir):
+    """The references' multiscale preset's RandomShortestSize (one size, so it is deterministic; a max_size that
+    binds for the long images): torchvision's output sizes, boxes within a pixel, pixels within resampling's
+    differences."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision, 1.0)
+    steps = steps[:1] + [v2.RandomShortestSize(min_size=(56,), max_size=90)] + steps[1:]
+    dataset = v2_dataset(torchvision, coco_dir, steps)
+    got, _ = pairs(DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu"))
+    want, _ = pairs(DataLoader(dataset, batch_size=4, collate_fn=collate_fn))
+    assert [tuple(i.shape) for i, _ in got] == [tuple(i.shape) for i, _ in want] != [
+        (3, *IMAGES[t["image_id"]][0]) for _, t in want]
+    assert_same(got, want, pixel_tolerance=0.25)
+    assert max((i - j).abs().mean().item() for (i, _), (j, _) in zip(got, want)) < 2 / 255

@@ -41,6 +41,13 @@ class ZoomOut:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ShortestSize:
+    """RandomShortestSize's settings: the shorter side drawn from `min_size`, the longer at most `max_size`."""
+    min_size: tuple[int, ...]
+    max_size: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class DetectionAugment:
     """What the detection graph does to each image and its boxes (read from a torchvision transform by
     graph/detection_transforms.py). flip_prob: RandomHorizontalFlip's p (0: no flip); zoom_out, iou_crop: None
@@ -49,6 +56,7 @@ class DetectionAugment:
     zoom_out: ZoomOut | None = None
     iou_crop: IoUCrop | None = None
     sanitize: tuple[float, float] | None = None
+    shortest_size: ShortestSize | None = None
     steps: tuple[str, ...] = field(default=())  # the transform's steps as read, for messages and the docs
 
     def __post_init__(self) -> None:
@@ -91,6 +99,9 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
                           out_of_bounds_policy="pad", fill_values=list(augment.zoom_out.fill), name="det_zoom")
         if crop is not None:  # the crop window is the zoomed canvas's: cut after the pad
             images = fn.slice(images, *crop, normalized_anchor=True, normalized_shape=True, name="det_crop")
+    if augment.shortest_size is not None:  # boxes are normalised: a resize leaves them as they are
+        images = fn.resize(images, size=shortest_side_size(shape, augment.shortest_size), antialias=True,
+                           name="det_shortest_size")
     flip = fn.random.coin_flip(probability=augment.flip_prob, name="det_flip_coin")
     boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip, name="det_bb_flip")
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=[0.0], std=[255.0],
@@ -113,6 +124,19 @@ def _decoded(jpegs: Any, decoder: str, crop: tuple | None) -> Any:
         return fn.decoders.image(jpegs, device=decoder, output_type=types.RGB, name="det_decode")
     return fn.decoders.image_slice(jpegs, *crop, device=decoder, output_type=types.RGB, normalized_anchor=True,
                                    normalized_shape=True, name="det_decode")
+
+
+def shortest_side_size(shape: Any, settings: ShortestSize) -> Any:
+    """RandomShortestSize's output (H, W) for the peeked (H, W, C): r = side / shorter, at most max_size /
+    longer; each side floor(side * r), as torchvision's int() (a float32 graph: nudged so 48 * (40 / 48) is 40)."""
+    from nvidia.dali import fn
+    from nvidia.dali import math as dali_math
+    height, width = shape[0], shape[1]
+    side = fn.random.choice(list(settings.min_size), name="det_shortest_side") * 1.0
+    scale = side / dali_math.min(height, width)
+    if settings.max_size is not None:
+        scale = dali_math.min(scale, settings.max_size / dali_math.max(height, width))
+    return fn.stack(dali_math.floor(height * scale + 1e-3), dali_math.floor(width * scale + 1e-3))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dali_pipes.graph.detection import DetectionAugment, IoUCrop, ZoomOut
+from dali_pipes.graph.detection import DetectionAugment, IoUCrop, ShortestSize, ZoomOut
 
 CONTAINERS = ("Compose", "DetectionPresetTrain", "DetectionPresetEval")  # steps inside, in order
 NO_OPS = ("PILToTensor", "ToImage", "ToPureTensor")  # the decoded image is a tensor already
@@ -54,8 +54,12 @@ def detection_augment(transform: Any) -> tuple[DetectionAugment, bool]:
     if "crop" in settings and "zoom" in settings and names.index("RandomIoUCrop") < names.index("RandomZoomOut"):
         raise UntranslatableTransform("RandomIoUCrop before RandomZoomOut: the graph zooms out first, as the "
                                       "references' ssd preset does; put RandomZoomOut first")
+    if "shortest" in settings and ("crop" in settings or "zoom" in settings):
+        raise UntranslatableTransform("RandomShortestSize with RandomIoUCrop or RandomZoomOut: no references' "
+                                      "preset has both, and the graph resizes the decoded image only")
     return DetectionAugment(flip_prob=settings.get("flip", 0.0), zoom_out=settings.get("zoom"),
                             iou_crop=settings.get("crop"), sanitize=settings.get("sanitize"),
+                            shortest_size=settings.get("shortest"),
                             steps=tuple(names)), has_masks
 
 
@@ -81,15 +85,18 @@ def _read_step(step: Any, name: str, settings: dict[str, Any]) -> None:
         pass  # the boxes are xyxy already
     elif name == "RandomIoUCrop":
         settings["crop"] = _iou_crop(step)
+    elif name == "RandomShortestSize":
+        settings["shortest"] = ShortestSize(min_size=tuple(int(m) for m in step.min_size),
+                                            max_size=None if step.max_size is None else int(step.max_size))
     elif name == "RandomZoomOut":
         low, high = (float(side) for side in step.side_range)
         settings["zoom"] = ZoomOut(fill=_image_fill(step.fill), side_range=(low, high), p=float(step.p))
     else:
         raise UntranslatableTransform(
             f"detection transform step {name} ({step!r}) has no DALI translation; supported: RandomHorizontalFlip, "
-            f"RandomIoUCrop, RandomZoomOut, SanitizeBoundingBoxes, ConvertBoundingBoxFormat(XYXY), PILToTensor / "
-            f"ToImage, ConvertImageDtype / ToDtype(torch.float, scale=True), ToPureTensor. Remove the step or use "
-            f"torch's DataLoader for this transform")
+            f"RandomIoUCrop, RandomShortestSize, RandomZoomOut, SanitizeBoundingBoxes, "
+            f"ConvertBoundingBoxFormat(XYXY), PILToTensor / ToImage, ConvertImageDtype / ToDtype(torch.float, "
+            f"scale=True), ToPureTensor. Remove the step or use torch's DataLoader for this transform")
 
 
 def _iou_crop(step: Any) -> IoUCrop:

@@ -234,11 +234,20 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 def detection_graphs(batch_size: int) -> list[GraphVariant]:
     """The detection graph (graph/detection.py) as DetectionLoader builds it on a GPU: the hflip preset, ssdlite's
-    IoU crop (the decoder decodes the window: ROI decode), ssd's zoom-out before the crop. Its boxes, kept box
-    indices and sample indices stay on the CPU, for Python."""
-    from dali_pipes.graph.detection import HOST_OUTPUTS, DetectionAugment, IoUCrop, ZoomOut, detection_pipeline
+    IoU crop (the decoder decodes the window: ROI decode), multiscale's resize, ssd's zoom-out before the crop.
+    Its boxes, kept box indices and sample indices stay on the CPU, for Python."""
+    from dali_pipes.graph.detection import (
+        HOST_OUTPUTS,
+        DetectionAugment,
+        IoUCrop,
+        ShortestSize,
+        ZoomOut,
+        detection_pipeline,
+    )
     presets = {"hflip": DetectionAugment(flip_prob=0.5, sanitize=(1.0, 1.0)),
                "ssdlite": DetectionAugment(flip_prob=0.5, iou_crop=IoUCrop(), sanitize=(1.0, 1.0)),
+               "multiscale": DetectionAugment(flip_prob=0.5, shortest_size=ShortestSize(min_size=(480, 800),
+                                                                                        max_size=1333)),
                "ssd geometry": DetectionAugment(flip_prob=0.5, zoom_out=ZoomOut(fill=(123.0, 117.0, 104.0)),
                                                 iou_crop=IoUCrop(), sanitize=(1.0, 1.0))}
 
