@@ -34,6 +34,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
+from dali_pipes.data.detection_dataset import is_detection_dataset
 from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
 from dali_pipes.dataloader_args import (
@@ -46,6 +47,7 @@ from dali_pipes.dataloader_args import (
     read_as_pil,
     resolve_call,
 )
+from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.options import take_renamed
@@ -165,6 +167,12 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     pipe: RankPipeline  # set by __init__; absent when it failed before (close() looks first)
+
+    def __new__(cls, dataset: Any = None, *args, **kwargs) -> Any:
+        if is_detection_dataset(dataset):  # torchvision's CocoDetection: images and box targets (detection_loader.py)
+            return DetectionLoader(dataset, *args, **{**kwargs, "device": resolve_device(kwargs.get(
+                "device", _LOADER.device))})
+        return super().__new__(cls)
 
     def __init__(self, dataset: Source | str | os.PathLike | list | Any, batch_size: int | None = 1,
                  shuffle: bool | None = None, sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,

@@ -232,7 +232,54 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
         out.append(replace(variant(f"a sampler's drawn order{', hybrid' if decoder == 'cpu' else ''}", first, train,
                                    decoder, sample_ids=True, fed=True, max_pixels=100_000_000,
                                    decode_device="cpu" if decoder == "cpu" else None), host_outputs=(2,)))
-    return out + _variants_of(first, variant, batch_size)
+    return out + _variants_of(first, variant, batch_size) + detection_graphs(batch_size)
+
+
+def detection_graphs(batch_size: int) -> list[GraphVariant]:
+    """The detection graph (graph/detection.py) as DetectionLoader builds it on a GPU: the hflip preset, ssdlite's
+    IoU crop (the decoder decodes the window: ROI decode), multiscale's resize, ssd's zoom-out before the crop.
+    Its boxes, kept box indices and sample indices stay on the CPU, for Python."""
+    from dali_pipes.graph.detection import (
+        HOST_OUTPUTS,
+        DetectionAugment,
+        IoUCrop,
+        ShortestSize,
+        ZoomOut,
+        detection_pipeline,
+    )
+    presets = {"hflip": DetectionAugment(flip_prob=0.5, sanitize=(1.0, 1.0)),
+               "ssdlite": DetectionAugment(flip_prob=0.5, iou_crop=IoUCrop(), sanitize=(1.0, 1.0)),
+               "multiscale": DetectionAugment(flip_prob=0.5, shortest_size=ShortestSize(min_size=(480, 800),
+                                                                                        max_size=1333)),
+               "ssd geometry": DetectionAugment(flip_prob=0.5, zoom_out=ZoomOut(fill=(123.0, 117.0, 104.0)),
+                                                iou_crop=IoUCrop(), sanitize=(1.0, 1.0))}
+
+    def define(augment: DetectionAugment) -> Callable[[], Pipeline]:
+        return lambda: detection_pipeline(_DetectionBatch(batch_size), augment, batch_size=batch_size, device="gpu",
+                                          num_threads=1, device_id=0, seed=1)
+    return [GraphVariant(f"detection, {name} preset", define(augment), host_outputs=HOST_OUTPUTS)
+            for name, augment in presets.items()]
+
+
+class _DetectionBatch:
+    """A detection feed's batch of one small JPEG with two boxes, every iteration: what a GPU run of a checked
+    detection graph decodes (tests/test_graph_check.py runs each on a GPU)."""
+
+    def __init__(self, batch_size: int) -> None:
+        import io
+
+        import numpy as np
+        from PIL import Image
+        buffer = io.BytesIO()
+        Image.fromarray(np.full((32, 48, 3), 90, np.uint8)).save(buffer, format="JPEG")
+        self.jpeg, self.batch_size = np.frombuffer(buffer.getvalue(), np.uint8), batch_size
+        self.boxes = np.array([[2, 3, 20, 30], [10, 0, 48, 16]], np.float32)
+
+    def __call__(self, info: object) -> tuple:
+        import numpy as np
+        n = self.batch_size
+        return ([self.jpeg] * n, [self.boxes] * n, [np.arange(2, dtype=np.int32)] * n,
+                [np.array([i], np.int64) for i in range(n)])
 
 
 def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size: int) -> list[GraphVariant]:

@@ -1,0 +1,100 @@
+"""DetectionLoader: what DaliLoader(dataset, ...) is when `dataset` is torchvision's CocoDetection as the detection
+references build it (data/detection_dataset.py): DataLoader's call, batches of (images, targets) drawn from the
+same sampler in DataLoader's order, the transform translated into the detection graph.
+
+    data_loader = DaliLoader(dataset, batch_sampler=train_batch_sampler, num_workers=args.workers,
+                             collate_fn=utils.collate_fn)       # the references' line, renamed
+    for images, targets in data_loader:                         # tuples: images (3, H, W) float, target dicts
+
+Each epoch draws `iter(batch_sampler)` in the main process when iteration begins, after the base seed DataLoader's
+iterator draws (so the sampler sees the same random stream as under DataLoader); each drawn batch is one DALI
+iteration. The collate_fn runs on the delivered (image, target) pairs, as DataLoader runs it on its samples.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, default_collate
+
+from dali_pipes.data.detection_dataset import DetectionDataset, read_detection_dataset
+from dali_pipes.graph.detection_transforms import detection_augment
+from dali_pipes.run.detection import TARGET_KEYS, DetectionRun, TargetForm
+from dali_pipes.run.machine import default_threads
+
+MASKS_NOT_DELIVERED = ("the v1 target conversion (ConvertCocoPolysToMask) builds masks from polygons; DaliLoader "
+                       "delivers the box targets (boxes, labels, image_id, area, iscrowd) without masks, which box "
+                       "models (Faster R-CNN, RetinaNet, FCOS, SSD) never read")
+
+
+class DetectionLoader:
+    """(images, targets) batches of a detection dataset, as DataLoader gives them with the references' collate_fn."""
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None, sampler: Any = None,
+                 batch_sampler: Any = None, num_workers: int = 0, collate_fn: Any = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn: Any = None,
+                 multiprocessing_context: Any = None, generator: Any = None, *, prefetch_factor: int | None = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
+                 device: str = "cpu", seed: int | None = None, num_threads: int | None = None) -> None:
+        self.dataset, self.num_workers, self.pin_memory, self.timeout = dataset, num_workers, pin_memory, timeout
+        self.generator, self.collate_fn = generator, collate_fn if collate_fn is not None else default_collate
+        self.batch_sampler, self.sampler, self.batch_size, self.drop_last = batch_sampler_of(
+            dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
+        read = read_detection_dataset(dataset)
+        augment, has_masks = detection_augment(read.transforms)
+        if has_masks:
+            warnings.warn(MASKS_NOT_DELIVERED, UserWarning, stacklevel=3)
+        self.device = device
+        most = getattr(self.batch_sampler, "batch_size", None)
+        if not isinstance(most, int) or most < 1:
+            raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
+                             f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
+        self.run = DetectionRun(read.samples, augment, target_form(read), batch_size=most, device=device,
+                                num_threads=num_threads or num_workers or default_threads(),
+                                seed=seed if seed is not None else torch.initial_seed() % (1 << 31))
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        # DataLoader's iterator draws its base seed first, then the sampler draws: the same random stream here.
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        batches = [[int(i) for i in batch] for batch in self.batch_sampler]
+        for items in self.run.epoch(batches):
+            yield self.collate_fn(items)
+
+    def close(self) -> None:
+        self.run.close()
+
+
+def target_form(read: DetectionDataset) -> TargetForm:
+    """The targets' keys: the v1 conversion's (masks left out, with a warning), or the v2 wrapper's target_keys;
+    masks, segmentations and the raw COCO keys refused by name."""
+    refused = [key for key in read.target_keys if key not in TARGET_KEYS]
+    if refused:
+        raise ValueError(f"{read.where}: wrap_dataset_for_transforms_v2(target_keys=...) asks for {refused}; "
+                         f"DaliLoader delivers {list(TARGET_KEYS)} (masks and keypoints, for Mask R-CNN and "
+                         f"Keypoint R-CNN, are not supported). Leave them out of target_keys, or use torch's "
+                         f"DataLoader")
+    keys = tuple(k for k in read.target_keys if k in TARGET_KEYS)
+    return TargetForm(keys=keys, empty_has_boxes=read.form == "v1")
+
+
+def batch_sampler_of(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any, batch_sampler: Any,
+                     drop_last: bool, generator: Any) -> tuple[Any, Any, int | None, bool]:
+    """(batch_sampler, sampler, batch_size, drop_last) as DataLoader makes them of the same arguments."""
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
+                             "drop_last (as DataLoader says)")
+        return batch_sampler, getattr(batch_sampler, "sampler", None), None, False
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle (as DataLoader says)")
+    if batch_size is None:
+        raise ValueError("batch_size=None (unbatched samples) is not supported for detection: pass a batch_size "
+                         "and the references' collate_fn")
+    if sampler is None:
+        sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+    return BatchSampler(sampler, batch_size, drop_last), sampler, batch_size, drop_last

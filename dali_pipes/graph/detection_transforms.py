@@ -1,0 +1,121 @@
+"""A detection transform (the references' presets, v1 or v2) read as a DetectionAugment: never run, never imported.
+
+Steps are recognised by class name and read by attribute, as graph/transforms.py reads classification ones; the
+references' v1 classes (references/detection/transforms.py, coco_utils.ConvertCocoPolysToMask) and
+torchvision.transforms.v2's share their names. A step with no translation is refused, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dali_pipes.graph.detection import DetectionAugment, IoUCrop, ShortestSize, ZoomOut
+
+CONTAINERS = ("Compose", "DetectionPresetTrain", "DetectionPresetEval")  # steps inside, in order
+NO_OPS = ("PILToTensor", "ToImage", "ToPureTensor")  # the decoded image is a tensor already
+TO_FLOAT = ("ConvertImageDtype", "ToDtype", "ToTensor")
+MASKS_STEP = "ConvertCocoPolysToMask"  # v1 target conversion: its masks are not delivered (a warning says so)
+
+
+class UntranslatableTransform(ValueError):
+    """A step of a detection transform the DALI graph does not do; names the step and what is supported."""
+
+
+def transform_steps(transform: Any) -> list[Any]:
+    """The transform's steps in order, Compose and the references' presets opened."""
+    if transform is None:
+        return []
+    inner = getattr(transform, "transforms", None)
+    if type(transform).__name__ in CONTAINERS and inner is not None:
+        items = inner if isinstance(inner, (list, tuple)) else [inner]
+        return [step for item in items for step in transform_steps(item)]
+    return [transform]
+
+
+def detection_augment(transform: Any) -> tuple[DetectionAugment, bool]:
+    """(the DetectionAugment of `transform`, whether it has the v1 ConvertCocoPolysToMask step). Raises
+    UntranslatableTransform naming the first step the graph cannot do."""
+    settings: dict[str, Any] = {}
+    names, has_masks, to_float = [], False, False
+    for step in transform_steps(transform):
+        name = type(step).__name__
+        names.append(name)
+        if name == MASKS_STEP:
+            has_masks = True
+        elif name in TO_FLOAT:
+            to_float = _float_step(step, name) or to_float
+        elif name not in NO_OPS:
+            _read_step(step, name, settings)
+    if not to_float:
+        raise UntranslatableTransform(
+            f"detection transform {names}: no ConvertImageDtype(torch.float) / ToDtype(torch.float, scale=True) "
+            f"step; the DALI graph delivers float images in [0, 1], as the references' presets end. Add the step")
+    if "crop" in settings and "zoom" in settings and names.index("RandomIoUCrop") < names.index("RandomZoomOut"):
+        raise UntranslatableTransform("RandomIoUCrop before RandomZoomOut: the graph zooms out first, as the "
+                                      "references' ssd preset does; put RandomZoomOut first")
+    if "shortest" in settings and ("crop" in settings or "zoom" in settings):
+        raise UntranslatableTransform("RandomShortestSize with RandomIoUCrop or RandomZoomOut: no references' "
+                                      "preset has both, and the graph resizes the decoded image only")
+    return DetectionAugment(flip_prob=settings.get("flip", 0.0), zoom_out=settings.get("zoom"),
+                            iou_crop=settings.get("crop"), sanitize=settings.get("sanitize"),
+                            shortest_size=settings.get("shortest"),
+                            steps=tuple(names)), has_masks
+
+
+def _float_step(step: Any, name: str) -> bool:
+    import torch
+    dtype = getattr(step, "dtype", torch.float32)
+    if isinstance(dtype, Mapping):  # v2's ToDtype({tv_tensors.Image: torch.float32, "others": None})
+        dtype = next((v for k, v in dtype.items() if getattr(k, "__name__", k) == "Image"), None)
+    if name == "ToDtype" and not getattr(step, "scale", False):
+        raise UntranslatableTransform(f"{name}(dtype={dtype}, scale=False): images stay in [0, 255]; the DALI graph "
+                                      f"delivers [0, 1], as ToDtype(torch.float, scale=True) does. Use scale=True")
+    if dtype not in (torch.float32, torch.float):
+        raise UntranslatableTransform(f"{name}(dtype={dtype}): the DALI graph delivers float32 images only")
+    return True
+
+
+def _read_step(step: Any, name: str, settings: dict[str, Any]) -> None:
+    if name == "RandomHorizontalFlip":
+        settings["flip"] = float(step.p)
+    elif name == "SanitizeBoundingBoxes":
+        settings["sanitize"] = (float(step.min_size), float(getattr(step, "min_area", 1.0)))
+    elif name == "ConvertBoundingBoxFormat" and str(getattr(step.format, "name", step.format)).upper() == "XYXY":
+        pass  # the boxes are xyxy already
+    elif name == "RandomIoUCrop":
+        settings["crop"] = _iou_crop(step)
+    elif name == "RandomShortestSize":
+        settings["shortest"] = ShortestSize(min_size=tuple(int(m) for m in step.min_size),
+                                            max_size=None if step.max_size is None else int(step.max_size))
+    elif name == "RandomZoomOut":
+        low, high = (float(side) for side in step.side_range)
+        settings["zoom"] = ZoomOut(fill=_image_fill(step.fill), side_range=(low, high), p=float(step.p))
+    else:
+        raise UntranslatableTransform(
+            f"detection transform step {name} ({step!r}) has no DALI translation; supported: RandomHorizontalFlip, "
+            f"RandomIoUCrop, RandomShortestSize, RandomZoomOut, SanitizeBoundingBoxes, "
+            f"ConvertBoundingBoxFormat(XYXY), PILToTensor / ToImage, ConvertImageDtype / ToDtype(torch.float, "
+            f"scale=True), ToPureTensor. Remove the step or use torch's DataLoader for this transform")
+
+
+def _iou_crop(step: Any) -> IoUCrop:
+    options = sorted(float(o) for o in step.options)
+    if options != [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]:
+        raise UntranslatableTransform(f"RandomIoUCrop(sampler_options={options}): only the default options "
+                                      f"[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0] are translated")
+    return IoUCrop(min_scale=float(step.min_scale), max_scale=float(step.max_scale),
+                   min_aspect_ratio=float(step.min_aspect_ratio), max_aspect_ratio=float(step.max_aspect_ratio),
+                   trials=int(step.trials))
+
+
+def _image_fill(fill: Any) -> tuple[float, float, float]:
+    """RandomZoomOut's fill for the image: a number, a per-channel list, or v2's dict by type (the references'
+    defaultdict(lambda: mean, {tv_tensors.Mask: 0}))."""
+    if isinstance(fill, Mapping):
+        image = [v for k, v in fill.items() if getattr(k, "__name__", k) == "Image"]
+        factory = getattr(fill, "default_factory", None)
+        fill = image[0] if image else factory() if factory is not None else 0
+    values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
+    values = values * 3 if len(values) == 1 else values
+    return (values[0], values[1], values[2])

@@ -1,0 +1,111 @@
+"""Shaped like torchvision's detection references (references/detection/: presets.py, transforms.py,
+coco_utils.py), which are scripts, not a package: the classes DaliLoader reads by name and attribute, written
+here for the tests (their behaviour per the references' documented contract, not their code)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Subset
+
+
+class Preset:
+    """DetectionPresetTrain's shape: a Compose in .transforms, called as preset(image, target)."""
+
+    def __init__(self, compose) -> None:
+        self.transforms = compose
+
+    def __call__(self, image, target):
+        return self.transforms(image, target)
+
+
+DetectionPresetTrain = type("DetectionPresetTrain", (Preset,), {})
+
+
+def remove_images_without_annotations(dataset):
+    """coco_utils' _coco_remove_images_without_annotations: a Subset of the images with at least one box wider
+    and taller than 1 pixel."""
+    keep = []
+    for index, image_id in enumerate(dataset.ids):
+        annotations = dataset.coco.loadAnns(dataset.coco.getAnnIds(imgIds=image_id, iscrowd=None))
+        if annotations and not all(any(side <= 1 for side in a["bbox"][2:]) for a in annotations):
+            keep.append(index)
+    return Subset(dataset, keep)
+
+
+class Compose:
+    """transforms.Compose: each step called as step(image, target)."""
+
+    def __init__(self, transforms) -> None:
+        self.transforms = transforms
+
+    def __call__(self, image, target):
+        for step in self.transforms:
+            image, target = step(image, target)
+        return image, target
+
+
+class RandomHorizontalFlip:
+    """transforms.RandomHorizontalFlip: with probability p the image and its xyxy boxes mirrored."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def __call__(self, image, target):
+        if torch.rand(1).item() < self.p:
+            image = image.transpose(0)  # PIL's FLIP_LEFT_RIGHT
+            boxes = target["boxes"].clone()
+            boxes[:, [0, 2]] = image.width - target["boxes"][:, [2, 0]]
+            target = {**target, "boxes": boxes}
+        return image, target
+
+
+class PILToTensor:
+    def __call__(self, image, target):
+        import numpy as np
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1).contiguous(), target
+
+
+class ToDtype:
+    def __init__(self, dtype, scale: bool = False) -> None:
+        self.dtype, self.scale = dtype, scale
+
+    def __call__(self, image, target):
+        return (image.to(self.dtype) / 255 if self.scale else image.to(self.dtype)), target
+
+
+class ConvertCocoPolysToMask:
+    """coco_utils.ConvertCocoPolysToMask's box part: crowd annotations dropped, xywh -> xyxy clamped to the
+    image, boxes without width or height dropped; image_id as given; area and iscrowd (the references build
+    masks from the polygons too: box models never read them, and DaliLoader does not deliver them)."""
+
+    def __call__(self, image, target):
+        width, height = image.size
+        annotations = [a for a in target["annotations"] if a["iscrowd"] == 0]
+        boxes = torch.as_tensor([a["bbox"] for a in annotations], dtype=torch.float32).reshape(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]
+        boxes[:, 0::2].clamp_(min=0, max=width)
+        boxes[:, 1::2].clamp_(min=0, max=height)
+        keep = (boxes[:, 3] > boxes[:, 1]) & (boxes[:, 2] > boxes[:, 0])
+        labels = torch.tensor([a["category_id"] for a in annotations], dtype=torch.int64)
+        area = torch.tensor([a["area"] for a in annotations], dtype=torch.float32)
+        iscrowd = torch.tensor([a["iscrowd"] for a in annotations], dtype=torch.int64)
+        return image, {"boxes": boxes[keep], "labels": labels[keep], "image_id": target["image_id"],
+                       "area": area[keep], "iscrowd": iscrowd[keep]}
+
+
+def v1_coco_detection(img_folder: str, ann_file: str, transforms):
+    """coco_utils.CocoDetection: torchvision's, its target made dict(image_id, annotations) and the
+    references' transforms kept in `_transforms`."""
+    from torchvision.datasets import CocoDetection
+
+    class ReferencesCocoDetection(CocoDetection):
+        def __init__(self, img_folder, ann_file, transforms):
+            super().__init__(img_folder, ann_file)
+            self._transforms = transforms
+
+        def __getitem__(self, idx):
+            image, annotations = super().__getitem__(idx)
+            target = dict(image_id=self.ids[idx], annotations=annotations)
+            return self._transforms(image, target) if self._transforms is not None else (image, target)
+
+    return ReferencesCocoDetection(img_folder, ann_file, transforms)

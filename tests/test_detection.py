@@ -1,0 +1,317 @@
+"""Detection through the rename (issue 35): torchvision's CocoDetection as the references build it (v1: their
+target conversion and transforms, shaped in tests/detection_refs.py; v2: torchvision's own wrapper and
+transforms.v2), read by DaliLoader into the detection graph, checked against torchvision itself: the same
+images (within decoder rounding), boxes within a pixel, labels and image ids exact, DataLoader's batch counts
+and sampler order."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import detection_refs
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+from dali_pipes import DaliLoader
+from dali_pipes.detection_loader import DetectionLoader
+from dali_pipes.errors import DatasetError
+
+# (height, width) and boxes (x, y, w, h, category, iscrowd) per image; image 4 has no annotation (the references'
+# Subset leaves it out), image 2 has a crowd box (v1 drops it), a box 0.5 px wide (SanitizeBoundingBoxes drops
+# it, v1 keeps it) and a box past the image's right edge (v1 clamps it; v2 keeps it, and Sanitize drops it).
+IMAGES = {
+    1: ((48, 64), [(4, 6, 20, 12, 1, 0), (30, 10, 25, 30, 3, 0)]),
+    2: ((40, 40), [(2, 2, 10, 10, 2, 1), (10, 12, 0.5, 8, 1, 0), (20, 5, 30, 20, 2, 0), (5, 20, 12, 14, 3, 0)]),
+    3: ((64, 32), [(1, 1, 30, 62, 1, 0)]),
+    4: ((30, 50), []),
+    5: ((36, 52), [(10, 8, 16, 16, 2, 0), (0, 0, 52, 36, 1, 0)]),
+}
+
+
+def collate_fn(batch):  # the references' utils.collate_fn
+    return tuple(zip(*batch))
+
+
+@pytest.fixture(scope="module")
+def coco_dir(tmp_path_factory):
+    """A COCO-style folder: images/NNN.jpg (smooth gradients, so JPEG keeps them close and a flip shows) and
+    annotations.json with the boxes above."""
+    root = tmp_path_factory.mktemp("coco")
+    (root / "images").mkdir()
+    images, annotations, ann_id = [], [], 100
+    for image_id, ((h, w), boxes) in IMAGES.items():
+        y, x = np.mgrid[0:h, 0:w]
+        pixels = np.stack([x * 255 // w, y * 255 // h, np.full_like(x, 40 * image_id)], -1).astype(np.uint8)
+        name = f"{image_id:03d}.jpg"
+        Image.fromarray(pixels).save(root / "images" / name, quality=95)
+        images.append({"id": image_id, "file_name": name, "height": h, "width": w})
+        for bx, by, bw, bh, category, crowd in boxes:
+            annotations.append({"id": ann_id, "image_id": image_id, "bbox": [bx, by, bw, bh], "category_id": category,
+                                "iscrowd": crowd, "area": float(bw * bh), "segmentation": [[bx, by, bx + bw, by,
+                                                                                            bx + bw, by + bh]]})
+            ann_id += 1
+    categories = [{"id": i, "name": f"c{i}"} for i in (1, 2, 3)]
+    with open(root / "annotations.json", "w") as f:
+        json.dump({"images": images, "annotations": annotations, "categories": categories}, f)
+    return root
+
+
+def v2_dataset(torchvision, coco_dir, steps, target_keys=("boxes", "labels", "image_id"), subset=True):
+    """As the references' get_coco(use_v2=True) builds it: CocoDetection(transforms=preset), wrapped, and for
+    training the Subset without images lacking annotations."""
+    from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+    from torchvision.transforms import v2
+    preset = detection_refs.DetectionPresetTrain(v2.Compose(steps))
+    dataset = CocoDetection(str(coco_dir / "images"), str(coco_dir / "annotations.json"), transforms=preset)
+    dataset = wrap_dataset_for_transforms_v2(dataset, target_keys=list(target_keys))
+    return detection_refs.remove_images_without_annotations(dataset) if subset else dataset
+
+
+def v2_hflip(torchvision, p=0.5):
+    from torchvision.transforms import v2
+    return [v2.ToImage(), v2.RandomHorizontalFlip(p=p), v2.ToDtype(torch.float, scale=True),
+            v2.ConvertBoundingBoxFormat("XYXY"), v2.SanitizeBoundingBoxes(), v2.ToPureTensor()]
+
+
+def pairs(loader):
+    """Every (image, target) a loader delivers with the references' collate_fn, in order, and the batch sizes."""
+    out, sizes = [], []
+    for images, targets in loader:
+        out += list(zip(images, targets))
+        sizes.append(len(images))
+    return out, sizes
+
+
+def assert_same(ours, theirs, pixel_tolerance=2 / 255):
+    assert len(ours) == len(theirs)
+    for (image, target), (ref_image, ref_target) in zip(ours, theirs):
+        assert target["image_id"] == ref_target["image_id"]
+        assert set(target) == set(ref_target)
+        assert image.shape == ref_image.shape and image.dtype == torch.float32
+        assert (image - ref_image).abs().max().item() <= pixel_tolerance, target["image_id"]
+        if "boxes" in ref_target:
+            assert target["labels"].dtype == torch.int64
+            assert target["labels"].tolist() == ref_target["labels"].tolist(), target["image_id"]
+            assert target["boxes"].dtype == torch.float32 and target["boxes"].shape == ref_target["boxes"].shape
+            assert torch.allclose(target["boxes"], ref_target["boxes"].float(), atol=1.0), target["image_id"]
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_v2_hflip_matches_torchvision(torchvision, coco_dir, p):
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, p))
+    ours = DaliLoader(dataset, batch_size=2, sampler=SequentialSampler(dataset), collate_fn=collate_fn,
+                      device="cpu")
+    assert isinstance(ours, DetectionLoader) and ours.dataset is dataset
+    theirs = DataLoader(dataset, batch_size=2, sampler=SequentialSampler(dataset), collate_fn=collate_fn)
+    got, sizes = pairs(ours)
+    want, want_sizes = pairs(theirs)
+    assert sizes == want_sizes == [2, 2] and len(ours) == len(theirs)
+    assert_same(got, want)
+    boxes_of_2 = dict((t["image_id"], t) for _, t in got)[2]["boxes"]
+    assert len(boxes_of_2) == 2  # the 0.5 px box and the one past the edge sanitised away; the crowd box kept
+
+
+def v1_dataset(coco_dir, steps, subset=True):
+    """As the references' get_coco(use_v2=False) builds it: their CocoDetection with ConvertCocoPolysToMask then
+    the preset, and for training the Subset without images lacking annotations."""
+    R = detection_refs
+    transforms = R.Compose([R.ConvertCocoPolysToMask(), R.DetectionPresetTrain(R.Compose(steps))])
+    dataset = R.v1_coco_detection(str(coco_dir / "images"), str(coco_dir / "annotations.json"), transforms)
+    return R.remove_images_without_annotations(dataset) if subset else dataset
+
+
+def v1_hflip(p=0.5):
+    return [detection_refs.RandomHorizontalFlip(p), detection_refs.PILToTensor(),
+            detection_refs.ToDtype(torch.float, scale=True)]
+
+
+@pytest.mark.parametrize("p", [1.0, 0.0])
+def test_v1_hflip_matches_the_references_targets_without_masks(torchvision, coco_dir, p):
+    dataset = v1_dataset(coco_dir, v1_hflip(p))
+    with pytest.warns(UserWarning, match="without masks"):
+        ours = DaliLoader(dataset, batch_size=3, sampler=SequentialSampler(dataset), collate_fn=collate_fn,
+                          device="cpu")
+    got, sizes = pairs(ours)
+    want, want_sizes = pairs(DataLoader(dataset, batch_size=3, sampler=SequentialSampler(dataset),
+                                        collate_fn=collate_fn))
+    assert sizes == want_sizes == [3, 1]
+    assert_same(got, want)
+    for (_, target), (_, ref) in zip(got, want):
+        assert target["area"].tolist() == ref["area"].tolist() and target["area"].dtype == torch.float32
+        assert target["iscrowd"].tolist() == ref["iscrowd"].tolist() and target["iscrowd"].dtype == torch.int64
+    by_id = {t["image_id"]: t for _, t in got}
+    assert len(by_id[2]["boxes"]) == 3 and by_id[2]["boxes"][:, 0::2].max() <= 40  # no crowd; clamped, not dropped
+
+
+def epochs_of(loader, epochs=2):
+    return [[[t["image_id"] for t in targets] for _, targets in loader] for _ in range(epochs)]
+
+
+def test_sampler_order_and_counts_are_dataloaders(torchvision, coco_dir):
+    """A RandomSampler on torch's global stream (the references' train sampler) and a BatchSampler over a
+    seeded one (the references' batch_sampler without aspect-ratio groups): the same image ids in the same
+    batches as DataLoader, epoch after epoch. (No random step in the transform: DataLoader on one process runs
+    it on the global stream between epochs, DaliLoader draws in DALI; with workers, DataLoader's main stream
+    too serves only the base seed and the sampler.)"""
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision)[:1] + v2_hflip(torchvision)[2:])
+    for make in (lambda: {"batch_size": 2, "sampler": RandomSampler(dataset)},
+                 lambda: {"batch_sampler": BatchSampler(RandomSampler(dataset, generator=torch.Generator().manual_seed(
+                     3)), 3, drop_last=True)}):
+        torch.manual_seed(7)
+        ours = DaliLoader(dataset, collate_fn=collate_fn, device="cpu", **make())
+        got = epochs_of(ours)
+        torch.manual_seed(7)
+        theirs = DataLoader(dataset, collate_fn=collate_fn, **make())
+        want = epochs_of(theirs)
+        assert got == want and len(ours) == len(theirs)
+        assert got[0] != got[1]  # drawn afresh each epoch
+    assert [len(batch) for batch in got[0]] == [3]  # drop_last: 4 images, one batch of 3
+
+
+def test_an_image_without_annotations_gives_its_image_id_only_under_v2(torchvision, coco_dir):
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, 0.0)[:3], subset=False)  # no Sanitize
+    got, _ = pairs(DaliLoader(dataset, batch_size=5, collate_fn=collate_fn, device="cpu"))
+    want, _ = pairs(DataLoader(dataset, batch_size=5, collate_fn=collate_fn))
+    assert [t for _, t in got if t["image_id"] == 4] == [{"image_id": 4}]
+    assert_same(got, want)
+
+
+def test_untranslatable_steps_and_mask_targets_are_refused_by_name(torchvision, coco_dir):
+    from torchvision.transforms import v2
+    rotate = v2_hflip(torchvision)[:2] + [v2.RandomRotation(10)] + v2_hflip(torchvision)[2:]
+    with pytest.raises(ValueError, match="RandomRotation .* has no DALI translation"):
+        DaliLoader(v2_dataset(torchvision, coco_dir, rotate), batch_size=2, collate_fn=collate_fn, device="cpu")
+    unscaled = [v2.ToImage(), v2.ToDtype(torch.float)]
+    with pytest.raises(ValueError, match=r"ToDtype\(dtype=torch.float32, scale=False\)"):
+        DaliLoader(v2_dataset(torchvision, coco_dir, unscaled), batch_size=2, collate_fn=collate_fn, device="cpu")
+    masks = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision), target_keys=("boxes", "labels", "masks"))
+    with pytest.raises(ValueError, match=r"asks for \['masks'\].*not supported"):
+        DaliLoader(masks, batch_size=2, collate_fn=collate_fn, device="cpu")
+
+
+def test_a_missing_image_is_named(torchvision, coco_dir, tmp_path):
+    import shutil
+    shutil.copytree(coco_dir, tmp_path / "coco")
+    os.remove(tmp_path / "coco" / "images" / "003.jpg")
+    dataset = v2_dataset(torchvision, tmp_path / "coco", v2_hflip(torchvision))
+    loader = DaliLoader(dataset, batch_size=2, collate_fn=collate_fn, device="cpu")
+    with pytest.raises(DatasetError, match=r"003.jpg: image 3 cannot be read .*file_name"):
+        list(loader)
+
+
+def ssd_steps(torchvision, zoom: bool):
+    """The references' v2 ssdlite preset (RandomIoUCrop, RandomHorizontalFlip), or ssd's geometric steps
+    (RandomZoomOut first, filled with the preset's mean)."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision)
+    zoom_out = [v2.RandomZoomOut(fill=[123.0, 117.0, 104.0])] if zoom else []
+    return steps[:1] + zoom_out + [v2.RandomIoUCrop()] + steps[1:]
+
+
+@pytest.mark.parametrize("zoom", [False, True], ids=["ssdlite", "ssd-geometry"])
+def test_iou_crop_and_zoom_out_keep_boxes_on_their_pixels(torchvision, coco_dir, zoom):
+    """Random crops: every delivered box inside its image and at least a pixel wide and tall (sanitised), its
+    labels among the image's; over epochs both cropped and uncropped images (and, with RandomZoomOut, larger
+    canvases); image ids and counts as DataLoader's."""
+    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom))
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=1)
+    sizes = {i: (h, w) for i, ((h, w), _) in IMAGES.items()}
+    smaller = larger = same = 0
+    for _ in range(6):
+        got, batch_sizes = pairs(loader)
+        assert batch_sizes == [4] and [t["image_id"] for _, t in got] == [1, 2, 3, 5]
+        for image, target in got:
+            h, w = image.shape[-2:]
+            boxes = target["boxes"]
+            assert ((boxes[:, 2:] - boxes[:, :2]) >= 1).all() and (boxes >= 0).all()
+            assert (boxes[:, 0::2] <= w).all() and (boxes[:, 1::2] <= h).all()
+            labels = [c for *_, c, _ in IMAGES[target["image_id"]][1]]
+            assert all(label in labels for label in target["labels"].tolist())
+            original = sizes[target["image_id"]]
+            smaller += h * w < original[0] * original[1]
+            larger += h * w > original[0] * original[1]
+            same += (h, w) == original
+    assert smaller and same and (larger if zoom else not larger)
+
+
+def window_of(image: torch.Tensor, size: tuple[int, int]) -> tuple[int, int, bool]:
+    """(top, left, flipped) of a crop, read from its pixels: the fixture's red is 255 * x // width and its green
+    255 * y // height of the original image, so a crop's first row and column tell where it was cut."""
+    height, width = size
+    red, green = image[0] * 255, image[1] * 255
+    flipped = image.shape[-1] > 1 and bool(red[:, -1].mean() < red[:, 0].mean())
+    first = red[:, -1] if flipped else red[:, 0]
+    return round(float(green[0].mean()) * height / 255), round(float(first.mean()) * width / 255), flipped
+
+
+def test_iou_crop_boxes_equal_torchvisions_for_the_same_window(torchvision, coco_dir):
+    """The crop window fixed (read back from the pixels): torchvision's own crop, flip and sanitising of the
+    original boxes give ours within a pixel, the same labels in the same order."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as F
+    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom=False))
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=2)
+    cropped = 0
+    for _ in range(5):
+        for image, target in pairs(loader)[0]:
+            (height, width), annotations = IMAGES[target["image_id"]]
+            top, left, flipped = window_of(image, (height, width))
+            boxes = tv_tensors.BoundingBoxes([[x, y, x + w, y + h] for x, y, w, h, *_ in annotations], format="XYXY",
+                                             canvas_size=(height, width))
+            boxes = F.crop(boxes, top, left, image.shape[-2], image.shape[-1])
+            boxes = F.horizontal_flip(boxes) if flipped else boxes
+            labels = torch.tensor([c for *_, c, _ in annotations])
+            keep = [i for i, (x, y, w, h, *_) in enumerate(annotations)  # the centre rule: torchvision's and DALI's
+                    if left < x + w / 2 < left + image.shape[-1] and top < y + h / 2 < top + image.shape[-2]]
+            boxes, labels = boxes.as_subclass(torch.Tensor)[keep], labels[keep]
+            valid = F.sanitize_bounding_boxes(boxes, format="XYXY", canvas_size=tuple(image.shape[-2:]))[1]
+            boxes, labels = boxes[valid], labels[valid]
+            assert target["labels"].tolist() == labels.tolist(), target["image_id"]
+            assert torch.allclose(target["boxes"], boxes.float(), atol=1.0), (target, boxes, top, left, flipped)
+            cropped += tuple(image.shape[-2:]) != (height, width)
+    assert cropped
+
+
+def test_zoom_out_moves_the_boxes_with_the_image(torchvision, coco_dir):
+    """RandomZoomOut to exactly twice the side: the image found on its canvas by its blue (40 * image id, the
+    fill's is 104) and the boxes shifted by where it sits, within a pixel; the canvas filled with the fill."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision, 0.0)
+    steps = steps[:1] + [v2.RandomZoomOut(fill=[123.0, 117.0, 104.0], side_range=(2.0, 2.0), p=1.0)] + steps[1:]
+    dataset = v2_dataset(torchvision, coco_dir, steps)
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=3)
+    offsets = set()
+    for _ in range(3):
+        for image, target in pairs(loader)[0]:
+            (height, width), annotations = IMAGES[target["image_id"]]
+            assert tuple(image.shape[-2:]) == (2 * height, 2 * width)
+            inside = ((image[2] * 255 - 104).abs() > 8).nonzero()
+            top, left = inside.min(0).values.tolist()
+            assert inside.max(0).values.tolist() == [top + height - 1, left + width - 1]
+            assert abs(image[0, 0, 0].item() * 255 - 123) <= 2 or (top, left) == (0, 0)
+            want = [[x + left, y + top, x + w + left, y + h + top] for x, y, w, h, *_ in annotations
+                    if w >= 1 and x + w + left <= 2 * width]  # Sanitize: the thin box gone (and the one past the
+            # image's edge where it is past the canvas's too, as torchvision's pad then Sanitize decide)
+            assert torch.allclose(target["boxes"], torch.tensor(want, dtype=torch.float32), atol=1.0), target
+            offsets.add((top, left))
+    assert len(offsets) > 3  # placed at random
+
+
+def test_multiscale_shortest_size_matches_torchvision(torchvision, coco_dir):
+    """The references' multiscale preset's RandomShortestSize (one size, so it is deterministic; a max_size that
+    binds for the long images): torchvision's output sizes, boxes within a pixel, pixels within resampling's
+    differences."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision, 1.0)
+    steps = steps[:1] + [v2.RandomShortestSize(min_size=(56,), max_size=90)] + steps[1:]
+    dataset = v2_dataset(torchvision, coco_dir, steps)
+    got, _ = pairs(DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu"))
+    want, _ = pairs(DataLoader(dataset, batch_size=4, collate_fn=collate_fn))
+    assert [tuple(i.shape) for i, _ in got] == [tuple(i.shape) for i, _ in want] != [
+        (3, *IMAGES[t["image_id"]][0]) for _, t in want]
+    assert_same(got, want, pixel_tolerance=0.25)
+    assert max((i - j).abs().mean().item() for (i, _), (j, _) in zip(got, want)) < 2 / 255
