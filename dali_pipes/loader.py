@@ -36,18 +36,10 @@ import torch
 from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
-from dali_pipes.dataloader_args import (
-    LOCATION_TYPES,
-    DataLoaderAttributes,
-    DataLoaderCall,
-    DatasetView,
-    EpochRequests,
-    SamplerView,
-    read_as_pil,
-    resolve_call,
-)
+from dali_pipes.dataloader_args import LOCATION_TYPES, DataLoaderCall, read_as_pil, resolve_call
 from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
 from dali_pipes.graph.resolution import ImageSize
+from dali_pipes.loader_surface import DataLoaderAttributes, DatasetView, EpochRequests, SamplerView
 from dali_pipes.run import resume
 from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut

@@ -58,11 +58,13 @@ def test_no_import_cycle(package):
 
 # The library's floors, bottom up: each imports only its own floor and those below (docs/layout.md). Leaves
 # that import nothing of ours sit under all of them.
-LEAVES = {"dali_pipes.errors", "dali_pipes.options", "dali_pipes._moved", "dali_pipes._version"}
-FLOORS = ["storage", "data", "graph", "run", "faces", "tools"]
-FACES = {"dali_pipes", "dali_pipes.loader", "dali_pipes.dataloader_args", "dali_pipes.lightning",
-         "dali_pipes.lightning_trainer",
-         "dali_pipes.baseline", "dali_pipes.config", "dali_pipes.frameworks", "dali_pipes.nodes"}
+LEAVES = {"dali_pipes.errors", "dali_pipes.options", "dali_pipes._moved", "dali_pipes._version",
+          "dali_pipes.running_framework"}
+FLOORS = ["storage", "data", "graph", "run", "faces", "adapters", "tools"]
+FACES = {"dali_pipes", "dali_pipes.loader", "dali_pipes.dataloader_args", "dali_pipes.loader_surface",
+         "dali_pipes.torchvision_datasets", "dali_pipes.hf_datasets", "dali_pipes.baseline", "dali_pipes.config"}
+# The adapters' public paths (dali_pipes.lightning, ...) sit on the adapters' floor, above the loader
+ADAPTER_PATHS = {"dali_pipes.lightning", "dali_pipes.lightning_trainer", "dali_pipes.frameworks", "dali_pipes.nodes"}
 
 
 def _floor(module: str) -> int:
@@ -70,6 +72,8 @@ def _floor(module: str) -> int:
         return -1
     if module in FACES:
         return FLOORS.index("faces")
+    if module in ADAPTER_PATHS:
+        return FLOORS.index("adapters")
     if module in ("dali_pipes.__main__", "dali_pipes.doctor"):  # python -m dali_pipes[.doctor]: commands
         return FLOORS.index("tools")
     return FLOORS.index(module.split(".")[1])  # dali_pipes.<floor>.<module>
