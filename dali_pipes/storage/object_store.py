@@ -19,38 +19,42 @@ import threading
 import time
 from typing import Iterator
 
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls
 from dali_pipes.storage.remote import (  # noqa: F401  (the names s3:// code and tests have always used)
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
-    CHUNK_BYTES,
-    DOWNLOAD_ATTEMPTS,
     RETRY_HINT,
-    WILDCARDS,
     Cancelled,
     ClientOptions,
     ObjectChangedError,
-    ObjectInfo,
     TruncatedDownloadError,
     UnreachableError,
     backoff_delays,
     changed_error,
     configure,
     current_options,
-    delete,
-    dirname,
-    download,
-    has_wildcard,
     head,
-    iter_chunks,
-    join,
     list_objects,
+    truncated_error,
+)
+from dali_pipes.storage.remote_urls import (  # noqa: F401  (the names s3:// code and tests have always used)
+    WILDCARDS,
+    ObjectInfo,
+    dirname,
+    has_wildcard,
+    join,
+    relative_to,
+)
+from dali_pipes.storage.transfer import (  # noqa: F401  (the names s3:// code and tests have always used)
+    CHUNK_BYTES,
+    DOWNLOAD_ATTEMPTS,
+    delete,
+    download,
+    iter_chunks,
     local_copy,
     open_object,
     read_bytes,
     read_range,
-    relative_to,
-    truncated_error,
     upload,
 )
 
@@ -60,7 +64,7 @@ RETRIED_STATUSES = (500, 502, 503, 504)  # a store restarting or throttling: wor
 RETRIED_CODES = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling")
 
 
-class S3Url(remote.RemoteUrl):
+class S3Url(remote_urls.RemoteUrl):
     """A parsed s3://bucket/key URL; `key` may be "" (the bucket) or end in "/" (a prefix)."""
 
     def __init__(self, bucket: str, key: str = "", scheme: str = "s3") -> None:
@@ -71,13 +75,13 @@ class S3Url(remote.RemoteUrl):
         """Split "s3://bucket/key"; ValueError names the URL when it is not one."""
         if not is_remote(url):
             raise ValueError(f"{url!r}: not an S3 URL; expected s3://bucket/key")
-        parsed = remote.RemoteUrl.parse(url)
+        parsed = remote_urls.RemoteUrl.parse(url)
         return cls(parsed.bucket, parsed.key)
 
 
 def is_remote(location: object) -> bool:
     """True for s3:// URLs (str or a parsed s3 URL); local paths, PathLikes, lists and other schemes are not."""
-    return remote.scheme_of(location) == "s3"
+    return remote_urls.scheme_of(location) == "s3"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,11 +209,11 @@ class S3Backend:
                 return
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
-    def head(self, url: remote.RemoteUrl) -> ObjectInfo:
+    def head(self, url: remote_urls.RemoteUrl) -> ObjectInfo:
         reply = self.client.head_object(Bucket=url.bucket, Key=url.key)
         return _info(url.bucket, url.key, reply["ContentLength"], reply["ETag"], reply["LastModified"])
 
-    def bucket_exists(self, url: remote.RemoteUrl) -> bool:
+    def bucket_exists(self, url: remote_urls.RemoteUrl) -> bool:
         try:
             self.client.head_bucket(Bucket=url.bucket)
             return True
@@ -250,10 +254,10 @@ class S3Backend:
         finally:
             body.close()
 
-    def upload(self, path: str, url: remote.RemoteUrl) -> None:
+    def upload(self, path: str, url: remote_urls.RemoteUrl) -> None:
         self.client.upload_file(path, url.bucket, url.key)
 
-    def delete(self, url: remote.RemoteUrl) -> None:
+    def delete(self, url: remote_urls.RemoteUrl) -> None:
         self.client.delete_object(Bucket=url.bucket, Key=url.key)
 
     def translate(self, error: Exception, url: str, expected: ObjectInfo | None) -> Exception:

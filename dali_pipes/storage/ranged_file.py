@@ -8,13 +8,13 @@ import functools
 import io
 from typing import Any, Callable
 
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls, transfer
 
 
 class RangedFile(io.RawIOBase):
     """A read-only, seekable file over an object store's ranged reads: pyarrow reads the footer, then each
     column chunk it needs, one ranged GET each (never the whole object). `where` is what read_range takes: the
-    object as listed (remote.ObjectInfo), so a read is one request, pinned to that version."""
+    object as listed (remote_urls.ObjectInfo), so a read is one request, pinned to that version."""
 
     def __init__(self, where: Any, size: int, read_range: Callable[[Any, int, int], bytes]) -> None:
         self.where, self.size, self._read_range, self._at = where, size, read_range, 0
@@ -53,11 +53,11 @@ def open_ranged(url: str) -> RangedFile:
 
     def read_range(where: Any, start: int, length: int) -> bytes:
         with remote.options_in_force(options):
-            return remote.read_range(where, start, length)
+            return transfer.read_range(where, start, length)
     return RangedFile(info, info.size, read_range)
 
 
 @functools.lru_cache(maxsize=1024)
-def object_info(url: str) -> remote.ObjectInfo:
+def object_info(url: str) -> remote_urls.ObjectInfo:
     """The object as listed now (size, ETag, version), asked once a process: the reads of it are pinned to it."""
     return remote.head(url)

@@ -47,7 +47,7 @@ from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, label_bound, sto
 from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys
 from dali_pipes.errors import DatasetError, LabelError
 from dali_pipes.storage.files import atomic_write
-from dali_pipes.storage.remote import is_remote
+from dali_pipes.storage.remote_urls import is_remote
 
 SHARD_NAME = "a .parquet (or datasets' .arrow) file"  # in messages
 SHARDED = True

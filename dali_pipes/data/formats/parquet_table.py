@@ -18,8 +18,8 @@ import numpy as np
 from dali_pipes.data.formats import parquet_images
 from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import ranged_file, remote
-from dali_pipes.storage.remote import is_remote
+from dali_pipes.storage import ranged_file, transfer
+from dali_pipes.storage.remote_urls import is_remote
 
 MISSING_LABEL = -2_147_483_000  # a null label: fails its batch in the graph, as TFRecord's missing key does
 INSTALL = "pip install 'dali_pipes[parquet]' (pyarrow)"
@@ -57,7 +57,7 @@ def check_unchanged(path: str) -> None:
     """A remote file that does not read: ObjectChangedError when the store holds another version of it now (a
     store that ignores the version a read asks for, as the GCS emulator does, returned the new bytes)."""
     if is_remote(path):
-        remote.check_unchanged(ranged_file.object_info(path))
+        transfer.check_unchanged(ranged_file.object_info(path))
 
 
 def stamp(path: str) -> tuple:

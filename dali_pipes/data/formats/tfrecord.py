@@ -26,7 +26,7 @@ from dali_pipes.data.protobuf import as_bytes, fields, read_varint
 from dali_pipes.data.samples import Sample, SampleRef, SourceRecord, TFRecordKeys, required
 from dali_pipes.errors import DatasetError, IndexMismatchError
 from dali_pipes.storage.files import atomic_write
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 HEADER_BYTES = 12  # uint64 length + uint32 crc of the length
 FOOTER_BYTES = 4  # uint32 crc of the data
@@ -317,7 +317,7 @@ def build_tfrecord_index(path: str, damaged: list[DatasetError] | None = None) -
 
 
 def scan_tfrecord_stream(f: BinaryIO, where: str) -> list[tuple[int, int]]:
-    """build_tfrecord_index over a sequential stream (a remote shard read once, remote.open_object):
+    """build_tfrecord_index over a sequential stream (a remote shard read once, transfer.open_object):
     every header's length CRC is checked, the data is read past, not kept. Raises DatasetError."""
     head = f.read(HEADER_BYTES)
     compression = compression_of_header(head)
@@ -392,7 +392,7 @@ def remote_index_matches(info: ObjectInfo, index_path: str, spot_checks: int = 1
         entries = read_tfrecord_index(index_path)
     except (OSError, ValueError):
         return False
-    from dali_pipes.storage.remote import read_range
+    from dali_pipes.storage.transfer import read_range
     return entries_fit(entries, info.size) and headers_fit(entries, lambda at: read_range(info, at, HEADER_BYTES),
                                                            spot_checks)
 
@@ -474,7 +474,7 @@ def read_sample(ref: SampleRef) -> Sample:
     """One record, its CRCs and keys checked. Raises DatasetError naming shard#record."""
     (keys,) = ref.extra
     where = f"{ref.path}#{ref.index}"
-    from dali_pipes.storage.remote import read_range
+    from dali_pipes.storage.transfer import read_range
     frame = read_range(ref.path, ref.offset, ref.size)
     if len(frame) != ref.size:
         raise DatasetError(where, f"truncated record (byte {ref.offset})")
@@ -529,7 +529,7 @@ def check_keys(shard: str, keys: TFRecordKeys, first_frame: tuple[int, int] | No
     from the index reads just that record (an s3:// shard: one ranged GET)."""
     records: Iterator[tuple[int, int, bytes | None, RecordProblem | None]]
     if first_frame is not None:
-        from dali_pipes.storage.remote import read_range
+        from dali_pipes.storage.transfer import read_range
         frame = read_range(shard, *first_frame)
         records = iter([(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)])
     else:
@@ -574,7 +574,7 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     keys = source.keys
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: EXCLUDED_LABEL}))  # reads as PADDING_LABEL
     entries, offset = [], 0
-    from dali_pipes.storage.remote import local_copy
+    from dali_pipes.storage.transfer import local_copy
     with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as out:
         for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
             f.seek(start)
