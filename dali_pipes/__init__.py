@@ -3,7 +3,8 @@
 The library is grouped by the data flow, each floor using only those below it (docs/layout.md):
 storage/ (where bytes live) -> data/ (what they mean: sources, formats, the reader) -> graph/ (DALI's
 decode and augment graphs) -> run/ (one rank's pipeline, its hooks and state) -> the faces users import
-here (loader.py, dataloader_args.py, lightning.py, baseline.py, config.py) -> tools/ (commands). The
+here (loader.py, dataloader_args.py, baseline.py, config.py) -> adapters/ (Lightning, Accelerate, torchdata
+nodes; imported as dali_pipes.lightning, dali_pipes.frameworks, dali_pipes.nodes) -> tools/ (commands). The
 public names below load on first use, so that the `dali-pipes` command and the converters start without
 importing torch; DALI itself is imported only when a pipeline is built.
 """

@@ -37,19 +37,11 @@ from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.data.detection_dataset import is_detection_dataset
 from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
-from dali_pipes.dataloader_args import (
-    LOCATION_TYPES,
-    DataLoaderAttributes,
-    DataLoaderCall,
-    DatasetView,
-    EpochRequests,
-    SamplerView,
-    read_as_pil,
-    resolve_call,
-)
+from dali_pipes.dataloader_args import LOCATION_TYPES, DataLoaderCall, read_as_pil, resolve_call
 from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
+from dali_pipes.loader_surface import DataLoaderAttributes, DatasetView, EpochRequests, SamplerView
 from dali_pipes.options import take_renamed
 from dali_pipes.run import resume
 from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place

@@ -153,7 +153,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 
 def _listed(scheme: str, urls: list[str], remote) -> list:
     """The shards' infos as a job gets them: a listing of the glob, or a HEAD of each URL (http)."""
-    if not remote.SCHEMES[scheme].listing:
+    from dali_pipes.storage.remote_urls import SCHEMES
+    if not SCHEMES[scheme].listing:
         return remote.heads(urls)
     return remote.list_objects(f"{scheme}://{_bucket(scheme)}/train/train-*")
 

@@ -187,8 +187,27 @@ def test_missing_lightning_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lightning", None)  # None in sys.modules: import raises ImportError
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
     monkeypatch.delitem(sys.modules, "dali_pipes.lightning")
+    monkeypatch.delitem(sys.modules, "dali_pipes.adapters.lightning")  # where the public path imports it from
     with pytest.raises(ImportError, match=r"pip install '\.\[lightning\]' \(from the dali_pipes checkout\)"):
         importlib.import_module("dali_pipes.lightning")
+
+
+def test_pyprojects_entry_points_name_the_factories_lightning_calls():
+    """The entry points pyproject.toml registers (adapters/lightning_trainer.py) load and give the callback; the
+    installed metadata may still name the module's earlier path (kept for installs made before 0.4), so the test
+    of a Trainer below alone cannot tell a wrong path in pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads(open(os.path.join(REPO, "pyproject.toml"), "rb").read().decode())["project"]
+    groups = {"lightning.pytorch.callbacks_factory": "lightning.pytorch",
+              "pytorch_lightning.callbacks_factory": "pytorch_lightning"}
+    for group, package in groups.items():
+        module, function = project["entry-points"][group]["dali_pipes"].split(":")
+        assert module == "dali_pipes.adapters.lightning_trainer"
+        if package == "pytorch_lightning" and importlib.util.find_spec(package) is None:
+            continue  # the older package name is not installed: its factory is only named
+        (callback,) = getattr(importlib.import_module(module), function)()
+        assert isinstance(callback, importlib.import_module(f"{package}.callbacks").Callback)
 
 
 def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_point(numbered):
@@ -197,7 +216,7 @@ def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_
     it runs (set up, not torn down), so a loader built outside one is never sharded by it."""
     import pickle
 
-    from dali_pipes import dataloader_args
+    from dali_pipes import running_framework
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     seen = [c for c in trainer.callbacks if type(c).__name__ == "LightningTrainerSeen"]
@@ -206,7 +225,7 @@ def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_
 
     class Probe(pl.Callback):  # what a loader built in this trainer's hooks would read, and after it
         def on_train_start(self, trainer, pl_module):
-            self.during = list(dataloader_args._TRAINERS)
+            self.during = list(running_framework._TRAINERS)
 
     class Tiny(pl.LightningModule):
         def __init__(self):
@@ -227,4 +246,4 @@ def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[probe])
     trainer.fit(Tiny())
     assert [ref() for ref in probe.during] == [trainer]  # noted while it ran
-    assert dataloader_args._TRAINERS == [] and dataloader_args.lightning_shard() is None  # forgotten after
+    assert running_framework._TRAINERS == [] and running_framework.lightning_shard() is None  # forgotten after

@@ -177,7 +177,7 @@ def test_a_train_epoch_is_read_in_the_order_the_reader_model_gives(hf):
 
 
 def test_the_read_order_mixes_row_groups_in_windows():
-    from dali_pipes.data.formats.parquet import read_order
+    from dali_pipes.data.formats.parquet_feed import read_order
     blocks = np.arange(0, 100, 10)  # ten row groups of ten rows
     order, windows = read_order(blocks, range(0, 100), seed=1, epoch=0, fill=30, shuffle=True)
     assert sorted(order.tolist()) == list(range(100)) and windows.tolist() == [0, 30, 60, 90]

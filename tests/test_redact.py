@@ -17,7 +17,7 @@ import pytest
 
 from dali_pipes import DaliLoader
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls
 
 from conftest import jpeg_bytes
 from s3_server import closed_endpoint
@@ -100,10 +100,10 @@ def test_presigned_urls_leave_no_secret_in_states_logs_errors_or_cache_names_and
 def test_a_url_is_named_without_what_grants_access_and_requested_with_it():
     from dali_pipes.storage import redact
     url = "https://reader:pw@host.example/b/train-0.tar?sig=abc&token=def"
-    name = remote.identity(url)
-    assert name == "https://host.example/b/train-0.tar" == str(remote.RemoteUrl.parse(url))
+    name = remote_urls.identity(url)
+    assert name == "https://host.example/b/train-0.tar" == str(remote_urls.RemoteUrl.parse(url))
     assert redact.with_access(name) == url
-    assert remote.identity("s3://bucket/train-?.tar") == "s3://bucket/train-?.tar"  # a glob, not a query
+    assert remote_urls.identity("s3://bucket/train-?.tar") == "s3://bucket/train-?.tar"  # a glob, not a query
     scrubbed = redact.scrub(f"GET {url} failed")
     assert scrubbed == "GET https://<redacted>@host.example/b/train-0.tar?<redacted> failed" == redact.scrub(scrubbed)
     error = redact.clean(remote.UnreachableError(f"{url}: cannot reach it"))
@@ -117,7 +117,7 @@ def test_worker_processes_request_a_url_with_what_grants_access():
     from dali_pipes.tools.workers import process_pool
     pytest.importorskip("nvidia.dali")  # loaded here: process_pool spawns its workers
     url = presigned("https://host.example/b/images/cat/000.jpg")
-    name = remote.identity(url)  # as verify lists the images before it starts its workers
+    name = remote_urls.identity(url)  # as verify lists the images before it starts its workers
     with process_pool(1) as pool:
         assert pool.submit(redact.with_access, name).result(timeout=120) == url
 

@@ -286,7 +286,7 @@ def test_elastic_resume_refuses_a_per_rank_sampler_and_replays_any_other(images,
 
 
 def test_a_sampler_on_ranks_is_dealt_out_as_lightnings_distributed_sampler_wrapper_deals_it(images, tv):
-    """rank=/world_size= (or a Lightning Trainer's distributed strategy, dataloader_args.lightning_shard) with a
+    """rank=/world_size= (or a Lightning Trainer's distributed strategy, running_framework.lightning_shard) with a
     sampler that knows no ranks: each rank its share of the draw, as Lightning wraps such a DataLoader's sampler."""
     wrapper = pytest.importorskip("lightning.fabric.utilities.distributed").DistributedSamplerWrapper
     datasets, T = tv

@@ -12,8 +12,8 @@ import pytest
 
 from dali_pipes import DaliLoader, DatasetError
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.storage import remote
-from dali_pipes.storage.remote import ObjectInfo, RemoteUrl
+from dali_pipes.storage import remote, remote_urls, transfer
+from dali_pipes.storage.remote_urls import ObjectInfo, RemoteUrl
 from dali_pipes_bench.servers.latency_proxy import Fault, LatencyProxy
 
 from conftest import jpeg_bytes
@@ -39,15 +39,15 @@ def test_urls_of_every_scheme_parse_join_and_relate():
     assert RemoteUrl.parse("hf://datasets/org/name/data/train-0.parquet") == \
         RemoteUrl("hf", "datasets/org/name", "data/train-0.parquet")
     assert RemoteUrl.parse("http://127.0.0.1:8000/d/list.txt") == RemoteUrl("http", "127.0.0.1:8000", "d/list.txt")
-    assert remote.join("gs://b/data/", "cat/1.jpg") == "gs://b/data/cat/1.jpg"
-    assert remote.dirname("https://h/d/list.txt") == "https://h/d/"
-    assert remote.relative_to("az://c/data/cat/1.jpg", "az://c/data") == "cat/1.jpg"
-    assert all(remote.is_remote(u) for u in ("s3://b/k", "gs://b/k", "az://c/k", "hf://datasets/o/n", "https://h/x"))
-    assert not remote.is_remote("/data/gs:/x") and not remote.is_remote(["gs://b/k"])
+    assert remote_urls.join("gs://b/data/", "cat/1.jpg") == "gs://b/data/cat/1.jpg"
+    assert remote_urls.dirname("https://h/d/list.txt") == "https://h/d/"
+    assert remote_urls.relative_to("az://c/data/cat/1.jpg", "az://c/data") == "cat/1.jpg"
+    assert all(remote_urls.is_remote(u) for u in ("s3://b/k", "gs://b/k", "az://c/k", "hf://datasets/o/n", "https://h/x"))
+    assert not remote_urls.is_remote("/data/gs:/x") and not remote_urls.is_remote(["gs://b/k"])
     with pytest.raises(ValueError, match="no bucket"):
         RemoteUrl.parse("gs:///key")
     with pytest.raises(ValueError, match="not below"):
-        remote.relative_to("gs://b/data/1.jpg", "s3://b/data/")
+        remote_urls.relative_to("gs://b/data/1.jpg", "s3://b/data/")
 
 
 def test_a_plain_import_loads_no_storage_sdk():
@@ -106,17 +106,17 @@ def test_ranged_reads_whole_reads_and_checked_downloads(store, tmp_path):
     data = os.urandom((3 << 20) - 1) + b"."
     info = remote.head(store.put("x/blob", data))
     assert info.size == len(data)
-    assert remote.read_range(info, 100, 50) == data[100:150]
-    assert remote.read_range(info.url, 0, 0) == b""
-    assert remote.read_bytes(info.url) == data
+    assert transfer.read_range(info, 100, 50) == data[100:150]
+    assert transfer.read_range(info.url, 0, 0) == b""
+    assert transfer.read_bytes(info.url) == data
     seen: list[int] = []
-    path = remote.download(info, str(tmp_path / "blob"), on_bytes=seen.append)
+    path = transfer.download(info, str(tmp_path / "blob"), on_bytes=seen.append)
     assert open(path, "rb").read() == data and sum(seen) == len(data)
     assert os.listdir(tmp_path) == ["blob"]  # no temporary file left
-    with remote.open_object(info) as stream:
+    with transfer.open_object(info) as stream:
         assert stream.read() == data
     with pytest.raises(ValueError, match="outside the object"):
-        remote.read_range(info, len(data) - 1, 2)
+        transfer.read_range(info, len(data) - 1, 2)
 
 
 def test_missing_bucket_and_missing_object_are_named(store):
@@ -137,12 +137,12 @@ def test_object_changed_or_deleted_after_listing_is_an_error(store, tmp_path):
         os.utime(os.path.join(str(store.admin), store.bucket, "train/a.tfrecord"), (1, 1))  # a new ETag
     store.put("train/a.tfrecord", b"version 2 is longer")
     with pytest.raises(remote.ObjectChangedError, match="changed after it was listed .* rebuild its indexes"):
-        remote.download(remote.ObjectInfo(info.url, info.size, info.etag, info.last_modified, info.generation),
+        transfer.download(remote_urls.ObjectInfo(info.url, info.size, info.etag, info.last_modified, info.generation),
                         str(tmp_path / "a"))
     other = remote.head(store.put("train/b.tfrecord", b"abc"))
     store.delete("train/b.tfrecord")
     with pytest.raises(FileNotFoundError, match="disappeared after it was listed"):
-        remote.download(other, str(tmp_path / "b"))
+        transfer.download(other, str(tmp_path / "b"))
     assert os.listdir(tmp_path) == []
 
 
@@ -169,7 +169,7 @@ def test_a_store_answering_503_twice_is_retried_not_failed(gcs, tmp_path, monkey
     with LatencyProxy(gcs.endpoint, delay_ms=0) as proxy:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
         proxy.add_fault(Fault("train%2Fa.tfrecord", method="GET", status=503, times=2))
-        assert open(remote.download(info, str(tmp_path / "a")), "rb").read() == data
+        assert open(transfer.download(info, str(tmp_path / "a")), "rb").read() == data
         assert proxy.counts()["GET"] >= 3
 
 
@@ -194,8 +194,8 @@ def test_a_denied_request_is_one_line_naming_the_store_within_seconds(scheme, re
             url = url.replace(store.endpoint, proxy.url)
             info = ObjectInfo(url, info.size, info.etag, info.last_modified, info.generation)
         endpoint = proxy.url if scheme != "az" else store.endpoint
-        for call in (lambda: remote.head(url), lambda: remote.read_range(info, 0, 4),
-                     lambda: remote.download(info, str(tmp_path / "a"))):
+        for call in (lambda: remote.head(url), lambda: transfer.read_range(info, 0, 4),
+                     lambda: transfer.download(info, str(tmp_path / "a"))):
             start = time.monotonic()
             with pytest.raises(PermissionError) as error:
                 call()
@@ -382,7 +382,7 @@ def test_hub_repos_are_listed_and_globbed_through_hffilesystem(hub):
     (info,) = remote.list_objects(hub.url("data/train-00001-of-00002.parquet"))
     data = names[3].encode()
     assert (info.size, info.etag) == (len(data), hashlib.sha256(data).hexdigest())  # its LFS id: the content
-    assert info == remote.head(info.url) and remote.read_range(info, 5, 10) == data[5:15]
+    assert info == remote.head(info.url) and transfer.read_range(info, 5, 10) == data[5:15]
     with pytest.raises(FileNotFoundError, match="no objects match"):
         remote.list_objects(hub.url("val/"))
 
@@ -456,7 +456,7 @@ def test_hf_token_goes_as_a_bearer_header_and_each_refusal_is_one_line_not_retri
         refusals.append(error.value)
         (info,) = remote.list_objects(gated.url("tf/"))  # a gated repo's files are listed, not read
         with pytest.raises(PermissionError, match=r"access denied by http://127.0.0.1:\d+ \(403\); .*gated") as error:
-            remote.read_range(info, 0, 4)
+            transfer.read_range(info, 0, 4)
         refusals.append(error.value)
     assert all("\n" not in str(e) for e in refusals)
     assert not [r for r in caplog.records if "trying again" in r.getMessage()]
@@ -542,9 +542,9 @@ def located_tfrecord_set(store) -> str:
     """The 209-record set of tfrecord_set on `store`, as the location a command takes: its prefix, or on http
     (never listed) a list file of its shards."""
     shards = tfrecord_set(store.put)
-    if not remote.scheme_of(store.url()).startswith("http"):
+    if not remote_urls.scheme_of(store.url()).startswith("http"):
         return store.url("tf/")
-    return store.put("tf/shards.txt", "\n".join(remote.basename(u) for u in shards).encode())
+    return store.put("tf/shards.txt", "\n".join(remote_urls.basename(u) for u in shards).encode())
 
 
 COMMAND_FIXTURES = {"s3": "s3", "gs": "gcs", "az": "azure", "http": "http_store", "hf": "hub"}
@@ -606,8 +606,8 @@ def test_a_ranged_read_of_a_replaced_object_is_refused_where_reads_are_pinned(sc
     store.put("train/a.tfrecord", b"version 2 of the shard")  # the same size: only the ETag tells them apart
     assert remote.head(info.url).etag != info.etag
     with pytest.raises(remote.ObjectChangedError, match="changed after it was listed"):
-        remote.read_range(info, 0, 9)
-    assert remote.read_range(remote.head(info.url), 0, 9) == b"version 2"
+        transfer.read_range(info, 0, 9)
+    assert transfer.read_range(remote.head(info.url), 0, 9) == b"version 2"
 
 
 def test_a_pinned_azure_read_from_a_stalled_store_ends_after_its_attempts(azure, azurite_server, monkeypatch):
@@ -619,7 +619,7 @@ def test_a_pinned_azure_read_from_a_stalled_store_ends_after_its_attempts(azure,
         start = time.monotonic()
         with remote.options_in_force(remote.ClientOptions.of(attempts=2, timeout=1)):
             with pytest.raises(remote.UnreachableError, match="after 2 attempts"):
-                remote.read_range(info, 0, 4)
+                transfer.read_range(info, 0, 4)
         assert time.monotonic() - start < 8
 
 
@@ -688,8 +688,8 @@ def test_a_dripping_http_store_ends_at_the_download_deadline_naming_the_url_and_
         url = f"{base}/train/a.tfrecord"
         info = remote.head(url)
         with remote.options_in_force(remote.ClientOptions.of(deadline=2)), caplog.at_level("WARNING", "dali_pipes"):
-            for call in (lambda: remote.download(info, str(tmp_path / "a")), lambda: remote.read_range(info, 0, 2048),
-                         lambda: remote.read_bytes(url)):
+            for call in (lambda: transfer.download(info, str(tmp_path / "a")),
+                         lambda: transfer.read_range(info, 0, 2048), lambda: transfer.read_bytes(url)):
                 start = time.monotonic()
                 with pytest.raises(remote.DownloadTooSlowError,
                                    match=f"{url}: not downloaded within 2 s .*--download-deadline"):
@@ -715,7 +715,8 @@ def test_a_dripping_s3_store_ends_at_the_download_deadline(tmp_path, monkeypatch
         url = "s3://bucket/train/a.tfrecord"
         info = remote.head(url)
         with remote.options_in_force(remote.ClientOptions.of(deadline=2)):
-            for call in (lambda: remote.download(info, str(tmp_path / "a")), lambda: remote.read_range(info, 0, 2048)):
+            for call in (lambda: transfer.download(info, str(tmp_path / "a")),
+                         lambda: transfer.read_range(info, 0, 2048)):
                 start = time.monotonic()
                 with pytest.raises(remote.DownloadTooSlowError, match=f"{url}: not downloaded within 2 s"):
                     call()
@@ -752,9 +753,9 @@ def test_a_server_that_ignores_range_requests_is_read_whole_never_cut_short(tmp_
     try:
         info = remote.head(f"{base}/a.bin")
         with caplog.at_level("WARNING", "dali_pipes"):
-            assert remote.read_range(info, 100, 12) == data[100:112]
-            assert remote.read_bytes(info.url) == data
-            assert open(remote.download(info, str(tmp_path / "copy")), "rb").read() == data
+            assert transfer.read_range(info, 100, 12) == data[100:112]
+            assert transfer.read_bytes(info.url) == data
+            assert open(transfer.download(info, str(tmp_path / "copy")), "rb").read() == data
         assert f"{base}/a.bin: the server ignores Range requests" in caplog.text
         assert "cut short" not in caplog.text
     finally:
@@ -773,5 +774,5 @@ def test_an_object_replaced_after_listing_is_object_changed_on_every_scheme(stor
             os.utime(store.file("train/a.tfrecord"), (1, 1))  # a new ETag
         store.put("train/a.tfrecord", replacement)
         with pytest.raises(remote.ObjectChangedError, match="changed after it was listed"):
-            remote.download(listed[0], str(tmp_path / "a"))
+            transfer.download(listed[0], str(tmp_path / "a"))
     assert os.listdir(tmp_path) == []

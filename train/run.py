@@ -15,7 +15,7 @@ from torch import nn
 
 from dali_pipes import Shard
 from dali_pipes.loader import Loader
-from dali_pipes.storage.remote import identity
+from dali_pipes.storage.remote_urls import identity
 from train.metrics import MemoryMeter
 from train.observe import Trace
 from train.optim import WarmupCosine
@@ -81,7 +81,7 @@ def close_run(run: Run) -> None:
 
 
 def saved_args(args: argparse.Namespace) -> dict:
-    """The flags as args.json and the checkpoint keep them: a URL by its identity (remote.identity: no query string
+    """The flags as args.json and the checkpoint keep them: a URL by its identity (remote_urls.identity: no query string
     or user info, which grant access; --resume takes the URL from the command line again)."""
     def named(value):
         if isinstance(value, str):

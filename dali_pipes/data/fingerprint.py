@@ -17,7 +17,7 @@ import hashlib
 import os
 from typing import Any, Sequence
 
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls
 
 ENTRY_LIMIT = 10_000  # files listed one by one in a state; more are summed up per folder
 
@@ -94,7 +94,7 @@ def stamp(paths: Sequence[str]) -> str:
     the fingerprint it sees a file rewritten at the same size; the val cache compares it between epochs (it costs
     one stat, or HEAD, per file)."""
     from concurrent.futures import ThreadPoolExecutor
-    remote_paths = [path for path in paths if "://" in path and remote.is_remote(path)]
+    remote_paths = [path for path in paths if "://" in path and remote_urls.is_remote(path)]
     states: dict[str, str] = {}
     if remote_paths:
         context = contextvars.copy_context()
@@ -108,7 +108,7 @@ def stamp(paths: Sequence[str]) -> str:
 
 def _state_now(path: str) -> str:
     try:
-        if "://" in path and remote.is_remote(path):  # the cheap test first: most val sets are local files
+        if "://" in path and remote_urls.is_remote(path):  # the cheap test first: most val sets are local files
             info = remote.head(path)
             return f"{info.size}\t{info.etag}"
         st = os.stat(path)

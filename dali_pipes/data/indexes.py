@@ -146,7 +146,7 @@ def remote_index_path(info, cache_dir: str | None = None) -> str:
 def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext: str = "cls") -> str:
     """Stream the shard once (a Python-fed format: read its footer) and write its index into the cache;
     returns the index path."""
-    from dali_pipes.storage import remote
+    from dali_pipes.storage import transfer
     target = remote_index_path(info, cache_dir)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = private_tmp(target)
@@ -157,7 +157,7 @@ def build_remote_index(info, kind: str, cache_dir: str | None = None, label_ext:
         os.replace(tmp, target)
         return target
     try:
-        with remote.open_object(info) as f, moved_by(INDEX_FLAG, target):
+        with transfer.open_object(info) as f, moved_by(INDEX_FLAG, target):
             sharded_format_of(kind).build_index_stream(f, info.url, tmp, label_ext)
             f.read()  # to the end: the download's size and ETag checks run there
         os.replace(tmp, target)

@@ -4,7 +4,7 @@
 apart, given as a folder, a glob ("train-*-of-*"), a Python list of paths, or a text file of paths.
 It returns the kind and the shard paths (folders and file lists are listed by their format module).
 
-Remote locations (s3://, gs://, az://, hf://, http(s)://: remote.is_remote) are classified the same way
+Remote locations (s3://, gs://, az://, hf://, http(s)://: remote_urls.is_remote) are classified the same way
 from a listing: a prefix or a glob is listed, a list of URLs is checked with HEADs, and a shard's kind is
 told by its extension or by its first 12 bytes (one ranged read). http(s) servers are never listed: a URL
 names one shard or one text list. `classify_remote` also returns the
@@ -21,9 +21,9 @@ from typing import Sequence
 from dali_pipes.data.formats import SNIFF_BYTES, UNNAMED_SHARD_KIND, not_a_shard, shard_kind_by_name, shard_kind_of
 from dali_pipes.data.formats.image_files import IMAGE_EXTENSIONS, looks_like_file_list_line
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls, transfer
 from dali_pipes.storage.files import remove_stale_temps
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 NOT_SHARDS = (".idx", ".json", ".txt", ".md", ".csv", ".tmp")  # files that sit beside shards
 
@@ -93,9 +93,9 @@ def describe(location: Location) -> str:
 def is_remote(location: Location) -> bool:
     """True for a remote URL (s3://, gs://, ...), or a list whose entries are URLs of one scheme."""
     if isinstance(location, (str, os.PathLike)):
-        return remote.is_remote(str(location))
+        return remote_urls.is_remote(str(location))
     items = [str(p) for p in location]
-    schemes = {remote.scheme_of(p) for p in items}
+    schemes = {remote_urls.scheme_of(p) for p in items}
     if len(schemes) > 1:
         named = sorted(f"{s}://" if s else "local paths" for s in schemes)
         raise DatasetError(describe(location), f"mixes {' and '.join(named)}", "Give paths of one kind")
@@ -202,11 +202,11 @@ def _classify_text_list(path: str) -> tuple[str, list[str]]:
 # ---------------------------------------------------------------------------------------------
 
 def named(location: Location) -> Location:
-    """A remote location as messages, states and caches name it: each URL's remote.identity (no query string, no
+    """A remote location as messages, states and caches name it: each URL's remote_urls.identity (no query string, no
     user info: they grant access, and are kept aside for the requests)."""
     if isinstance(location, (str, os.PathLike)):
-        return remote.identity(str(location))
-    return [remote.identity(str(p)) for p in location]
+        return remote_urls.identity(str(location))
+    return [remote_urls.identity(str(p)) for p in location]
 
 
 def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
@@ -218,7 +218,7 @@ def classify_remote(location: Location) -> tuple[str, list[ObjectInfo]]:
         infos = _heads(urls)
         return remote_shard_kind(infos, describe(location)), infos
     url = str(location)
-    if remote.has_wildcard(remote.RemoteUrl.parse(url).key):
+    if remote_urls.has_wildcard(remote_urls.RemoteUrl.parse(url).key):
         infos = [o for o in remote.list_objects(url) if not _not_shard(o.url)]
         if not infos:
             raise FileNotFoundError(f"{url}: no shards match this pattern (only index or metadata files)")
@@ -246,7 +246,7 @@ def _heads(urls: list[str]) -> list[ObjectInfo]:
 def _classify_remote_folder(prefix: str, found: list[ObjectInfo]) -> tuple[str, list[ObjectInfo]]:
     """Objects directly below the prefix that are shards -> shards; objects only in "subfolders"
     -> an image folder (class = first key segment below the prefix)."""
-    top = [o for o in found if "/" not in remote.relative_to(o.url, prefix)]
+    top = [o for o in found if "/" not in remote_urls.relative_to(o.url, prefix)]
     shards = [o for o in top if not _not_shard(o.url)]
     if any(shard_kind_by_name(o.url) for o in shards) or (shards and remote_kind(shards[0])):
         check_no_images_beside_shards(_remote_image_entries(found, prefix), prefix)
@@ -266,7 +266,7 @@ def _remote_image_entries(found: list[ObjectInfo], prefix: str) -> list[str]:
     names = set()
     for o in found:
         if o.url.lower().endswith(IMAGE_EXTENSIONS):
-            relative = remote.relative_to(o.url, prefix)
+            relative = remote_urls.relative_to(o.url, prefix)
             names.add(relative.split("/")[0] + "/" if "/" in relative else relative)
     return sorted(names)
 
@@ -274,7 +274,7 @@ def _remote_image_entries(found: list[ObjectInfo], prefix: str) -> list[str]:
 def remote_kind(info: ObjectInfo) -> str | None:
     """The format of a remote object: by its name, else by its first bytes (one ranged read)."""
     def head() -> bytes:
-        return remote.read_range(info, 0, SNIFF_BYTES) if info.size >= SNIFF_BYTES else b""
+        return transfer.read_range(info, 0, SNIFF_BYTES) if info.size >= SNIFF_BYTES else b""
     return shard_kind_of(info.url, head)
 
 

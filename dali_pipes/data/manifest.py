@@ -18,7 +18,7 @@ import os
 import posixpath
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote_urls, transfer
 from dali_pipes.storage.files import atomic_write
 
 MANIFEST_NAME = "manifest.json"
@@ -58,8 +58,8 @@ def write(folder: str, manifest: dict) -> str:
 
 def path_beside(shard: str) -> str:
     """The manifest's path (or s3:// URL) in the folder of `shard`."""
-    if remote.is_remote(shard):
-        return remote.join(remote.dirname(shard), MANIFEST_NAME)
+    if remote_urls.is_remote(shard):
+        return remote_urls.join(remote_urls.dirname(shard), MANIFEST_NAME)
     return os.path.join(os.path.dirname(os.path.abspath(shard)), MANIFEST_NAME)
 
 
@@ -71,8 +71,8 @@ def classes_path(manifest_path: str) -> str:
 def read(path: str) -> dict | None:
     """The manifest at `path` (local or s3://), or None where there is none."""
     try:
-        if remote.is_remote(path):
-            text = remote.read_bytes(path).decode()
+        if remote_urls.is_remote(path):
+            text = transfer.read_bytes(path).decode()
         else:
             with open(path) as f:
                 text = f.read()
@@ -88,7 +88,7 @@ def read(path: str) -> dict | None:
 
 
 def _base(name: str) -> str:
-    return posixpath.basename(name) if remote.is_remote(name) else os.path.basename(name)
+    return posixpath.basename(name) if remote_urls.is_remote(name) else os.path.basename(name)
 
 
 def problems(manifest: dict, manifest_path: str, shards: list[str], sizes: list[int],

@@ -91,7 +91,7 @@ class SourceRecord(Protocol):
     num_classes: int | None  # the class count the run uses (a model's outputs), where given: labels.label_bound
     keys: SampleKeys
     label_ext: str
-    remote: list[Any] | None  # remote.ObjectInfo per file, for remote (s3://, gs://, ...) sources
+    remote: list[Any] | None  # remote_urls.ObjectInfo per file, for remote (s3://, gs://, ...) sources
     damaged: list[tuple[SampleRef | None, Any]]  # (ref, errors.DatasetError): bad samples found at open
 
 

@@ -40,8 +40,8 @@ from dali_pipes.data.labels import check_label, label_bound, offset_fix
 from dali_pipes.data.location import Location, classify, classify_remote, describe, is_remote, named
 from dali_pipes.data.samples import Sample, SampleKeys, SampleRef
 from dali_pipes.errors import DatasetError, LabelError
-from dali_pipes.storage import remote
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage import remote, remote_urls, transfer
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 
 @dataclass
@@ -192,7 +192,7 @@ def _remote_shard_source(kind: str, where: str, infos: list[ObjectInfo], keys: S
 
 def _nested_shards_fix(prefix: str, listed: list[ObjectInfo]) -> str:
     """Where the shards below a prefix are, when they sit in subfolders (a Hub repo: data/train-*.parquet)."""
-    nested = [remote.relative_to(o.url, prefix) for o in listed if shard_kind_by_name(o.url)]
+    nested = [remote_urls.relative_to(o.url, prefix) for o in listed if shard_kind_by_name(o.url)]
     if not nested:
         return ""
     folder = posixpath.dirname(nested[0])
@@ -211,12 +211,12 @@ def remote_folder_source(prefix: str) -> Source:
     prefix = prefix.rstrip("/") + "/"
     listed = remote.list_objects(prefix)
     images = [o for o in listed
-              if "/" in remote.relative_to(o.url, prefix) and o.url.lower().endswith(image_files.IMAGE_EXTENSIONS)
-              and not remote.relative_to(o.url, prefix).startswith(".")]
+              if "/" in remote_urls.relative_to(o.url, prefix) and o.url.lower().endswith(image_files.IMAGE_EXTENSIONS)
+              and not remote_urls.relative_to(o.url, prefix).startswith(".")]
     if not images:
         raise DatasetError(prefix, f"no images found; expected {prefix}<class name>/<image>.jpg (extensions: "
                            f"{' '.join(image_files.IMAGE_EXTENSIONS)})", _nested_shards_fix(prefix, listed))
-    class_of = [remote.relative_to(o.url, prefix).split("/", 1)[0] for o in images]
+    class_of = [remote_urls.relative_to(o.url, prefix).split("/", 1)[0] for o in images]
     classes = sorted(set(class_of))
     label = {name: i for i, name in enumerate(classes)}
     pairs = sorted(zip(class_of, images), key=lambda p: (label[p[0]], p[1].url))
@@ -230,16 +230,16 @@ def remote_list_source(list_url: str, keys: SampleKeys, label_ext: str, index_ca
     """A text object: a file list ("relative/key label" lines) or a list of shards, entries
     relative to the list's prefix. One listing of that prefix finds every entry's object."""
     try:
-        text = remote.read_bytes(list_url).decode()
+        text = transfer.read_bytes(list_url).decode()
     except UnicodeDecodeError:
         raise DatasetError(list_url, "not a recognised dataset (not a TFRecord, .tar, prefix or text list)") from None
     lines = [l for l in text.splitlines() if l.strip() and not l.startswith("#")]
     if not lines:
         raise DatasetError(list_url, "empty list file")
-    base = remote.dirname(list_url)
+    base = remote_urls.dirname(list_url)
     listed = _objects_below(base, lines)
     if not image_files.looks_like_file_list_line(lines[0]):
-        infos = [_listed(listed, remote.join(base, posixpath.normpath(l.strip())), list_url) for l in lines]
+        infos = [_listed(listed, remote_urls.join(base, posixpath.normpath(l.strip())), list_url) for l in lines]
         from dali_pipes.data.location import remote_shard_kind
         return _remote_shard_source(remote_shard_kind(infos, list_url), list_url, infos, keys, label_ext,
                                     index_cache_dir, build, progress)
@@ -252,12 +252,12 @@ def remote_list_source(list_url: str, keys: SampleKeys, label_ext: str, index_ca
         if relative.startswith("/") or ".." in relative.split("/"):
             raise DatasetError(f"{list_url}:{number}", f"{relative!r} is outside the list's prefix {base}",
                                "Keys must be relative to it")
-        infos.append(_listed(listed, remote.join(base, posixpath.normpath(relative)), list_url))
+        infos.append(_listed(listed, remote_urls.join(base, posixpath.normpath(relative)), list_url))
         labels.append(int(label))
         wheres.append(f"{list_url}:{number}")
     classes = _classes_json_beside_object(list_url)
     image_files.check_listed([o.url for o in infos], labels, wheres, num_classes=len(classes) if classes else None,
-                             classes_from=remote.join(base, "classes.json"), allow_duplicates=allow_duplicates,
+                             classes_from=remote_urls.join(base, "classes.json"), allow_duplicates=allow_duplicates,
                              problems=problems)
     return Source("file_list", list_url, [o.url for o in infos], labels=labels, classes=classes, remote=infos)
 
@@ -265,11 +265,11 @@ def remote_list_source(list_url: str, keys: SampleKeys, label_ext: str, index_ca
 def _objects_below(base: str, lines: list[str]) -> dict[str, ObjectInfo]:
     """URL -> info of the objects a list names: one listing of its prefix, or, where the scheme cannot
     list (http), a HEAD of each entry."""
-    if remote.SCHEMES[remote.RemoteUrl.parse(base).scheme].listing:
+    if remote_urls.SCHEMES[remote_urls.RemoteUrl.parse(base).scheme].listing:
         return {o.url: o for o in remote.list_objects(base)}
     entries = [l.strip().rsplit(maxsplit=1)[0] if image_files.looks_like_file_list_line(l) else l.strip()
                for l in lines]
-    urls = [remote.join(base, posixpath.normpath(e)) for e in entries if not e.startswith("/")]
+    urls = [remote_urls.join(base, posixpath.normpath(e)) for e in entries if not e.startswith("/")]
     return {o.url: o for o in remote.heads(urls)}
 
 
@@ -282,7 +282,7 @@ def _listed(listed: dict[str, ObjectInfo], url: str, list_url: str) -> ObjectInf
 def _classes_json_beside_object(shard_url: str) -> list[str] | None:
     """The classes of classes.json beside an object, or None."""
     try:
-        return json.loads(remote.read_bytes(remote.join(remote.dirname(shard_url),
+        return json.loads(transfer.read_bytes(remote_urls.join(remote_urls.dirname(shard_url),
                                                                     "classes.json"))).get("classes")
     except FileNotFoundError:
         return None
@@ -432,7 +432,7 @@ def _check_label_span(source: Source, span: tuple[int, int] | None, manifest_pat
 
 def classes_beside(beside: str) -> list[str] | None:
     """The classes of classes.json beside a shard or a file list (local or s3://), or None."""
-    if remote.is_remote(beside):
+    if remote_urls.is_remote(beside):
         return _classes_json_beside_object(beside)
     path = os.path.join(os.path.dirname(os.path.abspath(beside)), "classes.json")
     if not os.path.exists(path):

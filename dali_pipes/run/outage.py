@@ -18,7 +18,7 @@ import warnings
 from dali_pipes.data.samples import required
 from dali_pipes.data.source import Source
 from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls
 from dali_pipes.storage.remote import ClientOptions
 
 # What DALI's S3 reader (libcurl under the AWS SDK) and GCS reader (google-cloud-cpp: "[UNAVAILABLE] Retry
@@ -28,7 +28,7 @@ NETWORK_MESSAGE = re.compile(
     r"timeout was reached|couldn't resolve host|could not resolve host|network_connection|unable to connect|"
     r"RequestTimeout|SlowDown|ServiceUnavailable|InternalError|response code: 5\d\d|\[UNAVAILABLE\]|"
     r"\[DEADLINE_EXCEEDED\]", re.IGNORECASE)
-REMOTE_URL = re.compile(r"(?:%s)://[^\s'\"]+" % "|".join(remote.SCHEMES))
+REMOTE_URL = re.compile(r"(?:%s)://[^\s'\"]+" % "|".join(remote_urls.SCHEMES))
 S3_URL = REMOTE_URL  # its earlier name
 
 

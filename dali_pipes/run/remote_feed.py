@@ -1,7 +1,7 @@
 """How a DALI reader gets the bytes of a remote source: the shard cache (default) or DALI's own reader.
 
     native  the reader gets the URLs; DALI reads each record with a ranged request. DALI 2.4 reads
-            s3:// and gs:// itself (remote.SCHEMES' `native`; gs:// configured from the layer's settings by
+            s3:// and gs:// itself (remote_urls.SCHEMES' `native`; gs:// configured from the layer's settings by
             remote.prepare_native); az://, hf:// and http(s):// have no native reader and always go
             through the cache.
     cache   the reader gets local paths in a ShardCache folder (shard_cache.py); whole shards are
@@ -29,7 +29,7 @@ scheme DALI cannot read, those are fetched whole into the cache first (`_whole`)
 from __future__ import annotations
 
 from dali_pipes.run.pipeline import PipelineSpec, reader_model
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls
 from dali_pipes.storage.remote import ClientOptions
 from dali_pipes.storage.shard_cache import (
     DEFAULT_MAX_BYTES,
@@ -74,7 +74,7 @@ class RemoteFeed:
         native = _native(source)
         if self.mode == "native" and not native:
             raise ValueError(f"{source.location}: remote_feed='native' but DALI reads only "
-                             f"{', '.join(s + '://' for s, e in remote.SCHEMES.items() if e.native)} itself; "
+                             f"{', '.join(s + '://' for s, e in remote_urls.SCHEMES.items() if e.native)} itself; "
                              f"use remote_feed='cache'")
         if self.mode == "native" or subset or source.kind not in LAZY_KINDS:
             if native:
@@ -195,4 +195,4 @@ class RemoteFeed:
 
 def _native(source) -> bool:
     """Whether DALI 2.4 reads the source's URLs itself."""
-    return remote.SCHEMES[remote.scheme_of(source.remote[0].url) or "s3"].native
+    return remote_urls.SCHEMES[remote_urls.scheme_of(source.remote[0].url) or "s3"].native

@@ -24,8 +24,9 @@ import os
 import posixpath
 from typing import Any, Iterator
 
-from dali_pipes.storage import redact, remote
-from dali_pipes.storage.remote import ClientOptions, ObjectInfo, RemoteUrl
+from dali_pipes.storage import redact, remote, remote_urls
+from dali_pipes.storage.remote import ClientOptions
+from dali_pipes.storage.remote_urls import ObjectInfo, RemoteUrl
 
 REQUEST_BYTES = 16 << 20  # one ranged GET of a streamed object: few round trips per shard at 20 ms each
 RETRIED_STATUSES = (408, 429, 500, 502, 503, 504)  # restarting, throttling, timing out: worth another try
@@ -119,7 +120,7 @@ class FsspecBackend:
         """Every object whose key starts with `prefix`: one recursive `find` (fsspec pages it), retried whole.
         A pattern's literal prefix may end inside a name: then its folder is walked, no deeper than the pattern."""
         parsed = RemoteUrl.parse(url)
-        pattern = remote.has_wildcard(parsed.key)
+        pattern = remote_urls.has_wildcard(parsed.key)
         walk = posixpath.dirname(prefix) if pattern else prefix.rstrip("/")
         depth = parsed.key.count("/") - (walk.count("/") + 1 if walk else 0) + 1 if pattern else None
         root = self.path(RemoteUrl(parsed.scheme, bucket, walk))
@@ -453,7 +454,7 @@ def _hub_error(error: BaseException) -> str:
 # ---------------------------------------------------------------------------------------------
 
 class HttpBackend(FsspecBackend):
-    """http(s):// URLs through fsspec's HTTPFileSystem: read-only and never listed (remote.SCHEMES); the
+    """http(s):// URLs through fsspec's HTTPFileSystem: read-only and never listed (remote_urls.SCHEMES); the
     server must answer HEAD with Content-Length and honour Range. Reads send If-Match with the ETag."""
     service = "HTTP"
     endpoint_hint = "check the URL's host and port and that the server is up"

@@ -20,8 +20,9 @@ import time
 from typing import Iterator
 
 from dali_pipes.errors import install_hint
-from dali_pipes.storage import remote
-from dali_pipes.storage.remote import ClientOptions, ObjectInfo, changed_error, current_options, truncated_error
+from dali_pipes.storage import remote, remote_urls
+from dali_pipes.storage.remote import ClientOptions, changed_error, current_options, truncated_error
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 SCHEME = "s3://"
 ENDPOINT_HINT = "check AWS_ENDPOINT_URL (or endpoint_url in the AWS config) and that the server is up"
@@ -29,7 +30,7 @@ RETRIED_STATUSES = (500, 502, 503, 504)  # a store restarting or throttling: wor
 RETRIED_CODES = ("SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling")
 
 
-class S3Url(remote.RemoteUrl):
+class S3Url(remote_urls.RemoteUrl):
     """A parsed s3://bucket/key URL; `key` may be "" (the bucket) or end in "/" (a prefix)."""
 
     def __init__(self, bucket: str, key: str = "", scheme: str = "s3") -> None:
@@ -40,13 +41,13 @@ class S3Url(remote.RemoteUrl):
         """Split "s3://bucket/key"; ValueError names the URL when it is not one."""
         if not is_remote(url):
             raise ValueError(f"{url!r}: not an S3 URL; expected s3://bucket/key")
-        parsed = remote.RemoteUrl.parse(url)
+        parsed = remote_urls.RemoteUrl.parse(url)
         return cls(parsed.bucket, parsed.key)
 
 
 def is_remote(location: object) -> bool:
     """True for s3:// URLs (str or a parsed s3 URL); local paths, PathLikes, lists and other schemes are not."""
-    return remote.scheme_of(location) == "s3"
+    return remote_urls.scheme_of(location) == "s3"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,11 +175,11 @@ class S3Backend:
                 return
             token = {"ContinuationToken": page["NextContinuationToken"]}
 
-    def head(self, url: remote.RemoteUrl) -> ObjectInfo:
+    def head(self, url: remote_urls.RemoteUrl) -> ObjectInfo:
         reply = self.client.head_object(Bucket=url.bucket, Key=url.key)
         return _info(url.bucket, url.key, reply["ContentLength"], reply["ETag"], reply["LastModified"])
 
-    def bucket_exists(self, url: remote.RemoteUrl) -> bool:
+    def bucket_exists(self, url: remote_urls.RemoteUrl) -> bool:
         try:
             self.client.head_bucket(Bucket=url.bucket)
             return True
@@ -219,10 +220,10 @@ class S3Backend:
         finally:
             body.close()
 
-    def upload(self, path: str, url: remote.RemoteUrl) -> None:
+    def upload(self, path: str, url: remote_urls.RemoteUrl) -> None:
         self.client.upload_file(path, url.bucket, url.key)
 
-    def delete(self, url: remote.RemoteUrl) -> None:
+    def delete(self, url: remote_urls.RemoteUrl) -> None:
         self.client.delete_object(Bucket=url.bucket, Key=url.key)
 
     def translate(self, error: Exception, url: str, expected: ObjectInfo | None) -> Exception:

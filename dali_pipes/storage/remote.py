@@ -1,4 +1,4 @@
-"""Remote objects of every scheme through one layer: URLs, listing, globs, ranged reads, checked downloads.
+"""Remote objects of every scheme through one layer: the clients, their retries, listing, metadata.
 
     s3://bucket/key                  boto3 (object_store.py: s3fs would pin a botocore older than boto3's)
     gs://bucket/key                  gcsfs; STORAGE_EMULATOR_HOST, else Google's default credentials
@@ -28,6 +28,9 @@ and telling its errors apart. Everything else is here and the same for every sch
   * ObjectInfo (size, ETag, generation) keys the shard cache and the index cache, and every read is
     checked against it.
 
+The layer's other rooms: remote_urls.py names objects (the table of schemes, URL parsing, globs, ObjectInfo) and
+transfer.py reads and writes them (ranged reads, checked downloads, uploads, deletes).
+
 Retries are per loader: `options_in_force(options)` sets them for the calls of one thread (a DaliLoader
 opens its dataset under its own, and hands them to its shard cache's threads); `configure` sets the
 process's default for calls made outside any loader.
@@ -38,15 +41,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import fnmatch
 import functools
-import hashlib
 import importlib
-import io
 import itertools
 import logging
 import os
-import posixpath
 import random
 import threading
 import time
@@ -56,11 +55,19 @@ from typing import Callable, Iterator, Protocol, TypeVar
 
 from dali_pipes.errors import DatasetError, install_hint
 from dali_pipes.storage import redact
-from dali_pipes.storage.files import private_tmp
+from dali_pipes.storage.remote_urls import (
+    SCHEMES,
+    WILDCARDS,
+    ObjectInfo,
+    RemoteUrl,
+    Scheme,
+    bucket_noun,
+    glob_matches,
+    has_wildcard,
+    identity,
+    scheme_of,
+)
 
-WILDCARDS = "*?["
-CHUNK_BYTES = 1 << 20  # streaming reads: large enough for throughput, small enough to stop promptly
-DOWNLOAD_ATTEMPTS = 3  # whole-object retries after a cut-off body (requests are retried, bodies are not)
 RETRY_HINT = ("--storage-attempts / --storage-timeout (DaliLoader's storage_attempts / storage_timeout) "
               "set how long to keep trying")
 DEADLINE_HINT = "--download-deadline (DaliLoader's download_deadline)"
@@ -68,146 +75,6 @@ SLOW_FRACTION = 0.25  # a download still running at this fraction of its deadlin
 BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 16.0  # waits 1, 2, 4, 8, 16, 16 ... s, each times a jitter in [0.5, 1)
 log = logging.getLogger("dali_pipes")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """One URL scheme: the module and class of its backend, the extra that installs it, and what it can do."""
-    module: str
-    backend: str
-    extra: str
-    listing: bool = True  # False: the server cannot list (http): locations are URLs or lists of them
-    native: bool = False  # DALI 2.4 reads it itself (remote_feed="native")
-    writable: bool = True  # False: convert cannot write there (hf: the Hub's own tools; http)
-
-
-# The table of schemes; a new one costs a Backend class and one line here. Loaded by name, when first used,
-# so that `pip install .` imports none of the SDKs.
-SCHEMES = {
-    "s3": Scheme("dali_pipes.storage.object_store", "S3Backend", "s3", native=True),
-    "gs": Scheme("dali_pipes.storage.fs", "GcsBackend", "gcs", native=True),
-    "az": Scheme("dali_pipes.storage.fs", "AzureBackend", "azure"),
-    "abfs": Scheme("dali_pipes.storage.fs", "AzureBackend", "azure"),
-    "hf": Scheme("dali_pipes.storage.fs", "HfBackend", "hf", writable=False),
-    "http": Scheme("dali_pipes.storage.fs", "HttpBackend", "http", listing=False, writable=False),
-    "https": Scheme("dali_pipes.storage.fs", "HttpBackend", "http", listing=False, writable=False),
-}
-HF_REPO_TYPES = ("datasets", "spaces", "models")
-
-
-def scheme_of(location: object) -> str | None:
-    """"s3", "gs", ... for a URL of a known scheme (str or RemoteUrl); None for anything else."""
-    if isinstance(location, RemoteUrl):
-        return location.scheme
-    if not isinstance(location, str) or "://" not in location:
-        return None
-    scheme = location.split("://", 1)[0].lower()
-    return scheme if scheme in SCHEMES else None
-
-
-def is_remote(location: object) -> bool:
-    """True for URLs of a known scheme (str or RemoteUrl); local paths, PathLikes and lists are not remote."""
-    return scheme_of(location) is not None
-
-
-@dataclass(frozen=True)
-class RemoteUrl:
-    """A parsed URL: scheme, bucket (an S3/GCS bucket, an Azure container, a Hub repo "datasets/ORG/NAME"
-    with its revision if one is named, "datasets/ORG/NAME@v1.0", an HTTP host) and key (may be "" or end in
-    "/": a prefix). An http(s) URL's query string and user info grant access, they do not name the object: they
-    are kept aside (redact.identity) and only its request has them, so a RemoteUrl and its str hold no secret."""
-    scheme: str
-    bucket: str
-    key: str = ""
-
-    @classmethod
-    def parse(cls, url: str) -> "RemoteUrl":
-        """Split a URL; ValueError names it when it is none of the schemes or lacks a bucket."""
-        scheme = scheme_of(url)
-        if scheme is None:
-            raise ValueError(f"{redact.identity(str(url))!r}: not a remote URL; expected one of "
-                             f"{', '.join(s + '://' for s in SCHEMES)} followed by bucket/key")
-        rest = redact.identity(str(url)).split("://", 1)[1]
-        parts = rest.split("/")
-        width = 3 if scheme == "hf" and parts[0] in HF_REPO_TYPES else 2 if scheme == "hf" else 1
-        if scheme == "hf" and parts[width - 1].endswith("@refs") and len(parts) > width + 1:
-            width += 2  # a Hub revision with slashes: NAME@refs/pr/1, NAME@refs/convert/parquet
-        bucket, key = "/".join(parts[:width]), "/".join(parts[width:])
-        if not bucket or not all(parts[:width]):
-            raise ValueError(f"{redact.identity(str(url))!r}: no bucket name; expected "
-                             f"{scheme}://{_bucket_word(scheme)}/key")
-        return cls(scheme, bucket, key)
-
-    def __str__(self) -> str:
-        return f"{self.scheme}://{self.bucket}/{self.key}"
-
-    def join(self, *parts: str) -> "RemoteUrl":
-        """The URL of `parts` below this one ("a/" + "b" -> "a/b"; no "..", keys are not paths)."""
-        return dataclasses.replace(self, key=posixpath.join(self.key, *parts) if self.key else posixpath.join(*parts))
-
-
-def _bucket_word(scheme: str) -> str:
-    return {"hf": "datasets/ORG/NAME", "http": "host", "https": "host", "az": "container",
-            "abfs": "container"}.get(scheme, "bucket")
-
-
-def _bucket_noun(scheme: str) -> str:
-    return {"hf": "repository", "http": "host", "https": "host", "az": "container", "abfs": "container"}.get(
-        scheme, "bucket")
-
-
-def identity(url: str) -> str:
-    """The name of `url` in every message, state and cache key: an http(s) URL without its query string and user
-    info (kept aside for its requests: redact.py); any other location unchanged."""
-    return redact.identity(url)
-
-
-def join(base: str, relative: str) -> str:
-    """`relative` resolved against the prefix `base` (a file list's entries are relative to its folder)."""
-    return str(RemoteUrl.parse(base).join(relative))
-
-
-def dirname(url: str) -> str:
-    """The prefix that holds `url`, with a trailing "/" (s3://b/x/list.txt -> s3://b/x/)."""
-    parsed = RemoteUrl.parse(url)
-    folder = posixpath.dirname(parsed.key)
-    return str(dataclasses.replace(parsed, key=folder + "/" if folder else ""))
-
-
-def relative_to(url: str, base: str) -> str:
-    """The key of `url` relative to the prefix `base`; ValueError when it is not below it."""
-    target, prefix = RemoteUrl.parse(url), RemoteUrl.parse(base)
-    start = prefix.key if not prefix.key or prefix.key.endswith("/") else prefix.key + "/"
-    if (target.scheme, target.bucket) != (prefix.scheme, prefix.bucket) or not target.key.startswith(start):
-        raise ValueError(f"{url} is not below {base}")
-    return target.key[len(start):]
-
-
-def basename(url: str) -> str:
-    """The last segment of a URL's key (the name a downloaded copy keeps)."""
-    return posixpath.basename(RemoteUrl.parse(url).key)
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    """One object as listed: its URL, size in bytes, ETag (as the store sends it, S3's with quotes),
-    last-modified time (POSIX seconds) and generation (GCS's object generation, an Azure version id, a
-    Hub file's blob id; "" where the store has none). Two infos are equal only if the object did not change."""
-    url: str
-    size: int
-    etag: str
-    last_modified: float
-    generation: str = ""
-
-    @property
-    def version(self) -> str:
-        """A short key of the fields: a changed object gets a new one, so caches of shards and indexes
-        keyed by it are never read stale."""
-        text = f"{self.url}\0{self.size}\0{self.etag}\0{self.last_modified!r}"
-        text += f"\0{self.generation}" if self.generation else ""  # S3 keys stay as they were
-        return hashlib.sha1(text.encode()).hexdigest()[:20]
-
-
 # ---------------------------------------------------------------------------------------------
 # Retries and timeouts: per loader (a context variable), with a process default
 # ---------------------------------------------------------------------------------------------
@@ -520,17 +387,6 @@ def _cleaned(error: BaseException, cause: BaseException) -> BaseException:
 # ---------------------------------------------------------------------------------------------
 # Listing and metadata
 # ---------------------------------------------------------------------------------------------
-
-def has_wildcard(text: str) -> bool:
-    return any(c in text for c in WILDCARDS)
-
-
-def glob_matches(key: str, pattern: str) -> bool:
-    """Local-glob semantics on keys: a wildcard never crosses "/" (train-* does not match train-x/y)."""
-    keys, patterns = key.split("/"), pattern.split("/")
-    return len(keys) == len(patterns) and all(fnmatch.fnmatchcase(k, p) for k, p in zip(keys, patterns))
-
-
 def _key(info: ObjectInfo) -> str:
     return RemoteUrl.parse(info.url).key
 
@@ -561,7 +417,7 @@ def list_objects(url_or_glob: str, client: Backend | None = None, page_size: int
     else:
         found = [o for o in below if o.url == str(parsed)] or [o for o in below if _key(o).startswith(parsed.key + "/")]
     if not found:
-        _check_bucket(backend, parsed, url_or_glob)
+        check_bucket(backend, parsed, url_or_glob)
         raise FileNotFoundError(
             f"{url_or_glob}: no objects match at {backend.endpoint(url_or_glob)} (searched below "
             f"{parsed.scheme}://{parsed.bucket}/{searched}); check the prefix and the pattern")
@@ -575,11 +431,11 @@ def _unlisted(url: str, parsed: RemoteUrl, backend: Backend) -> ObjectInfo:
     return head(url, backend)
 
 
-def _check_bucket(backend: Backend, parsed: RemoteUrl, url: str) -> None:
+def check_bucket(backend: Backend, parsed: RemoteUrl, url: str) -> None:
     """FileNotFoundError naming the bucket when it is missing (a listing or a HEAD cannot tell)."""
     if not retrying(url, backend, lambda: backend.bucket_exists(parsed)):
         raise FileNotFoundError(
-            f"{url}: {_bucket_noun(parsed.scheme)} {parsed.bucket!r} does not exist at "
+            f"{url}: {bucket_noun(parsed.scheme)} {parsed.bucket!r} does not exist at "
             f"{backend.endpoint(url)}; check the name, and {backend.endpoint_hint.removeprefix('check ')}")
 
 
@@ -591,7 +447,7 @@ def head(url: str, client: Backend | None = None) -> ObjectInfo:
     try:
         return retrying(url, backend, lambda: backend.head(parsed))
     except FileNotFoundError:
-        _check_bucket(backend, parsed, url)
+        check_bucket(backend, parsed, url)
         raise
 
 
@@ -603,200 +459,3 @@ def heads(urls: list[str]) -> list[ObjectInfo]:
     context = contextvars.copy_context()  # the pool's threads run under this thread's options
     with ThreadPoolExecutor(min(16, len(urls))) as pool:
         return list(pool.map(lambda u: context.copy().run(head, u), urls))
-
-
-# ---------------------------------------------------------------------------------------------
-# Reads and writes
-# ---------------------------------------------------------------------------------------------
-
-def read_range(where: ObjectInfo | str, start: int, length: int, client: Backend | None = None) -> bytes:
-    """Bytes [start, start + length) of `where`, the one ranged read of the package: a listed object
-    (ObjectInfo; DatasetError if it changed since, where the store pins reads, or the reply is short), a
-    URL (its current version: a HEAD, then a ranged read) or a local file."""
-    if isinstance(where, str):
-        if not is_remote(where):
-            with open(where, "rb") as f:
-                f.seek(start)
-                return f.read(length)
-        where = head(where, client)
-    info = where
-    if start < 0 or length < 0 or start + length > info.size:
-        raise ValueError(f"{info.url}: range [{start}, {start + length}) outside the object's {info.size} bytes")
-    if length == 0:
-        return b""
-    backend = client or backend_for(info.url)
-    deadline = Deadline(info)  # for the read and its retries
-    data = retrying(info.url, backend, lambda: backend.read(info, start, start + length, deadline), info)
-    data = ranged_reply(info, start, start + length, data)
-    if len(data) != length:
-        _check_unchanged(info, backend)  # a short reply of an unpinned store: a shorter object now?
-        raise truncated_error(info, len(data), expected=length)
-    return data
-
-
-def read_bytes(url: str, client: Backend | None = None) -> bytes:
-    """A whole small object (a file list, classes.json), checked against its listed size."""
-    return b"".join(iter_chunks(head(url, client), client=client))
-
-
-def iter_chunks(info: ObjectInfo, *, client: Backend | None = None, stop: threading.Event | None = None,
-                chunk_bytes: int = CHUNK_BYTES, deadline: Deadline | None = None) -> Iterator[bytes]:
-    """The object's bytes in order, as chunks; raises DatasetError when it changed since `info` was
-    taken or when fewer than info.size bytes arrive, Cancelled when `stop` is set, DownloadTooSlowError when
-    `deadline` (default: one of the options in force, from the first chunk asked for) passes first."""
-    backend = client or backend_for(info.url)
-    timed = deadline or Deadline(info, warn=True)
-    chunks = backend.stream(info, chunk_bytes, timed)
-    try:
-        for chunk in chunks:
-            if stop is not None and stop.is_set():
-                raise Cancelled(info.url)
-            timed.got += len(chunk)
-            if timed.passed() and timed.got < info.size:
-                raise timed.error()
-            yield chunk
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-        if deadline is None:
-            timed.close()
-    if timed.got != info.size:
-        raise truncated_error(info, timed.got)
-
-
-class _ChunkReader(io.RawIOBase):
-    """A read-only, forward-only file over iter_chunks (so its checks apply at the end)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks, self._pending = chunks, memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        while not self._pending:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._pending = memoryview(chunk)
-        n = min(len(buffer), len(self._pending))
-        buffer[:n], self._pending = self._pending[:n], self._pending[n:]
-        return n
-
-    def close(self) -> None:
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()  # a generator: closes the HTTP body early when the reader stops
-        super().close()
-
-
-def open_object(info: ObjectInfo, *, client: Backend | None = None,
-                buffer_bytes: int = CHUNK_BYTES) -> io.BufferedReader:
-    """The object as a sequential binary file (read, no seek), streamed once: for building an
-    index from a remote shard (tarfile.open(fileobj=..., mode="r|"), a record scanner) without
-    storing it. Reading to the end raises the same errors as iter_chunks (changed, cut short)."""
-    return io.BufferedReader(_ChunkReader(iter_chunks(info, client=client)), buffer_bytes)
-
-
-def download(info: ObjectInfo, path: str, *, client: Backend | None = None, stop: threading.Event | None = None,
-             attempts: int = DOWNLOAD_ATTEMPTS, on_bytes: Callable[[int], None] | None = None) -> str:
-    """Fetch the whole object to `path`: written to a temporary file beside it, checked against
-    info.size and info's version, then renamed into place, so `path` never holds a partial or a changed
-    object. A body cut off or stalled midway is retried `attempts` times in all (each request itself is
-    `retrying`'s); a changed or deleted object is not (it would not come back), nor one past the deadline of
-    the options in force (its attempts together: DownloadTooSlowError). Returns `path`."""
-    deadline = Deadline(info, warn=True)
-    try:
-        for attempt in range(1, attempts + 1):
-            try:
-                return _download_once(info, path, client or backend_for(info.url), stop, on_bytes, deadline)
-            except (TruncatedDownloadError, ConnectionError) as error:
-                if isinstance(error, UnreachableError):
-                    raise  # its request was tried the current attempts already (or the deadline passed)
-                if attempt == attempts:
-                    if not isinstance(error, TruncatedDownloadError):
-                        raise
-                    raise TruncatedDownloadError(f"{error} ({attempts} attempts)") from error
-                deadline.got = 0  # the next attempt starts over
-    finally:
-        deadline.close()
-    raise ValueError(f"attempts must be >= 1, got {attempts}")
-
-
-def _download_once(info: ObjectInfo, path: str, backend: Backend, stop, on_bytes, deadline: Deadline) -> str:
-    temporary = private_tmp(path)
-    try:
-        with open(temporary, "wb") as out:
-            try:
-                for chunk in iter_chunks(info, client=backend, stop=stop, deadline=deadline):
-                    out.write(chunk)
-                    if on_bytes is not None:
-                        on_bytes(len(chunk))
-            except TruncatedDownloadError:
-                _check_unchanged(info, backend)  # an unpinned store's short body: a shorter object now?
-                raise
-        _check_unchanged(info, backend)
-        os.replace(temporary, path)  # atomic: readers see nothing or the whole checked object
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-    return path
-
-
-def _check_unchanged(info: ObjectInfo, backend: Backend) -> None:
-    """For stores whose reads are not pinned to a version (`pins_reads` False): one HEAD after the
-    download, so that a shard replaced while it was fetched is an error, not two versions mixed."""
-    if not getattr(backend, "pins_reads", True):
-        check_unchanged(info, backend)
-
-
-def check_unchanged(info: ObjectInfo, client: Backend | None = None) -> None:
-    """ObjectChangedError (FileNotFoundError: deleted) when the store's object is no longer the one listed as
-    `info`: one HEAD, asked of the store (never a client's listing cache)."""
-    try:
-        now = head(info.url, client)
-    except FileNotFoundError as error:
-        raise disappeared_error(info.url, info) from error
-    if now != info:
-        raise changed_error(info.url, info, f"its ETag is now {now.etag} (size {now.size})")
-
-
-@contextlib.contextmanager
-def local_copy(path: str) -> Iterator[str]:
-    """`path` itself when local; for a URL, a checked download of its current version in a
-    temporary file, removed on exit (rewriting a remote shard without its bad records)."""
-    if not is_remote(path):
-        yield path
-        return
-    import tempfile
-    handle, temporary = tempfile.mkstemp(prefix="dali_pipes-", suffix="-" + basename(path))
-    os.close(handle)
-    try:
-        yield download(head(path), temporary)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(temporary)
-
-
-def upload(path: str, url: str, client: Backend | None = None) -> ObjectInfo:
-    """Upload a local file (multipart when large) and return the stored object's info."""
-    parsed, url = RemoteUrl.parse(url), identity(url)
-    backend = client or backend_for(parsed)
-    try:
-        retrying(url, backend, lambda: backend.upload(path, parsed))
-    except FileNotFoundError:
-        _check_bucket(backend, parsed, url)
-        raise
-    info = head(url, backend)
-    if info.size != os.path.getsize(path):
-        raise DatasetError(f"{url}: stored {info.size} bytes but {path} has {os.path.getsize(path)}; upload again")
-    return info
-
-
-def delete(url: str, client: Backend | None = None) -> None:
-    """Delete one object (a conversion's old set, replaced with --overwrite); a missing one is no error."""
-    parsed, url = RemoteUrl.parse(url), identity(url)
-    backend = client or backend_for(parsed)
-    with contextlib.suppress(FileNotFoundError):
-        retrying(url, backend, lambda: backend.delete(parsed))

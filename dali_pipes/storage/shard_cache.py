@@ -20,7 +20,7 @@ position (the next epoch). Contract:
     shard larger than the bound is refused at once, and a consumer that asks for a shard that
     cannot fit beside the ones it still holds gets an error instead of a hang;
   * files are named by ObjectInfo.version (url, size, ETag, last-modified) and the end of the object's name
-    (never a query string: remote.identity), short for any file system: an object changed
+    (never a query string: remote_urls.identity), short for any file system: an object changed
     since listing gets a new name, and the download itself fails rather than fetch a changed
     object (If-Match);
   * each cache owns a private folder under `folder`, removed by close(); folders of dead
@@ -45,9 +45,10 @@ from typing import Iterable, Sequence
 
 from tqdm import tqdm
 
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls, transfer
 from dali_pipes.storage.files import moved_by, pid_alive
-from dali_pipes.storage.remote import ClientOptions, ObjectInfo
+from dali_pipes.storage.remote import ClientOptions
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 CACHE_FLAG = "--cache-dir (another disk; DaliLoader's cache_dir) or a smaller --cache-bytes"
 
@@ -301,7 +302,7 @@ class ReadAheadGate:
 def _entry_path(state: _State, info: ObjectInfo) -> str:
     """A name any file system takes: the version (a hash of the object's identity, which holds no query string,
     size and ETag) and at most NAME_TAIL characters of the object's name, for people reading the folder."""
-    return os.path.join(state.folder, f"{info.version}-{remote.basename(info.url)[-NAME_TAIL:]}")
+    return os.path.join(state.folder, f"{info.version}-{remote_urls.basename(info.url)[-NAME_TAIL:]}")
 
 
 def _schedule(state: _State) -> None:
@@ -380,7 +381,7 @@ def _worker(state: _State) -> None:
 def _fetch(state: _State, entry: _Entry) -> BaseException | None:
     try:
         with moved_by(CACHE_FLAG, entry.path), remote.options_in_force(state.options):
-            remote.download(entry.info, entry.path, client=state.client, stop=state.stop,
+            transfer.download(entry.info, entry.path, client=state.client, stop=state.stop,
                             on_bytes=state.progress.update)
         return None
     except Exception as error:  # handed to the consumer by path(), not lost in this thread

@@ -56,11 +56,11 @@ class ConvertStats:
 def default_prefix(src: str) -> str:
     """The shard name prefix for a source named `src`: its folder's name (data/val -> "val"; a glob or a list
     file -> the folder it sits in), so that a val split converted beside train keeps its own name."""
-    from dali_pipes.storage import remote
-    if remote.is_remote(src):  # unlisted: a key with a wildcard or an extension is an object or a glob
-        key = remote.RemoteUrl.parse(src).key.rstrip("/")
+    from dali_pipes.storage import remote_urls
+    if remote_urls.is_remote(src):  # unlisted: a key with a wildcard or an extension is an object or a glob
+        key = remote_urls.RemoteUrl.parse(src).key.rstrip("/")
         last = os.path.basename(key)
-        folder = os.path.dirname(key) if remote.has_wildcard(last) or "." in last else key
+        folder = os.path.dirname(key) if remote_urls.has_wildcard(last) or "." in last else key
     else:
         folder = os.path.abspath(src) if os.path.isdir(src) else os.path.dirname(os.path.abspath(src))
     return re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(folder)) or "train"
@@ -203,18 +203,18 @@ def _clear_local(out: str, prefix: str, overwrite: bool) -> None:
 
 
 def _clear_remote(out: str, prefix: str, overwrite: bool) -> None:
-    from dali_pipes.storage import remote
+    from dali_pipes.storage import remote, remote_urls, transfer
     try:
         found = remote.list_objects(out)
     except FileNotFoundError:
         return  # nothing below the prefix (a missing bucket is named by the upload)
     try:
-        previous = manifest.read(remote.join(out, manifest.MANIFEST_NAME))
+        previous = manifest.read(remote_urls.join(out, manifest.MANIFEST_NAME))
     except DatasetError:
         previous = None
-    contents = survey_output([remote.relative_to(o.url, out) for o in found], prefix, previous)
+    contents = survey_output([remote_urls.relative_to(o.url, out) for o in found], prefix, previous)
     for name in files_to_replace(out, contents, prefix, overwrite):
-        remote.delete(remote.join(out, name))
+        transfer.delete(remote_urls.join(out, name))
 
 
 def _remote_out(write):
@@ -226,9 +226,9 @@ def _remote_out(write):
 
     @functools.wraps(write)
     def wrapper(source: Source, out: str, **kwargs) -> ConvertStats:
-        from dali_pipes.storage import remote
+        from dali_pipes.storage import remote_urls, transfer
         prefix, overwrite = kwargs.get("prefix", "train"), kwargs.pop("overwrite", False)
-        if not remote.is_remote(out):
+        if not remote_urls.is_remote(out):
             _clear_local(out, prefix, overwrite)
             try:
                 with moved_by("convert's output argument (a folder on a disk with room, or an s3:// prefix)", out):
@@ -238,8 +238,8 @@ def _remote_out(write):
                 raise
         import tempfile
         out = out.rstrip("/") + "/"
-        scheme = remote.RemoteUrl.parse(out).scheme
-        if not remote.SCHEMES[scheme].writable:
+        scheme = remote_urls.RemoteUrl.parse(out).scheme
+        if not remote_urls.SCHEMES[scheme].writable:
             upload = ", and upload that with huggingface_hub (hf upload)" if scheme == "hf" else ""
             raise DatasetError(out, f"{scheme}:// locations are read-only here",
                                f"Convert to a local folder or a bucket{upload}")
@@ -249,11 +249,11 @@ def _remote_out(write):
             stats = write(source, folder, **kwargs)
             ours = manifest.read(os.path.join(folder, manifest.MANIFEST_NAME))
             assert ours is not None, "every writer writes a manifest"
-            manifest.write(folder, manifest.merged(manifest.read(remote.join(out, manifest.MANIFEST_NAME)),
+            manifest.write(folder, manifest.merged(manifest.read(remote_urls.join(out, manifest.MANIFEST_NAME)),
                                                    ours, prefix))
             names = sorted(os.listdir(folder), key=lambda n: n == manifest.MANIFEST_NAME)  # the manifest last
             for name in names:
-                remote.upload(os.path.join(folder, name), remote.join(out, name))
+                transfer.upload(os.path.join(folder, name), remote_urls.join(out, name))
         return stats
     return wrapper
 

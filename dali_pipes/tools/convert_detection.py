@@ -26,7 +26,7 @@ from dali_pipes.data.detection import DetectionSample
 from dali_pipes.data.formats import detection_tfrecord, detection_webdataset
 from dali_pipes.data.formats.coco import CocoSet
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote_urls, transfer
 from dali_pipes.tools.convert import ConvertStats, _remote_out, shard_name
 
 TASK = "detection"  # the manifest's "task": what verify and readers tell detection shards by
@@ -36,8 +36,8 @@ IMAGE_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "bmp": "bmp", "gif": "
 
 def read_image(sample: DetectionSample) -> bytes:
     """The image file's bytes, its header checked against the sample's width and height."""
-    if remote.is_remote(sample.path):
-        data = remote.read_bytes(sample.path)
+    if remote_urls.is_remote(sample.path):
+        data = transfer.read_bytes(sample.path)
     else:
         with open(sample.path, "rb") as f:
             data = f.read()

@@ -123,7 +123,7 @@ def coco_json(cfg: DetectionSampleConfig, split: str, made: list[tuple[bytes, in
 def make_detection_sample(root: str, cfg: DetectionSampleConfig = DetectionSampleConfig(), *,
                           workers: int | None = None, progress: bool = True) -> dict:
     """Write ROOT/images/{train,val}/*.jpg and ROOT/annotations/instances_{train,val}.json; returns
-    {split: {"images": n, "boxes": n, "annotations": path}}. Needs dali_pipes[sample] (the photographs)."""
+    {split: {"images": n, "boxes": n, "annotations": path}}. Needs the [sample] extra (the photographs)."""
     check_photos(max(max(OBJECTS[:cfg.categories]), max(BACKGROUNDS)) + 1)
     os.makedirs(os.path.join(root, "annotations"), exist_ok=True)
     summary = {}

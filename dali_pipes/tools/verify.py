@@ -146,7 +146,7 @@ def _verify_remote(location, keys: SampleKeys, label_ext: str, max_pixels: int, 
     import tempfile
 
     from dali_pipes.data.source import remote_folder_source, remote_list_source
-    from dali_pipes.storage import remote
+    from dali_pipes.storage import remote_urls, transfer
     location = named(location)  # no query string (a signature) in the report
     kind, infos = classify_remote(location)
     report = Report(str(location), kind)
@@ -163,8 +163,8 @@ def _verify_remote(location, keys: SampleKeys, label_ext: str, max_pixels: int, 
     ranges: dict[str, tuple[int, int]] = {}
     with tempfile.TemporaryDirectory(prefix="dali_pipes-verify-") as folder:
         for i, info in enumerate(infos):
-            local = os.path.join(folder, f"{i:06d}-{remote.basename(info.url)}")
-            remote.download(info, local)
+            local = os.path.join(folder, f"{i:06d}-{remote_urls.basename(info.url)}")
+            transfer.download(info, local)
             shard_report = Report(info.url, kind)
             refs = _shard_refs(kind, [local], keys, label_ext, shard_report)
             results = _parallel_checks(refs, max_pixels, workers, False, num_classes)

@@ -22,7 +22,7 @@ from dali_pipes.data.formats.webdataset import group_samples, scan_members
 from dali_pipes.data.image_check import DEFAULT_MAX_PIXELS, check_image
 from dali_pipes.data.location import classify, classify_remote
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote_urls, transfer
 from dali_pipes.tools.convert_detection import TASK
 from dali_pipes.tools.verify import Problem, Report
 
@@ -39,7 +39,7 @@ def is_detection(location) -> bool:
     if is_coco_json(location):
         return True
     try:
-        kind, shards = (classify_remote(location) if remote.is_remote(str(location)) else classify(location))
+        kind, shards = (classify_remote(location) if remote_urls.is_remote(str(location)) else classify(location))
     except (DatasetError, OSError, ValueError):
         return False
     if kind not in ("tfrecord", "webdataset") or not shards:
@@ -48,7 +48,7 @@ def is_detection(location) -> bool:
     found = manifest.read(manifest.path_beside(first))
     if found is not None:
         return found.get("task") == TASK
-    return not remote.is_remote(first) and _first_is_detection(kind, first)
+    return not remote_urls.is_remote(first) and _first_is_detection(kind, first)
 
 
 def _first_is_detection(kind: str, shard: str) -> bool:
@@ -101,8 +101,8 @@ def verify_coco(annotations: str, images: str, *, max_pixels: int = DEFAULT_MAX_
 
 
 def _read(path: str) -> bytes:
-    if remote.is_remote(path):
-        return remote.read_bytes(path)
+    if remote_urls.is_remote(path):
+        return transfer.read_bytes(path)
     with open(path, "rb") as f:
         return f.read()
 
@@ -152,7 +152,7 @@ def _check_shard(report: Report, kind: str, shard: str, category_ids: set[int] |
 
 def verify_shards(location, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Report:
     """Check detection shards (a folder, glob or list; local or remote) and the manifest beside them."""
-    if remote.is_remote(str(location)):
+    if remote_urls.is_remote(str(location)):
         kind, infos = classify_remote(location)
         shards, sizes = [o.url for o in infos], [o.size for o in infos]
     else:

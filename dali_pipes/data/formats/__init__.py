@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Callable, Protocol
 from dali_pipes.data.formats import image_files, parquet, tfrecord, webdataset
 from dali_pipes.data.samples import ReadPlan, Sample, SampleKeys, SampleRef, SourceRecord
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 
 class Format(Protocol):

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 from dali_pipes.data.detection import DetectionSample, detection_sample
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls, transfer
 
 EDGE_TOLERANCE = 1.0  # pixels a box may pass the image's edge by and be clipped rather than refused
 BAD_BOXES = ("raise", "drop")
@@ -49,7 +49,7 @@ def annotation_where(path: str, image_id: Any, annotation_id: Any = None) -> str
 def load_json(path: str) -> dict:
     """The parsed file (local or URL); DatasetError naming it when it is not a JSON object."""
     try:
-        raw = remote.read_bytes(path) if remote.is_remote(path) else _read_local(path)
+        raw = transfer.read_bytes(path) if remote_urls.is_remote(path) else _read_local(path)
     except FileNotFoundError:
         raise DatasetError(path, "no such annotation file", "Check the path of the COCO JSON") from None
     try:
@@ -161,15 +161,15 @@ def _ids(categories: Iterable[int]) -> str:
 
 def image_location(images: str, file_name: str) -> str:
     """The image's path or URL: `file_name` (relative, as COCO gives it) under the image folder."""
-    return remote.join(images, file_name) if remote.is_remote(images) else os.path.join(images, file_name)
+    return remote_urls.join(images, file_name) if remote_urls.is_remote(images) else os.path.join(images, file_name)
 
 
 def missing_images(json_path: str, images_root: str, entries: Iterable[dict]) -> list[DatasetError]:
     """Each image the JSON names that the folder (or store prefix: one listing) does not hold, named."""
     entries = list(entries)
-    if remote.is_remote(images_root):
-        listed = {remote.identity(info.url) for info in remote.list_objects(images_root.rstrip("/") + "/")}
-        found = [remote.identity(image_location(images_root, e["file_name"])) in listed for e in entries]
+    if remote_urls.is_remote(images_root):
+        listed = {remote_urls.identity(info.url) for info in remote.list_objects(images_root.rstrip("/") + "/")}
+        found = [remote_urls.identity(image_location(images_root, e["file_name"])) in listed for e in entries]
     else:
         found = [os.path.isfile(image_location(images_root, e["file_name"])) for e in entries]
     return [DatasetError(image_location(images_root, e["file_name"]),

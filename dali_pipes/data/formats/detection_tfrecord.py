@@ -28,7 +28,7 @@ from dali_pipes.data.formats.tfrecord import (
 )
 from dali_pipes.data.protobuf import encode_varint, length_delimited
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import transfer
 from dali_pipes.storage.files import atomic_write
 
 IMAGE, FORMAT, FILENAME, SOURCE_ID = "image/encoded", "image/format", "image/filename", "image/source_id"
@@ -140,7 +140,7 @@ def decode_sample(data: bytes, shard: str, index: int, offset: int, position: in
 def iter_shard(shard: str, first_position: int = 0) -> Iterator[tuple[DetectionSample, bytes]]:
     """(sample, image bytes) of each record of a local or remote shard, in order; DatasetError naming
     shard#record on a broken frame, a bad CRC or a record without the detection keys."""
-    with remote.local_copy(shard) as local:
+    with transfer.local_copy(shard) as local:
         for index, (offset, _, data, problem) in enumerate(walk_records(local)):
             if problem or data is None:
                 raise DatasetError(f"{shard}#{index}", f"byte {offset}: {problem.message if problem else 'no data'}",
@@ -161,7 +161,7 @@ def read_shards(shards: Iterable[str]) -> list[DetectionSample]:
 def image_bytes(sample: DetectionSample) -> bytes:
     """The encoded image of a sample read_shards gave (one ranged read of its record)."""
     offset, size = sample.extra
-    frame = remote.read_range(sample.path, offset, size)
+    frame = transfer.read_range(sample.path, offset, size)
     data = frame[HEADER_BYTES:-FOOTER_BYTES]
     return decode_sample(data, sample.path, -1, offset, sample.image_id)[1]
 

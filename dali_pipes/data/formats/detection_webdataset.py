@@ -27,7 +27,7 @@ from dali_pipes.data.formats.webdataset import (
     write_tar_index,
 )
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import remote
+from dali_pipes.storage import transfer
 from dali_pipes.storage.files import atomic_write
 
 JSON_EXT = "json"
@@ -90,7 +90,7 @@ def _parts(shard: str, members: list[Member]) -> tuple[str, Member, Member]:
 def read_shard(shard: str) -> list[DetectionSample]:
     """Every sample of one local or remote shard, in order; DatasetError naming shard#key where a sample
     lacks its image or its JSON, or the JSON is not one of boxes."""
-    with remote.local_copy(shard) as local, open(local, "rb") as f:
+    with transfer.local_copy(shard) as local, open(local, "rb") as f:
         samples = []
         for members in group_samples(scan_members(local)):
             key, image, text = _parts(shard, members)
@@ -106,7 +106,7 @@ def read_shards(shards: Iterable[str]) -> list[DetectionSample]:
 def image_bytes(sample: DetectionSample) -> bytes:
     """The encoded image of a sample read_shards gave (one ranged read of its member)."""
     offset, size = sample.extra
-    return remote.read_range(sample.path, offset, size)
+    return transfer.read_range(sample.path, offset, size)
 
 
 def is_detection_sample(members: list[Member]) -> bool:

@@ -165,11 +165,11 @@ def source_info(ref: SampleRef) -> str:
 
 
 def read_sample(ref: SampleRef) -> Sample:
-    from dali_pipes.storage import remote
+    from dali_pipes.storage import remote_urls, transfer
     if ref.label is None:  # nothing in an image file says its label
         raise ValueError(f"{ref.path}: an image file's SampleRef needs its label (Source.refs() gives them)")
-    if remote.is_remote(ref.path):
-        return Sample(ref.path, remote.read_bytes(ref.path), ref.label)
+    if remote_urls.is_remote(ref.path):
+        return Sample(ref.path, transfer.read_bytes(ref.path), ref.label)
     with open(ref.path, "rb") as f:
         return Sample(ref.path, f.read(), ref.label)
 

@@ -42,7 +42,7 @@ def read_file(path: str | None) -> bytes:
 
 
 def with_files(cells, data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple:
-    """(data, starts, ends) of a row group's images (parquet._byte_ranges) with every row that has no bytes
+    """(data, starts, ends) of a row group's images (parquet_table.byte_ranges) with every row that has no bytes
     but a path read from its file; the rows whose file cannot be read stay empty."""
     _, paths, _ = _fields(cells)
     missing = np.flatnonzero(ends == starts)

@@ -40,7 +40,7 @@ from dali_pipes.data.protobuf import as_bytes, fields, read_varint
 from dali_pipes.data.samples import Sample, SampleKeys, SampleRef, SourceRecord, required
 from dali_pipes.errors import DatasetError, IndexMismatchError
 from dali_pipes.storage.files import atomic_write
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 # ---------------------------------------------------------------------------------------------
 # tf.train.Example, encoded and decoded by hand (wire format of example.proto / feature.proto).
@@ -158,7 +158,7 @@ def remote_index_matches(info: ObjectInfo, index_path: str, spot_checks: int = 1
         entries = read_tfrecord_index(index_path)
     except (OSError, ValueError):
         return False
-    from dali_pipes.storage.remote import read_range
+    from dali_pipes.storage.transfer import read_range
     return entries_fit(entries, info.size) and headers_fit(entries, lambda at: read_range(info, at, HEADER_BYTES),
                                                            spot_checks)
 
@@ -206,7 +206,7 @@ def read_sample(ref: SampleRef) -> Sample:
     """One record, its CRCs and keys checked. Raises DatasetError naming shard#record."""
     (keys,) = ref.extra
     where = f"{ref.path}#{ref.index}"
-    from dali_pipes.storage.remote import read_range
+    from dali_pipes.storage.transfer import read_range
     frame = read_range(ref.path, ref.offset, ref.size)
     if len(frame) != ref.size:
         raise DatasetError(where, f"truncated record (byte {ref.offset})")
@@ -261,7 +261,7 @@ def check_keys(shard: str, keys: SampleKeys, first_frame: tuple[int, int] | None
     from the index reads just that record (an s3:// shard: one ranged GET)."""
     records: Iterator[tuple[int, int, bytes | None, RecordProblem | None]]
     if first_frame is not None:
-        from dali_pipes.storage.remote import read_range
+        from dali_pipes.storage.transfer import read_range
         frame = read_range(shard, *first_frame)
         records = iter([(0, len(frame), frame[HEADER_BYTES:-FOOTER_BYTES], None)])
     else:
@@ -306,7 +306,7 @@ def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpe
     keys = source.keys
     stand_in = frame_record(encode_example({keys.image: jpeg, keys.label: EXCLUDED_LABEL}))  # reads as PADDING_LABEL
     entries, offset = [], 0
-    from dali_pipes.storage.remote import local_copy
+    from dali_pipes.storage.transfer import local_copy
     with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as out:
         for i, (start, size) in enumerate(read_tfrecord_index(index_path)):  # the indexed (readable) records
             f.seek(start)

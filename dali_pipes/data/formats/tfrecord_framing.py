@@ -210,7 +210,7 @@ def build_tfrecord_index(path: str, damaged: list[DatasetError] | None = None) -
 
 
 def scan_tfrecord_stream(f: BinaryIO, where: str) -> list[tuple[int, int]]:
-    """build_tfrecord_index over a sequential stream (a remote shard read once, remote.open_object):
+    """build_tfrecord_index over a sequential stream (a remote shard read once, transfer.open_object):
     every header's length CRC is checked, the data is read past, not kept. Raises DatasetError."""
     head = f.read(HEADER_BYTES)
     compression = compression_of_header(head)

@@ -27,7 +27,7 @@ from dali_pipes.data.labels import EXCLUDED_LABEL, check_label, dali_checked_lab
 from dali_pipes.data.samples import Sample, SampleKeys, SampleRef, SourceRecord, required
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage.files import atomic_write
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 SHARD_NAME = "a .tar shard"  # in messages
 SHUFFLES_LIST = False  # its reader keeps storage order; only the shuffle buffer mixes (reader.ReaderModel)
@@ -249,7 +249,7 @@ def remote_index_matches(info: ObjectInfo, index_path: str, spot_checks: int = 1
         samples = read_tar_index(index_path)
     except (OSError, ValueError):
         return False
-    from dali_pipes.storage.remote import read_range
+    from dali_pipes.storage.transfer import read_range
     return bool(samples) and members_fit(samples, info.size, lambda at: read_range(info, at - BLOCK, BLOCK),
                                          spot_checks)
 
@@ -349,9 +349,9 @@ def sample_refs(source: SourceRecord) -> list[SampleRef]:
 
 
 def _read_members(ref: SampleRef, members: tuple[Member, ...]) -> list[bytes]:
-    from dali_pipes.storage import remote
-    if remote.is_remote(ref.path):
-        return [remote.read_range(ref.path, m.offset, m.size) for m in members]
+    from dali_pipes.storage import remote_urls, transfer
+    if remote_urls.is_remote(ref.path):
+        return [transfer.read_range(ref.path, m.offset, m.size) for m in members]
     with open(ref.path, "rb") as f:
         return [read_member(f, m) for m in members]
 
@@ -414,7 +414,7 @@ def verify_shard(shard: str, keys: SampleKeys, label_ext: str) -> tuple[list[Sam
 def rewrite_without(shard: str, index_path: str, target: str, bad: set[str], jpeg: bytes, source: SourceRecord) -> None:
     """Copy `shard` to `target` with the samples keyed in `bad` replaced by a placeholder (the
     placeholder image, label EXCLUDED_LABEL), and write the copy's index."""
-    from dali_pipes.storage.remote import local_copy
+    from dali_pipes.storage.transfer import local_copy
     # atomic_write: the temp copy is removed when reading the shard or writing the copy fails
     with local_copy(shard) as local, open(local, "rb") as f, atomic_write(target, "wb") as raw, \
             tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as out:
