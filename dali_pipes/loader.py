@@ -341,7 +341,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
 def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd:
     """This epoch as Accelerate's GradientState hears it, where Accelerate runs: its `remainder` from every
     process's real entries in its last batch, where the processes' slices are known (each process reads slice
-    `rank`, or val under Accelerate slice world - 1 - rank: dataloader_args.accelerate_shard); else 0."""
+    `rank`, or val under Accelerate slice world - 1 - rank: running_framework.accelerate_shard); else 0."""
     state, pipe, shard = gradient_state(), loader.pipe, loader.shard
     if state is None or not cut.batches or pipe.sampled or pipe.remainder is not None:
         return EpochEnd(state, 0)

@@ -523,12 +523,12 @@ def test_train_and_val_converted_into_one_folder_keep_the_detection_manifest(coc
 @pytest.mark.parametrize("kind", ["tfrecord", "webdataset"])
 def test_convert_to_and_verify_in_object_storage(coco_files, s3, capsys, kind):
     from dali_pipes.data.formats import detection_tfrecord, detection_webdataset
-    from dali_pipes.storage import remote
+    from dali_pipes.storage import remote, remote_urls
     annotations, images = coco_files
     out = s3.url(f"det/{kind}/")
     status, text = run_cli(capsys, "convert", kind, annotations, out, "--images", images, "--shards", "2")
     assert status == 0, text
-    names = sorted(remote.basename(o.url) for o in remote.list_objects(out))
+    names = sorted(remote_urls.basename(o.url) for o in remote.list_objects(out))
     ext = ".tfrecord" if kind == "tfrecord" else ".tar"
     assert names == sorted(["manifest.json"] + [f"instances-0000{i}-of-00002{ext}{idx}" for i in (0, 1)
                                                 for idx in ("", ".idx")])

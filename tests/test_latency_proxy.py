@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dali_pipes.data.formats import tfrecord
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, transfer
 from dali_pipes_bench.servers.latency_proxy import Fault, LatencyProxy, ProxyProcess
 
 pytest_plugins = ["s3_server"]  # fixtures: s3 (a bucket on a local moto server), proxy
@@ -23,9 +23,9 @@ def test_ranges_large_bodies_and_uploads_pass_through(proxy, s3, tmp_path):
     data = os.urandom(5 << 20)
     local = tmp_path / "blob"
     local.write_bytes(data)
-    info = remote.upload(str(local), s3.url("x/blob"))  # PUT through the proxy
-    assert remote.read_range(info, 1234, 10_000) == data[1234:11_234]
-    assert remote.read_bytes(info.url) == data
+    info = transfer.upload(str(local), s3.url("x/blob"))  # PUT through the proxy
+    assert transfer.read_range(info, 1234, 10_000) == data[1234:11_234]
+    assert transfer.read_bytes(info.url) == data
     counts = proxy.counts()
     assert counts["PUT"] >= 1 and counts["GET"] == 2 and counts["HEAD"] >= 1
 
@@ -36,7 +36,7 @@ def test_each_request_waits_the_delay(s3, monkeypatch):
         info = remote.head(s3.put("a", b"abc"))
         start = time.monotonic()
         for _ in range(3):
-            remote.read_range(info, 0, 1)
+            transfer.read_range(info, 0, 1)
         assert time.monotonic() - start >= 0.3  # a lower bound only: sleeps are never shorter
         assert slow.counts()["GET"] == 3
 

@@ -8,9 +8,9 @@ import os
 import pytest
 
 from dali_pipes.errors import DatasetError
-from dali_pipes.storage import object_store, remote
+from dali_pipes.storage import object_store, remote, remote_urls, transfer
 from dali_pipes.storage.object_store import S3Url
-from dali_pipes.storage.remote import ObjectInfo
+from dali_pipes.storage.remote_urls import ObjectInfo
 from dali_pipes_bench.servers.latency_proxy import Fault
 
 from s3_server import closed_endpoint
@@ -27,16 +27,16 @@ def keys(infos: list[ObjectInfo]) -> list[str]:
 def test_urls_parse_join_and_relate():
     assert S3Url.parse("s3://bkt/a/b.tfrecord") == S3Url("bkt", "a/b.tfrecord")
     assert S3Url.parse("s3://bkt") == S3Url("bkt", "") and str(S3Url("bkt", "a/")) == "s3://bkt/a/"
-    assert remote.join("s3://bkt/data/", "cat/1.jpg") == "s3://bkt/data/cat/1.jpg"
-    assert remote.join("s3://bkt", "x") == "s3://bkt/x"
-    assert remote.dirname("s3://bkt/data/list.txt") == "s3://bkt/data/"
-    assert remote.relative_to("s3://bkt/data/cat/1.jpg", "s3://bkt/data") == "cat/1.jpg"
+    assert remote_urls.join("s3://bkt/data/", "cat/1.jpg") == "s3://bkt/data/cat/1.jpg"
+    assert remote_urls.join("s3://bkt", "x") == "s3://bkt/x"
+    assert remote_urls.dirname("s3://bkt/data/list.txt") == "s3://bkt/data/"
+    assert remote_urls.relative_to("s3://bkt/data/cat/1.jpg", "s3://bkt/data") == "cat/1.jpg"
     assert object_store.is_remote("s3://bkt/x") and not object_store.is_remote("/data/s3:/x")
     assert not object_store.is_remote(["s3://bkt/x"])
     with pytest.raises(ValueError, match="no bucket"):
         S3Url.parse("s3:///key")
     with pytest.raises(ValueError, match="not below"):
-        remote.relative_to("s3://bkt/other/1.jpg", "s3://bkt/data/")
+        remote_urls.relative_to("s3://bkt/other/1.jpg", "s3://bkt/data/")
 
 
 def test_client_takes_the_endpoint_from_aws_endpoint_url(s3):
@@ -100,7 +100,7 @@ def test_access_denied_is_a_permission_error_naming_the_bucket(restricted_s3, tm
     server = restricted_s3  # a real 403 from moto's IAM checks
     (info,) = remote.list_objects(f"s3://{server.bucket}/train/")  # listing is allowed
     with pytest.raises(PermissionError, match=r"access denied .*AccessDenied.* s3:GetObject"):
-        remote.download(info, str(tmp_path / "a"))
+        transfer.download(info, str(tmp_path / "a"))
     with pytest.raises(PermissionError, match="access denied"):
         remote.head(f"s3://{server.bucket}/{server.key}")
 
@@ -109,7 +109,7 @@ def test_injected_403_is_access_denied(proxy, s3, tmp_path):
     info = remote.head(s3.put("train/a.tfrecord", b"abc"))
     proxy.add_fault(Fault("/train/a.tfrecord", method="GET", status=403))
     with pytest.raises(PermissionError, match="access denied by http://127.0.0.1"):
-        remote.download(info, str(tmp_path / "a"))
+        transfer.download(info, str(tmp_path / "a"))
 
 
 def test_unreachable_endpoint_fails_after_its_attempts_and_names_it(s3, monkeypatch):
@@ -137,7 +137,7 @@ def test_a_store_answering_503_twice_is_retried_not_failed(proxy, s3, tmp_path):
     info = remote.head(s3.put("train/a.tfrecord", data))
     proxy.reset_counts()
     proxy.add_fault(Fault("/train/a.tfrecord", method="GET", status=503, times=2))
-    assert open(remote.download(info, str(tmp_path / "a")), "rb").read() == data
+    assert open(transfer.download(info, str(tmp_path / "a")), "rb").read() == data
     assert proxy.counts()["GET"] == 3
 
 
@@ -146,14 +146,14 @@ def test_a_slow_endpoint_fails_within_the_set_timeout(proxy, s3):
     remote.configure(attempts=2, timeout=0.5)
     proxy.delay_s = 3.0  # each request waits longer than the timeout before it is answered
     with pytest.raises(remote.UnreachableError, match=f"{info.url}: cannot reach .* after 2 attempts .*timeout"):
-        remote.read_range(info, 0, 3)
+        transfer.read_range(info, 0, 3)
 
 
 def test_download_checks_and_renames_atomically(s3, tmp_path):
     data = os.urandom(3 << 20)
     info = remote.head(s3.put("train/big.tfrecord", data))
     seen = []
-    path = remote.download(info, str(tmp_path / "big"), on_bytes=seen.append)
+    path = transfer.download(info, str(tmp_path / "big"), on_bytes=seen.append)
     assert open(path, "rb").read() == data and sum(seen) == len(data)
     assert os.listdir(tmp_path) == ["big"]  # no temporary file left
 
@@ -162,9 +162,9 @@ def test_object_changed_between_listing_and_download(s3, tmp_path):
     info = remote.head(s3.put("train/a.tfrecord", b"version 1"))
     s3.put("train/a.tfrecord", b"version 2 is longer")
     with pytest.raises(remote.ObjectChangedError, match="changed after it was listed .* rebuild its indexes"):
-        remote.download(info, str(tmp_path / "a"))
+        transfer.download(info, str(tmp_path / "a"))
     with pytest.raises(DatasetError, match="changed after it was listed"):
-        remote.read_range(info, 0, 4)
+        transfer.read_range(info, 0, 4)
     assert os.listdir(tmp_path) == []
 
 
@@ -172,7 +172,7 @@ def test_object_deleted_mid_epoch(s3, tmp_path):
     info = remote.head(s3.put("train/a.tfrecord", b"abc"))
     s3.delete("train/a.tfrecord")
     with pytest.raises(FileNotFoundError, match="disappeared after it was listed"):
-        remote.download(info, str(tmp_path / "a"))
+        transfer.download(info, str(tmp_path / "a"))
     assert os.listdir(tmp_path) == []
 
 
@@ -181,7 +181,7 @@ def test_truncated_body_is_an_error_after_bounded_retries(proxy, s3, tmp_path):
     proxy.reset_counts()
     proxy.add_fault(Fault("/train/a.tfrecord", method="GET", truncate_at=1000))
     with pytest.raises(remote.TruncatedDownloadError, match="cut short: 1000 of 200000 bytes"):
-        remote.download(info, str(tmp_path / "a"), attempts=2)
+        transfer.download(info, str(tmp_path / "a"), attempts=2)
     assert proxy.counts()["GET"] == 2 and os.listdir(tmp_path) == []
 
 
@@ -189,26 +189,26 @@ def test_one_truncated_body_is_retried(proxy, s3, tmp_path):
     data = os.urandom(200_000)
     info = remote.head(s3.put("train/a.tfrecord", data))
     proxy.add_fault(Fault("/train/a.tfrecord", method="GET", truncate_at=1000, times=1))
-    assert open(remote.download(info, str(tmp_path / "a")), "rb").read() == data
+    assert open(transfer.download(info, str(tmp_path / "a")), "rb").read() == data
 
 
 def test_read_range_and_read_bytes(s3):
     data = bytes(range(256)) * 10
     info = remote.head(s3.put("x/blob", data))
-    assert remote.read_range(info, 100, 50) == data[100:150]
-    assert remote.read_range(info, 0, 0) == b""
-    assert remote.read_bytes(info.url) == data
+    assert transfer.read_range(info, 100, 50) == data[100:150]
+    assert transfer.read_range(info, 0, 0) == b""
+    assert transfer.read_bytes(info.url) == data
     with pytest.raises(ValueError, match="outside the object"):
-        remote.read_range(info, len(data) - 1, 2)
+        transfer.read_range(info, len(data) - 1, 2)
 
 
 def test_upload_round_trips(s3, tmp_path):
     local = tmp_path / "shard.tfrecord"
     local.write_bytes(b"0123456789" * 1000)
-    info = remote.upload(str(local), s3.url("out/shard.tfrecord"))
-    assert info.size == 10_000 and remote.read_bytes(info.url) == local.read_bytes()
+    info = transfer.upload(str(local), s3.url("out/shard.tfrecord"))
+    assert info.size == 10_000 and transfer.read_bytes(info.url) == local.read_bytes()
     with pytest.raises(FileNotFoundError, match="bucket 'no-such-bucket' does not exist"):
-        remote.upload(str(local), "s3://no-such-bucket/out/shard.tfrecord")
+        transfer.upload(str(local), "s3://no-such-bucket/out/shard.tfrecord")
 
 
 def test_version_changes_with_the_object(s3):
@@ -228,7 +228,7 @@ def test_open_object_streams_a_tar_once(s3):
             member.size = 3
             tar.addfile(member, io.BytesIO(b"abc"))
     info = remote.head(s3.put("shards/a.tar", payload.getvalue()))
-    with remote.open_object(info) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
+    with transfer.open_object(info) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
         assert [m.name for m in tar] == ["0001.jpg", "0001.cls"]
-    with remote.open_object(info) as stream:
+    with transfer.open_object(info) as stream:
         assert stream.read() == payload.getvalue()

@@ -19,7 +19,7 @@ import pytest
 from dali_pipes import DaliLoader, DatasetError, SampleKeys, open_source
 from dali_pipes.data import indexes
 from dali_pipes.data.formats import tfrecord, webdataset
-from dali_pipes.storage import object_store, remote
+from dali_pipes.storage import object_store, remote, transfer
 from dali_pipes.storage.remote import ObjectChangedError, TruncatedDownloadError
 from dali_pipes.storage.shard_cache import CacheTooSmallError, ShardTooLargeError
 from dali_pipes_bench.servers.latency_proxy import Fault
@@ -482,11 +482,11 @@ def test_a_bucket_shard_that_differs_from_the_manifest_is_refused(s3, cache_dirs
     write_folder(str(tmp_path / "images"))
     assert main(["convert", "tfrecord", str(tmp_path / "images"), s3.url("m/"), "--shards", "2", "--workers", "1",
                  "--prefix", "train"]) == 0
-    manifest = json.loads(remote.read_bytes(s3.url("m/manifest.json")))
+    manifest = json.loads(transfer.read_bytes(s3.url("m/manifest.json")))
     assert [s["name"] for s in manifest["shards"]] == [f"train-{i:05d}-of-00002.tfrecord" for i in range(2)]
     shard = s3.url("m/train-00001-of-00002.tfrecord")
     extra = tfrecord.frame_record(tfrecord.encode_example({"image/encoded": jpeg_bytes(3), "image/class/label": 1}))
-    s3.put("m/train-00001-of-00002.tfrecord", remote.read_bytes(shard) + extra)
+    s3.put("m/train-00001-of-00002.tfrecord", transfer.read_bytes(shard) + extra)
     s3.client.delete_object(Bucket=s3.bucket, Key="m/train-00001-of-00002.tfrecord.idx")
     with pytest.raises(DatasetError,
                        match=r"train-00001-of-00002.tfrecord: \d+ bytes, but s3://.*/m/manifest.json lists"):

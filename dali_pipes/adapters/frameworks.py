@@ -55,7 +55,7 @@ class RankStates:
         states: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(states, mine)
         # In the loaders' rank order, which load_state_dict reads: a val loader under Accelerate has rank
-        # world - 1 - process (dataloader_args.accelerate_shard), so process order is not always rank order
+        # world - 1 - process (running_framework.accelerate_shard), so process order is not always rank order
         return {"ranks": sorted(states, key=lambda state: state.get("loader", {}).get("rank", 0))}
 
     def load_state_dict(self, state: dict) -> None:
