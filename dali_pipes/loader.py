@@ -34,7 +34,7 @@ from typing import Any, Iterator, Protocol, runtime_checkable
 import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
-from dali_pipes.data.samples import PADDING_LABEL, TFRecordKeys
+from dali_pipes.data.samples import TFRecordKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
 from dali_pipes.dataloader_args import (
     LOCATION_TYPES,
@@ -49,16 +49,16 @@ from dali_pipes.dataloader_args import (
 from dali_pipes.graph.augment import AugmentConfig, resolve_decode_device
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.run import resume
-from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.lifetime import OneIteration, recover
 from dali_pipes.run.pipeline import PipelineSpec
 from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
-from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
+from dali_pipes.run.rank import FeedOptions, RankBatches, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
-from dali_pipes.run.sampled import SamplerRead
+from dali_pipes.run.sampled import SampledEpochs, SamplerRead
+from dali_pipes.run.stages import batch_path
 from dali_pipes.run.tuning import AUTO, fixed_knobs
 from dali_pipes.run.val_cache import ValCache
 from dali_pipes.storage import remote
@@ -72,7 +72,8 @@ log = logging.getLogger("dali_pipes")
 @runtime_checkable
 class Loader(Protocol):
     """What the training loop needs of a loader; DaliLoader and the DataLoader baseline both are one."""
-    supports_elastic: bool  # load_state_dict takes every old rank's state on another world size
+    @property  # load_state_dict takes every old rank's state on another world size
+    def supports_elastic(self) -> bool: ...
 
     @property  # read-only, as DaliLoader's: a property, so that a loader may compute them
     def source(self) -> Source: ...
@@ -210,13 +211,17 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
                                   sharding_check=sharding_check, tune_threads=threads == AUTO, started=started,
-                                  tune_depth=prefetch_queue_depth == AUTO, sampler=sampler_read(call, self))
-        self.supports_elastic = self.pipe.sampled is None or self.pipe.sampled.read.elastic_refusal() is None
+                                  tune_depth=prefetch_queue_depth == AUTO, order=drawn_order(call, self, source))
+        self._batch_source = self.val_cache.over(RankBatches(self.pipe))  # DALI's batches, or a val epoch given again
         try:
             self.pipe.build()
         except BaseException:
             self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
             raise
+
+    @property
+    def supports_elastic(self) -> bool:  # not where a sampler's draw depends on the world size (run/sampled.py)
+        return self.pipe.order is None or self.pipe.order.elastic_refusal() is None
 
     @property
     def source(self) -> Source:  # what this loader reads (bad samples excluded so far replaced in place)
@@ -249,9 +254,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
 
     def _cut(self) -> EpochCut:
         recover(self.pipe, self.position, lazily=True)  # after a Ctrl-C inside DALI (run/lifetime.py)
-        pipe = self.pipe  # a sampler read by drawing: its epoch's order cuts it (run/sampled.py)
-        return pipe.sampled.cut(self.position.epoch) if pipe.sampled else self.contract.epoch_cut(
-            pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run), self.num_samples)
+        return self.pipe.cut()
 
     @property
     def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
@@ -291,14 +294,14 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.pipe.begin_epoch(len(self))  # the hooks' epoch: a sampler's draw, clock, tuning, image-size schedule, ...
-        cut, at = self._cut(), self.position
-        while at.batch < cut.batches:
-            batch = self.val_cache.next(self.pipe, cut, at.batch)  # DALI's; later val epochs' from the cache
-            if batch is None:
-                break  # DALI ended the epoch first: never, as contract.py models it
-            self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
-            out = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(), self.batch_transform,
-                            (self.shard.rank, at.epoch))  # (images, labels), or what a collate_fn returned
+        at = self.position
+        path = batch_path(self._batch_source, self._cut(), at, self.pipe.record.add, rank=self.shard.rank,
+                          channels_last=self.augment.channels_last, transform=self.batch_transform, pin=self.pins())
+        while True:  # the epoch's batches through its stages (run/stages.py)
+            try:
+                out = path.next()  # (images, labels), or what a collate_fn returned
+            except StopIteration:
+                break
             at.batch += 1
             yield out
         self.pipe.settle()
@@ -327,42 +330,14 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         resume.restore(self.pipe, self.position, facts_of(self), state)
 
 
-def sampler_read(call: DataLoaderCall, loader: DaliLoader) -> SamplerRead | None:
-    """The sampler the loader reads by drawing its indices (run/sampled.py), or None: DALI's reader stands in.
-    With persistent workers DataLoader draws its base seed at the first epoch only; the draw does the same."""
+def drawn_order(call: DataLoaderCall, loader: DaliLoader, source: Source) -> SampledEpochs | None:
+    """The epochs of a sampler the loader reads by drawing its indices (run/sampled.py), or None: DALI's reader
+    stands in. With persistent workers DataLoader draws its base seed at the first epoch only; the draw does too."""
+    if not call.drawn:
+        return None
     persistent = loader.persistent_workers and loader.num_workers > 0
-    return SamplerRead(call.sampler, loader.generator, persistent, loader.shard) if call.drawn else None
-
-
-def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool, pin: bool,
-              transform: BatchTransform | None = None, at: tuple[int, int] = (0, 0)) -> Any:
-    """Batch `index` of the epoch as the contract cuts it: padding cut or labelled, laid out, its batch
-    transform applied (a collate_fn run, mixup, cutmix: batch_mix.py; keyed by `at` = (rank, epoch) and `index`),
-    pinned. (images, labels), or what the collate_fn returned."""
-    size, real = cut.size(index), cut.real_in(index)
-    images, labels = batch["images"][:size], batch["labels"][:size]
-    if cut.pad_label and real < size:
-        labels = labels.clone()
-        labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
-    if channels_last:
-        images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
-    if transform is None:
-        return (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
-    out = transform(images, labels, (*at, index))
-    return pinned(out) if pin else out
-
-
-def pinned(batch: Any) -> Any:
-    """`batch` with its tensors pinned, through tuples, lists and dicts, as DataLoader's pin_memory pins them."""
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, dict):
-        return {key: pinned(value) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(pinned(value) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(pinned(value) for value in batch)
-    return batch
+    read = SamplerRead(call.sampler, loader.generator, persistent, loader.shard)
+    return SampledEpochs(read, source, loader.contract, loader.position)
 
 
 def stats_of(pipe: RankPipeline) -> dict:
@@ -376,8 +351,9 @@ def stats_of(pipe: RankPipeline) -> dict:
 
 def facts_of(loader: DaliLoader) -> resume.LoaderFacts:
     """What the loader's state records of it and must match on resume (resume.py)."""
-    identity = {"rank": loader.shard.rank, "world_size": loader.shard.world_size, "batch_size": loader.batch_size,
-                "train": loader.train, "num_samples": loader.num_samples, "seed": loader.seed}
+    identity = resume.LoaderIdentity(rank=loader.shard.rank, world_size=loader.shard.world_size,
+                                     batch_size=loader.batch_size, train=loader.train,
+                                     num_samples=loader.num_samples, seed=loader.seed)
     contract = loader.contract
     return resume.LoaderFacts(identity, dataclasses.asdict(contract), resume.image_sizes(loader.augment, loader.train),
                               loader.train and (contract.dali_drop or contract.drop_last))

@@ -128,3 +128,40 @@ def test_loader_defaults_are_written_once():
 def test_train_is_run_from_a_checkout_not_installed():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert "train" not in packages and "dali_pipes" in packages
+
+
+def _library_files_run_by(step) -> set[str]:
+    """The dali_pipes files whose code runs while `step()` does (sys.settrace sees every Python frame)."""
+    import sys
+
+    import dali_pipes
+    root = Path(dali_pipes.__file__).parent
+    seen: set[str] = set()
+
+    def tracer(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name.startswith(str(root)):
+            seen.add(str(Path(name).relative_to(root)))
+        return None  # calls only: a file is counted when any of its functions runs
+
+    sys.settrace(tracer)
+    try:
+        step()
+    finally:
+        sys.settrace(None)
+    return seen
+
+
+def test_one_steady_state_batch_runs_code_in_at_most_nine_library_files(numbered):
+    """After DALI a batch goes through a chain of small stages (run/stages.py); one batch of a steady state (a
+    CPU train loader's second epoch, its knobs tuned or fixed) runs code in at most 9 of the library's files,
+    so that a reader can follow one batch."""
+    from dali_pipes import DaliLoader
+    loader = DaliLoader(numbered, batch_size=2, image_size=16, device="cpu", train=True)
+    for _ in loader:  # the first epoch: the first batch's set-up, tuning's search
+        pass
+    batches = iter(loader)
+    next(batches), next(batches)
+    files = _library_files_run_by(lambda: next(batches))
+    loader.close()
+    assert len(files) <= 9, sorted(files)
