@@ -165,3 +165,33 @@ def test_one_steady_state_batch_runs_code_in_at_most_nine_library_files(numbered
     files = _library_files_run_by(lambda: next(batches))
     loader.close()
     assert len(files) <= 9, sorted(files)
+
+
+# Which modules may name the val cache's and the drawn sampler's classes: their own, the loader that assembles
+# them, and the static graph check, which builds a drawn order's feed to check its graph.
+OWN_NAMES = {"ValCache": {"dali_pipes.run.val_cache", "dali_pipes.loader"},
+             "CachedSource": {"dali_pipes.run.val_cache"},
+             "SampledEpochs": {"dali_pipes.run.sampled", "dali_pipes.loader"},
+             "SamplerRead": {"dali_pipes.run.sampled", "dali_pipes.loader"},
+             "OrderFeed": {"dali_pipes.run.sampled", "dali_pipes.tools.graph_check"}}
+
+
+def test_the_val_cache_and_the_drawn_sampler_are_reached_by_no_other_module():
+    """The val cache sees the rank's pipeline through a small protocol (val_cache.CachedSource) and the rank
+    is handed the drawn sampler as its hooks.EpochOrder: no other module names their classes (imports and
+    type-only imports counted) or reaches for the rank's `sampled` hook, and the val cache and the stages import
+    nothing of the rank's module."""
+    offenders = []
+    for module, path in _modules("dali_pipes").items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+                node.name if isinstance(node, ast.alias) else None
+            if name in OWN_NAMES and module not in OWN_NAMES[name]:
+                offenders.append(f"{module}: {name}")
+            if isinstance(node, ast.Attribute) and node.attr == "sampled":
+                offenders.append(f"{module}: .sampled")
+    for module in ("dali_pipes.run.val_cache", "dali_pipes.run.stages"):
+        if "dali_pipes.run.rank" in _edges("dali_pipes").get(module, set()):
+            offenders.append(f"{module} imports dali_pipes.run.rank")
+    assert offenders == []

@@ -2,10 +2,13 @@
 
     {"version": 3,
      "loader":      {"epoch", "position", "rank", "world_size", "batch_size", "train", "num_samples", "seed",
-                     "contract", "fingerprint", "image_size"},  # where the loader is, what it must match
-     "pipeline":    {"dali", "dali_sha256", "dali_epoch0", "tuned"},  # DALI's checkpoint and its digest
-                                                      # (dali_checkpoint.sealed), the epoch its pipeline began at,
-                                                      # the tuner's choice once made (tuning.py; absent before 0.3)
+                     "written_by", "contract", "fingerprint", "image_size"},  # where the loader is, what it
+                                                      # must match (LoaderIdentity), the release that wrote it
+     "pipeline":    {"dali", "dali_sha256", "dali_epoch0", "tuned", "sampler"},  # DALI's checkpoint and its
+                                                      # digest (dali_checkpoint.sealed), the epoch its pipeline
+                                                      # began at; each named hook's state() under its name: the
+                                                      # tuner's choice once made (tuning.py; absent before 0.3),
+                                                      # a drawn sampler's draw (sampled.py)
      "bad_samples": {"bad_samples", "excluded"},      # recovery.BadSamplePolicy.state()
      "record":      {"delivered", "delivered_complete", "elastic_base"}}   # delivery.DeliveryRecord.state()
 
