@@ -35,7 +35,7 @@ import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.data.detection_dataset import is_detection_dataset
-from dali_pipes.data.samples import PADDING_LABEL, SampleKeys
+from dali_pipes.data.samples import SampleKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
 from dali_pipes.dataloader_args import LOCATION_TYPES, DataLoaderCall, read_as_pil, resolve_call
 from dali_pipes.detection_loader import DetectionLoader
@@ -45,16 +45,16 @@ from dali_pipes.loader_surface import DataLoaderAttributes, DatasetView, EpochRe
 from dali_pipes.options import take_renamed
 from dali_pipes.run import resume
 from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place
-from dali_pipes.run.batch_mix import BatchTransform
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.lifetime import OneIteration, recover
 from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
 from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
-from dali_pipes.run.rank import FeedOptions, RankPipeline, rank_pipeline
+from dali_pipes.run.rank import FeedOptions, RankBatches, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
-from dali_pipes.run.sampled import SamplerRead
+from dali_pipes.run.sampled import SampledEpochs, SamplerRead
+from dali_pipes.run.stages import batch_path
 from dali_pipes.run.val_cache import ValCache
 from dali_pipes.storage import remote
 
@@ -67,7 +67,8 @@ log = logging.getLogger("dali_pipes")
 @runtime_checkable
 class Loader(Protocol):
     """What the training loop needs of a loader; DaliLoader and the DataLoader baseline both are one."""
-    supports_elastic: bool  # load_state_dict takes every old rank's state on another world size
+    @property  # load_state_dict takes every old rank's state on another world size
+    def supports_elastic(self) -> bool: ...
 
     @property  # read-only, as DaliLoader's: a property, so that a loader may compute them
     def source(self) -> Source: ...
@@ -219,13 +220,18 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.position, self.val_cache = Position(), ValCache(val_cache_bytes, spec, self.augment)
         self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
-                                  sharding_check=sharding_check, started=started, sampler=sampler_read(call, self))
-        self.supports_elastic = self.pipe.sampled is None or self.pipe.sampled.read.elastic_refusal() is None
+                                  sharding_check=sharding_check, started=started,
+                                  order=drawn_order(call, self, source))
+        self._batch_source = self.val_cache.over(RankBatches(self.pipe))  # DALI's batches, or a val epoch given again
         try:
             self.pipe.build()
         except BaseException:
             self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
             raise
+
+    @property
+    def supports_elastic(self) -> bool:  # not where a sampler's draw depends on the world size (run/sampled.py)
+        return self.pipe.order is None or self.pipe.order.elastic_refusal() is None
 
     @property
     def source(self) -> Source:  # what this loader reads (bad samples excluded so far replaced in place)
@@ -258,9 +264,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
 
     def _cut(self) -> EpochCut:
         recover(self.pipe, self.position, lazily=True)  # after a Ctrl-C inside DALI (run/lifetime.py)
-        pipe = self.pipe  # a sampler read by drawing: its epoch's order cuts it (run/sampled.py)
-        return pipe.sampled.cut(self.position.epoch) if pipe.sampled else self.contract.epoch_cut(
-            pipe.reader(), pipe.pipeline_epoch, pipe.remainder, len(pipe.run), self.num_samples)
+        return self.pipe.cut()
 
     @property
     def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
@@ -301,14 +305,14 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.pipe.begin_epoch(len(self))  # the hooks' epoch: a sampler's draw, clock, tuning, image-size schedule, ...
         cut, at = self._cut(), self.position
+        path = batch_path(self._batch_source, cut, at, self.pipe.record.add, rank=self.shard.rank,
+                          channels_last=self.augment.channels_last, transform=self.batch_transform, pin=self.pins())
         with accelerate_end(self, cut) as end:  # Accelerate hears where the epoch ends (run/accelerate_end.py)
-            while at.batch < cut.batches:
-                batch = self.val_cache.next(self.pipe, cut, at.batch)  # DALI's; later val epochs' from the cache
-                if batch is None:
-                    break  # DALI ended the epoch first: never, as contract.py models it
-                self.pipe.record.add(batch["ids"], cut.real_in(at.batch))  # what this batch delivers
-                out = cut_batch(batch, cut, at.batch, self.augment.channels_last, self.pins(), self.batch_transform,
-                                (self.shard.rank, at.epoch))  # (images, labels), or what a collate_fn returned
+            while True:  # the epoch's batches through its stages (run/stages.py)
+                try:
+                    out = path.next()  # (images, labels), or what a collate_fn returned
+                except StopIteration:
+                    break
                 at.batch += 1
                 end.batch(at.batch == cut.batches)
                 yield out
@@ -343,7 +347,7 @@ def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd:
     process's real entries in its last batch, where the processes' slices are known (each process reads slice
     `rank`, or val under Accelerate slice world - 1 - rank: running_framework.accelerate_shard); else 0."""
     state, pipe, shard = gradient_state(), loader.pipe, loader.shard
-    if state is None or not cut.batches or pipe.sampled or pipe.remainder is not None:
+    if state is None or not cut.batches or pipe.order is not None or pipe.remainder is not None:
         return EpochEnd(state, 0)
     (me, processes), world = process_place(), shard.world_size
     slices = {me: range(world), world - 1 - me: range(world - 1, -1, -1)}.get(shard.rank)
@@ -355,42 +359,14 @@ def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd:
     return EpochEnd(state, gathered_real([c.real_in(last) for c in cuts], cut.size(last)))
 
 
-def sampler_read(call: DataLoaderCall, loader: DaliLoader) -> SamplerRead | None:
-    """The sampler the loader reads by drawing its indices (run/sampled.py), or None: DALI's reader stands in.
-    With persistent workers DataLoader draws its base seed at the first epoch only; the draw does the same."""
+def drawn_order(call: DataLoaderCall, loader: DaliLoader, source: Source) -> SampledEpochs | None:
+    """The epochs of a sampler the loader reads by drawing its indices (run/sampled.py), or None: DALI's reader
+    stands in. With persistent workers DataLoader draws its base seed at the first epoch only; the draw does too."""
+    if not call.drawn:
+        return None
     persistent = loader.persistent_workers and loader.num_workers > 0
-    return SamplerRead(call.sampler, loader.generator, persistent, loader.shard) if call.drawn else None
-
-
-def cut_batch(batch: dict, cut: EpochCut, index: int, channels_last: bool, pin: bool,
-              transform: BatchTransform | None = None, at: tuple[int, int] = (0, 0)) -> Any:
-    """Batch `index` of the epoch as the contract cuts it: padding cut or labelled, laid out, its batch
-    transform applied (a collate_fn run, mixup, cutmix: batch_mix.py; keyed by `at` = (rank, epoch) and `index`),
-    pinned. (images, labels), or what the collate_fn returned."""
-    size, real = cut.size(index), cut.real_in(index)
-    images, labels = batch["images"][:size], batch["labels"][:size]
-    if cut.pad_label and real < size:
-        labels = labels.clone()
-        labels[real:] = PADDING_LABEL  # val_padding="label": masked by the loop
-    if channels_last:
-        images = images.permute(0, 3, 1, 2)  # NHWC memory, NCHW shape: torch's channels_last
-    if transform is None:
-        return (images.pin_memory(), labels.pin_memory()) if pin else (images, labels)
-    out = transform(images, labels, (*at, index))
-    return pinned(out) if pin else out
-
-
-def pinned(batch: Any) -> Any:
-    """`batch` with its tensors pinned, through tuples, lists and dicts, as DataLoader's pin_memory pins them."""
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, dict):
-        return {key: pinned(value) for key, value in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(pinned(value) for value in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(pinned(value) for value in batch)
-    return batch
+    read = SamplerRead(call.sampler, loader.generator, persistent, loader.shard)
+    return SampledEpochs(read, source, loader.contract, loader.position)
 
 
 def stats_of(pipe: RankPipeline) -> dict:
@@ -404,8 +380,9 @@ def stats_of(pipe: RankPipeline) -> dict:
 
 def facts_of(loader: DaliLoader) -> resume.LoaderFacts:
     """What the loader's state records of it and must match on resume (resume.py)."""
-    identity = {"rank": loader.shard.rank, "world_size": loader.shard.world_size, "batch_size": loader.batch_size,
-                "train": loader.train, "num_samples": loader.num_samples, "seed": loader.seed}
+    identity = resume.LoaderIdentity(rank=loader.shard.rank, world_size=loader.shard.world_size,
+                                     batch_size=loader.batch_size, train=loader.train,
+                                     num_samples=loader.num_samples, seed=loader.seed)
     contract = loader.contract
     return resume.LoaderFacts(identity, dataclasses.asdict(contract), resume.image_sizes(loader.augment, loader.train),
                               loader.train and (contract.dali_drop or contract.drop_last))

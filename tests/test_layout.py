@@ -103,18 +103,14 @@ def test_functions_and_the_loader_stay_small():
 
 
 MODULE_LINES = 500  # a module over this has seams: carry each to its own file (docs/layout.md)
-# Modules other branches of issue 34 split (step 4); the allowlist goes when they merge (the test says so).
-OVER_UNTIL_SPLIT = {"dali_pipes/run/batch_mix.py"}
 
 
 def test_no_library_module_is_over_500_lines():
     """Every module of the library (dali_pipes/; the benchmarks and the tests are not) within MODULE_LINES lines."""
     lines = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
              for path in (ROOT / "dali_pipes").rglob("*.py")}
-    over = {path: n for path, n in sorted(lines.items()) if n > MODULE_LINES and path not in OVER_UNTIL_SPLIT}
+    over = {path: n for path, n in sorted(lines.items()) if n > MODULE_LINES}
     assert over == {}, f"modules over {MODULE_LINES} lines (split each at its seams): {over}"
-    split = sorted(path for path in OVER_UNTIL_SPLIT if lines.get(path, 0) <= MODULE_LINES)
-    assert split == [], f"split now: take {split} out of OVER_UNTIL_SPLIT in tests/test_layout.py"
 
 
 def test_the_rank_run_takes_typed_settings_not_dicts():
@@ -147,3 +143,70 @@ def test_loader_defaults_are_written_once():
 def test_train_is_run_from_a_checkout_not_installed():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert "train" not in packages and "dali_pipes" in packages
+
+
+def _library_files_run_by(step) -> set[str]:
+    """The dali_pipes files whose code runs while `step()` does (sys.settrace sees every Python frame)."""
+    import sys
+
+    import dali_pipes
+    root = Path(dali_pipes.__file__).parent
+    seen: set[str] = set()
+
+    def tracer(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name.startswith(str(root)):
+            seen.add(str(Path(name).relative_to(root)))
+        return None  # calls only: a file is counted when any of its functions runs
+
+    sys.settrace(tracer)
+    try:
+        step()
+    finally:
+        sys.settrace(None)
+    return seen
+
+
+def test_one_steady_state_batch_runs_code_in_at_most_nine_library_files(numbered):
+    """After DALI a batch goes through a chain of small stages (run/stages.py); one batch of a steady state (a
+    CPU train loader's second epoch, its knobs tuned or fixed) runs code in at most 9 of the library's files,
+    so that a reader can follow one batch."""
+    from dali_pipes import DaliLoader
+    loader = DaliLoader(numbered, batch_size=2, image_size=16, device="cpu", train=True)
+    for _ in loader:  # the first epoch: the first batch's set-up, tuning's search
+        pass
+    batches = iter(loader)
+    next(batches), next(batches)
+    files = _library_files_run_by(lambda: next(batches))
+    loader.close()
+    assert len(files) <= 9, sorted(files)
+
+
+# Which modules may name the val cache's and the drawn sampler's classes: their own, the loader that assembles
+# them, and the static graph check, which builds a drawn order's feed to check its graph.
+OWN_NAMES = {"ValCache": {"dali_pipes.run.val_cache", "dali_pipes.loader"},
+             "CachedSource": {"dali_pipes.run.val_cache"},
+             "SampledEpochs": {"dali_pipes.run.sampled", "dali_pipes.loader"},
+             "SamplerRead": {"dali_pipes.run.sampled", "dali_pipes.loader"},
+             "OrderFeed": {"dali_pipes.run.sampled", "dali_pipes.tools.graph_check"}}
+
+
+def test_the_val_cache_and_the_drawn_sampler_are_reached_by_no_other_module():
+    """The val cache sees the rank's pipeline through a small protocol (val_cache.CachedSource) and the rank
+    is handed the drawn sampler as its hooks.EpochOrder: no other module names their classes (imports and
+    type-only imports counted) or reaches for the rank's `sampled` hook, and the val cache and the stages import
+    nothing of the rank's module."""
+    offenders = []
+    for module, path in _modules("dali_pipes").items():
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else \
+                node.name if isinstance(node, ast.alias) else None
+            if name in OWN_NAMES and module not in OWN_NAMES[name]:
+                offenders.append(f"{module}: {name}")
+            if isinstance(node, ast.Attribute) and node.attr == "sampled":
+                offenders.append(f"{module}: .sampled")
+    for module in ("dali_pipes.run.val_cache", "dali_pipes.run.stages"):
+        if "dali_pipes.run.rank" in _edges("dali_pipes").get(module, set()):
+            offenders.append(f"{module} imports dali_pipes.run.rank")
+    assert offenders == []

@@ -46,6 +46,30 @@ def test_state_is_nested_by_owner_and_versioned(numbered):
             {**state, "version": 9})
 
 
+def test_old_layouts_are_upgraded_once_into_parts_by_owner(numbered):
+    """resume.upgrade, the one reader of older layouts: 0.2.0's flat fields go to their owners (DALI's checkpoint
+    to the rank's pipeline, the exclusions to the bad-sample policy, the delivered samples to the record, the
+    rest to the loader, which also learns which release wrote it); a state of today's layout comes back as it was
+    written (0.3.0's: the same layout); an older record that leaves its completeness unsaid is complete at an
+    epoch's start only."""
+    from dali_pipes.run import resume
+    flat = {k: decoded(v) for k, v in json.load(open(SAVED))["train"]["state"].items()}
+    parts = resume.upgrade(flat)
+    assert set(parts) == {"version", *resume.OWNERS} and parts["version"] == 3
+    assert parts["pipeline"] == {"dali": flat["dali"], "dali_epoch0": flat["dali_epoch0"]}
+    assert parts["bad_samples"] == {"bad_samples": flat["bad_samples"], "excluded": flat["excluded"]}
+    assert parts["record"] == {k: flat[k] for k in ("delivered", "delivered_complete", "elastic_base")}
+    assert parts["loader"] == {**{k: flat[k] for k in ("epoch", "position", "rank", "world_size", "batch_size",
+                                                       "train", "num_samples", "seed")},
+                               "written_by": "dali_pipes 0.2.0"}
+    unsaid = {k: v for k, v in flat.items() if k != "delivered_complete"}
+    assert resume.upgrade({**unsaid, "position": 0})["record"]["delivered_complete"] is True
+    assert resume.upgrade({**unsaid, "position": 2})["record"]["delivered_complete"] is False
+    loader = DaliLoader(numbered, batch_size=3, train=True, device="cpu", image_size=16, num_threads=1)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert resume.upgrade(state) == state
+
 # ---------------------------------------------------------------------------------------------
 # Issue 19: a resume checks a fingerprint of the data (names and sizes, nothing read) and says what changed
 # ---------------------------------------------------------------------------------------------

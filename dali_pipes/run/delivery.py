@@ -46,8 +46,8 @@ class IdentityTable:
     resolve to the first of their indices not yet marked."""
 
     def __init__(self, source: Source) -> None:
-        self._source = source
-        if source.format.SHARDED:
+        self._source, self._sharded = source, source.format.SHARDED  # read once: mark runs every batch
+        if self._sharded:
             self._shard_of = {path: i for i, path in enumerate(source.files)}
             self._starts = np.cumsum([0] + required(source.counts, source, "counts"))
             self._offsets: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -68,7 +68,7 @@ class IdentityTable:
 
     def mark(self, keys: list[str], marked: np.ndarray) -> list[str]:
         """Mark the samples named by `keys` in `marked`; returns the keys not found."""
-        find = self._find_shard_samples if self._source.format.SHARDED else self._find_files
+        find = self._find_shard_samples if self._sharded else self._find_files
         found, missing = [], []
         for key, index in zip(keys, find(keys, marked)):
             if index is None:
@@ -165,9 +165,18 @@ class DeliveryRecord:
         return {"delivered": pack(delivered), "delivered_complete": epoch_done or self.complete}
 
     def restore(self, state: dict, num_samples: int) -> None:
+        """Take back what state() gave (resume.upgrade says where older states leave completeness unsaid)."""
         self.delivered = unpack(state["delivered"], num_samples) if state.get("delivered") else \
             np.zeros(num_samples, bool)
-        self.complete = state.get("delivered_complete", state.get("position") == 0)  # older states: unknown
+        self.complete = state.get("delivered_complete", False)
+
+    @staticmethod
+    def merged(states: list[dict], num_samples: int) -> np.ndarray:
+        """What every old rank's record (state()) delivered together: an elastic resume's base."""
+        union = np.zeros(num_samples, bool)
+        for state in states:
+            union |= unpack(state["delivered"], num_samples)
+        return union
 
 
 def pack(bitmap: np.ndarray) -> bytes:

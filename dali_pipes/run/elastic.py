@@ -23,7 +23,6 @@ import numpy as np
 
 from dali_pipes.data.samples import required
 from dali_pipes.data.source import Source
-from dali_pipes.run.delivery import unpack
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec
 
@@ -54,19 +53,20 @@ class Remainder:
             self.subset = None
 
 
-def check_states(states: list[dict], identity: dict) -> int:
-    """The interrupted epoch of the old ranks' states, after checking that they fit this loader
-    (same data, batch size, seed, train flag) and each other. Raises ValueError naming the fix."""
+def check_states(states: list[dict], identity: dict, records: list[dict] | None = None) -> int:
+    """The interrupted epoch of the old ranks' states (their loader parts; `records` their delivery records,
+    else in `states` too), after checking that they fit this loader (same data, batch size, seed, train flag)
+    and each other. Raises ValueError naming the fix."""
     keys = ("version", "num_samples", "batch_size", "seed", "train")
-    for rank, state in enumerate(states):
+    for rank, (state, record) in enumerate(zip(states, records if records is not None else states)):
         differ = {k: (state.get(k), identity[k]) for k in keys if state.get(k) != identity[k]}
         if differ:
             raise ValueError(f"loader state of old rank {rank} does not fit this loader: (saved, now) = {differ}; "
                              f"an elastic resume needs the same data, batch size, seed and train flag")
-        if "delivered" not in state:
+        if "delivered" not in record:
             raise ValueError(f"loader state of old rank {rank} has no record of delivered samples (written by an "
                              f"older dali_pipes); resume it on its own world size ({state.get('world_size')})")
-        if not state.get("delivered_complete", False):
+        if not record.get("delivered_complete", False):
             raise ValueError(f"loader state of old rank {rank}: some delivered samples of epoch {state['epoch']} "
                              f"could not be identified; resume it on its own world size ({state.get('world_size')})")
     old_world = {s.get("world_size") for s in states}
@@ -79,13 +79,6 @@ def check_states(states: list[dict], identity: dict) -> int:
         raise ValueError(f"the old ranks' states are in different epochs {sorted(epochs)}: take them at the same "
                          f"step (train.py's checkpoints are)")
     return epochs.pop()
-
-
-def delivered_union(states: list[dict], num_samples: int) -> np.ndarray:
-    union = np.zeros(num_samples, bool)
-    for state in states:
-        union |= unpack(state["delivered"], num_samples)
-    return union
 
 
 def plan_remainder(base: np.ndarray, *, epoch: int, rank: int, world_size: int, batch_size: int, train: bool,

@@ -3,19 +3,25 @@
 Online tuning (tuning.py), the sharding check (sharding.py), the clock (stats.py), the store-outage
 handler (outage.py) and the image-size schedule (resolution.py) each act when an epoch begins, after each
 batch and when an epoch ends, and some keep state for a resume. The rank's pipeline (rank.py) runs them in
-order and knows none of them by type; a new feature is a new hook, not lines in the central class.
+order and knows none of them by type; a new feature is a new hook, not lines in the central class. Only the
+hooks that act after a batch (their class overrides after_batch) are called there: a batch runs no code of a
+hook that does nothing with it.
+
+One hook may also decide what DALI reads each epoch (EpochOrder: a sampler's drawn order, sampled.py); the
+rank's pipeline is handed it by that role, never by the hook's type.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:
     from dali_pipes.data.source import Source
+    from dali_pipes.run.contract import EpochCut
     from dali_pipes.run.delivery import DeliveryRecord
     from dali_pipes.run.elastic import Remainder
-    from dali_pipes.run.pipeline import PipelineSpec
+    from dali_pipes.run.pipeline import Feed, PipelineSpec
     from dali_pipes.run.position import Position
     from dali_pipes.run.recovery import BadSamplePolicy
 
@@ -79,3 +85,35 @@ class BatchHook(Protocol):
     def restore(self, rank: RankView, state: dict | None) -> None:
         """Take back what state() gave (None: the state had nothing of this hook)."""
         return None
+
+    def merge(self, states: list[dict | None]) -> dict | None:
+        """The one state an elastic resume restores from every old rank's state() of this hook (rank order):
+        by default the first old rank's that has one (a tuner's choice is the same on every rank)."""
+        return next((state for state in states if state), None)
+
+
+def acts_after_batch(hook: BatchHook) -> bool:
+    """Whether the hook's class does something after a batch (overrides BatchHook.after_batch)."""
+    return getattr(type(hook), "after_batch", BatchHook.after_batch) is not BatchHook.after_batch
+
+
+class EpochOrder(BatchHook, Protocol):
+    """A hook that decides what DALI reads each epoch in place of the source's reader (sampled.py: a sampler's
+    indices drawn per epoch): the rank's pipeline reads its `feed`, cuts the epoch by it, the bad-sample search
+    looks where it says (reach, window), and an elastic resume asks it whether it can be replayed."""
+
+    @property
+    def feed(self) -> Feed:
+        """What DALI reads in place of the source's reader."""
+
+    def cut(self, epoch: int) -> EpochCut:
+        """This rank's epoch `epoch` as the order cuts it."""
+
+    def reach(self, position: int, epoch: int) -> list[Sequence[int]]:
+        """What DALI can have read after `position` delivered batches (recovery.ReadReach)."""
+
+    def window(self) -> int:
+        """How many samples DALI can have read ahead (recovery.ReadReach)."""
+
+    def elastic_refusal(self) -> str | None:
+        """Why an interrupted epoch cannot be resumed on another world size, or None when it can."""

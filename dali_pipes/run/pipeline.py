@@ -119,10 +119,16 @@ class PipelineSpec:
 
 
 class Feed(Protocol):
-    """What reads a sampler-driven epoch in place of the source's reader (sampled.OrderFeed)."""
+    """What reads a sampler-driven epoch in place of the source's reader (hooks.EpochOrder's feed)."""
 
     def dali_nodes(self, max_pixels: int | None) -> tuple:
         """Inside a pipeline definition: (encoded images, int64 labels, identity rows)."""
+
+    def bind(self, source: Source) -> None:
+        """Before each build: what the pipeline reads, from the loader's position."""
+
+    def has_next(self) -> bool:
+        """The feed has batches left in its epoch (a pipeline that read its end starts again)."""
 
 
 def build_pipeline(source: Source, spec: PipelineSpec, checkpoint: bytes | None = None, *, sample_ids: bool = False,

@@ -11,7 +11,7 @@ from dali_pipes.data.source import Source
 from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.graph.wheel import require_dali
 from dali_pipes.run.dali_checkpoint import restored_pipeline
-from dali_pipes.run.pipeline import PipelineSpec, build_pipeline, reader_model
+from dali_pipes.run.pipeline import Feed, PipelineSpec, build_pipeline, reader_model
 from dali_pipes.storage import remote
 from dali_pipes.storage.remote import ClientOptions
 
@@ -21,8 +21,6 @@ PIPELINE_ERRORS = (RuntimeError, ConnectionError)
 
 if TYPE_CHECKING:
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
-    from dali_pipes.run.sampled import OrderFeed
 
 
 class PipelineRun:
@@ -38,12 +36,13 @@ class PipelineRun:
     skip_bad, network faults of remote data). `options`: the loader's retries and timeouts, in force while a
     pipeline is defined (a Python-fed source's reads keep them).
 
-    With a `feed` (sampled.py) the pipeline reads what the feed gives, not the source's reader: its epoch
-    ends where the feed's does, and the feed's next epoch starts it again (reset, never a rebuild)."""
+    With a `feed` (hooks.EpochOrder's: a sampler's drawn order) the pipeline reads what the feed gives, not the
+    source's reader: its epoch ends where the feed's does, and the feed's next epoch starts it again (reset,
+    never a rebuild)."""
 
     def __init__(self, inputs: Callable[[bool], tuple[Source, PipelineSpec]], cleanup: Callable[[], None],
                  recover: Callable[[Exception], None], *, drop: bool, keep_checkpoints: bool,
-                 feed: OrderFeed | None = None, options: ClientOptions | None = None) -> None:
+                 feed: Feed | None = None, options: ClientOptions | None = None) -> None:
         self._inputs, self._cleanup, self._recover = inputs, cleanup, recover
         self.drop, self.keep_checkpoints, self.feed = drop, keep_checkpoints, feed  # DROP: DALI's full batches only
         self.options = options

@@ -164,6 +164,13 @@ class BadSamplePolicy:
     def state(self) -> dict:
         return {"bad_samples": [dataclasses.asdict(b) for b in self.bad_samples], "excluded": self.excluded}
 
+    @staticmethod
+    def merge(states: list[dict]) -> dict:
+        """One state() from every old rank's (an elastic resume): their excluded samples, each once."""
+        bad = {str(b): b for s in states for b in s.get("bad_samples", [])}
+        excluded = {str(refs): refs for s in states for refs in s.get("excluded", [])}
+        return {"bad_samples": list(bad.values()), "excluded": list(excluded.values())}
+
     def restore(self, state: dict, source: Source) -> Source:
         """Take a saved state: the same samples excluded, in the same order, then anything found bad
         since (while this loader opened its data), counted against the budget. Returns the source."""

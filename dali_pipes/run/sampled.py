@@ -46,7 +46,7 @@ import numpy as np
 
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
-from dali_pipes.run.hooks import BatchHook, BatchTiming, RankView
+from dali_pipes.run.hooks import BatchHook, RankView
 from dali_pipes.run.position import Position
 
 if TYPE_CHECKING:
@@ -147,8 +147,8 @@ class OrderFeed:
 
 
 class SampledEpochs(BatchHook):
-    """The sampler's epochs (a hook: its state goes into the loader's, under "sampler"): the order drawn for
-    the current epoch, fed to DALI by `feed`, and what drew it."""
+    """The sampler's epochs (a hook, and the rank's hooks.EpochOrder: its state goes into the loader's, under
+    "sampler"): the order drawn for the current epoch, fed to DALI by `feed`, and what drew it."""
     name = "sampler"
 
     def __init__(self, read: SamplerRead, source: Source, contract: Contract, position: Position) -> None:
@@ -257,11 +257,8 @@ class SampledEpochs(BatchHook):
     def describe(self) -> dict | None:
         return {"sampler": self.read.name, "drawn": None if self.drawn is None else self.drawn["count"]}
 
-    def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
-        return None
-
-    def end_epoch(self, rank: RankView) -> None:
-        return None
+    def elastic_refusal(self) -> str | None:
+        return self.read.elastic_refusal()
 
 
 def digest(order: np.ndarray) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -35,18 +35,35 @@ from dali_pipes.data import fingerprint
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.run.hooks import BatchTiming
 from dali_pipes.run.pipeline import PipelineSpec
-
-if TYPE_CHECKING:
-    from dali_pipes.data.source import Source
-    from dali_pipes.run.contract import EpochCut
-    from dali_pipes.run.rank import RankPipeline
+from dali_pipes.run.stages import BatchSource, SourceReading, Wanted
 
 log = logging.getLogger("dali_pipes")
 
 
+class CachedSource(BatchSource, Protocol):
+    """What the val cache sees of the batch source behind it (the rank's pipeline, rank.py)."""
+
+    def checkpoint(self) -> bytes:
+        """DALI's state after the last batch it delivered."""
+
+    def given(self, checkpoint: bytes, timing: BatchTiming) -> None:
+        """A batch was given without DALI: a state taken now starts DALI at `checkpoint`; `timing` is the
+        loop's (the loader's clock hears it)."""
+
+    def read_again(self, checkpoint: bytes) -> None:
+        """DALI goes on from `checkpoint`, rebuilt now: nothing it read ahead is kept."""
+
+    def reading(self) -> SourceReading:
+        """What it reads now."""
+
+    def epoch_files(self) -> list[str]:
+        """The files its epoch reads (its reader's slice): those whose change the cache must see."""
+
+
 class ValCache:
     """Where a loader's batches come from: DALI, or, for a val loader with a budget, the cache once it holds a
-    whole epoch. `spec` is the spec to build the rank's pipeline from (val with a budget: uint8 images)."""
+    whole epoch (a batch source in front of the rank's pipeline: `over`). `spec` is the spec to build the
+    rank's pipeline from (val with a budget: uint8 images)."""
 
     def __init__(self, budget: int, spec: PipelineSpec, augment: AugmentConfig) -> None:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
@@ -61,30 +78,45 @@ class ValCache:
         self.replayed, self._excluded = 0, 0
         self._stamp = ""  # fingerprint.stamp of the files the filling epoch read
         self._checked = -1  # the epoch whose replay found them unchanged
-        self._source: Source | None = None  # what the filling epoch read: a changed source (exclusions) differs
+        self._data: object = None  # what the filling epoch read: changed data (exclusions) differs
         self._constants: dict = {}
+        self.source: CachedSource | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(_nbytes(batch) for batch in self.batches)
 
-    def next(self, pipe: RankPipeline, cut: EpochCut, index: int) -> dict | None:
-        """Batch `index` of the epoch `cut`: from the cache, or from DALI (kept while a whole epoch fills);
-        its images normalised either way. None where DALI ended the epoch first."""
-        if self._replays(pipe, cut):
-            return self._replay(pipe, cut, index)
-        if self.active and index == 0:
-            self._begin(pipe)
-        batch = pipe.next(cut.size(index))
+    def over(self, source: CachedSource) -> BatchSource:
+        """The batch source the loader reads: the cache in front of `source`, or `source` itself when off."""
+        self.source = source
+        return self if self.active else source
+
+    def _upstream(self) -> CachedSource:
+        if self.source is None:
+            raise ValueError("the val cache reads no batch source yet: over(source) comes first")
+        return self.source
+
+    def next(self, wanted: Wanted) -> dict | None:
+        """The wanted batch: from the cache, or from DALI (kept while a whole epoch fills); its images normalised
+        either way. None where DALI ended the epoch first."""
+        if self._replays(wanted):
+            return self._replay(wanted)
+        if wanted.index == 0:
+            self._begin()
+        batch = self._upstream().next(wanted)
         if batch is None:
             return None
-        if index == cut.batches - 1:
-            pipe.run.drain_later()  # DALI's batches past the contract's, after the step (settle)
-        if not self.active:
-            return batch
         if self.filling:
-            self._keep(pipe, cut, index, batch)
+            self._keep(wanted, batch)
         return {**batch, "images": self.normalized(batch["images"])}
+
+    def state(self) -> dict | None:
+        """Nothing: a resumed loader's cache starts empty (a state taken in an epoch given from the cache carries
+        the filling epoch's DALI checkpoint at that batch: CachedSource.given)."""
+        return None
+
+    def restore(self, state: dict | None) -> None:
+        return None
 
     def normalized(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 images normalised as DALI's crop_mirror_normalize does: (x - mean) * (1 / std), float32 (the
@@ -106,61 +138,59 @@ class ValCache:
         return {"state": state, "budget_bytes": self.budget, "bytes": self.nbytes, "batches": len(self.batches),
                 "epochs_replayed": self.replayed, "needed_bytes": self.over_budget or None}
 
-    def _replays(self, pipe: RankPipeline, cut: EpochCut) -> bool:
-        if not (self.filled and pipe.remainder is None and pipe.source is self._source
-                and len(self.batches) == cut.batches):
+    def _replays(self, wanted: Wanted) -> bool:
+        source = self._upstream()
+        reading = source.reading()
+        if not (self.filled and reading.whole and reading.data is self._data and len(self.batches) == wanted.batches):
             return False
-        if self._checked == pipe.position.epoch or fingerprint.stamp(_files(pipe)) == self._stamp:
-            self._checked = pipe.position.epoch  # checked once per epoch, at its first batch given from the cache
+        if self._checked == wanted.epoch or fingerprint.stamp(source.epoch_files()) == self._stamp:
+            self._checked = wanted.epoch  # checked once per epoch, at its first batch given from the cache
             return True
         # A file changed or went since the cache filled: never give its old pixels again. DALI reads the epoch
         # anew (and fills the cache again), rebuilt at the epoch's start so that nothing it read ahead is kept.
         log.warning("val cache: the val files changed since it filled; val is read from the files again")
         self.filled, self.batches, self.checkpoints = False, [], []
-        pipe.run.skipped_to(self.start)
-        pipe.rebuild(pipe.spec, now=True)
+        source.read_again(self.start)
         return False
 
-    def _replay(self, pipe: RankPipeline, cut: EpochCut, index: int) -> dict:
+    def _replay(self, wanted: Wanted) -> dict:
         asked = time.perf_counter()
-        kept = self.batches[index]
+        kept = self.batches[wanted.index]
         batch = {**kept, "images": self.normalized(kept["images"])}
-        last = index == cut.batches - 1
-        pipe.run.skipped_to(self.start if last else self.checkpoints[index])  # what a state taken now resumes at
-        pipe.clock.after_batch(pipe, BatchTiming(asked, time.perf_counter(), cut.size(index)))
-        self.replayed += last
+        timing = BatchTiming(asked, time.perf_counter(), wanted.images)
+        # what a state taken now resumes at
+        self._upstream().given(self.start if wanted.last else self.checkpoints[wanted.index], timing)
+        self.replayed += wanted.last
         return batch
 
-    def _begin(self, pipe: RankPipeline) -> None:
+    def _begin(self) -> None:
         """A whole epoch starts (the first batch, from DALI): fill afresh, unless over budget or a remainder."""
+        source = self._upstream()
+        reading = source.reading()
         self.batches, self.checkpoints, self.filled = [], [], False
-        self.filling = not self.over_budget and pipe.remainder is None
+        self.filling = not self.over_budget and reading.whole
         if self.filling:
-            self.start, self._source, self._excluded = pipe.run.checkpoint(), pipe.source, len(pipe.policy.bad_samples)
-            self._stamp = fingerprint.stamp(_files(pipe))  # the files as this epoch reads them
+            self.start, self._data, self._excluded = source.checkpoint(), reading.data, reading.excluded
+            self._stamp = fingerprint.stamp(source.epoch_files())  # the files as this epoch reads them
 
-    def _keep(self, pipe: RankPipeline, cut: EpochCut, index: int, batch: dict) -> None:
+    def _keep(self, wanted: Wanted, batch: dict) -> None:
+        index, source = wanted.index, self._upstream()
         if index != len(self.batches):  # not the next batch of the epoch being kept (a resume in between)
             self.filling, self.batches, self.checkpoints = False, [], []
             return
-        if index == 0 and _nbytes(batch) * cut.batches > self.budget:
-            self.filling, self.over_budget = False, _nbytes(batch) * cut.batches
+        if index == 0 and _nbytes(batch) * wanted.batches > self.budget:
+            self.filling, self.over_budget = False, _nbytes(batch) * wanted.batches
             log.warning("val cache: not used; this rank's val epoch takes about %d bytes (%d batches of %d), over "
                         "val_cache_bytes=%d; val is decoded every epoch (raise --val-cache-bytes to keep it)",
-                        self.over_budget, cut.batches, _nbytes(batch), self.budget)
+                        self.over_budget, wanted.batches, _nbytes(batch), self.budget)
             return
         self.batches.append({k: v.clone() for k, v in batch.items()})  # the cache's own: DALI reuses its buffers
-        self.checkpoints.append(pipe.run.checkpoint())
-        if index == cut.batches - 1:  # whole, unless samples were excluded meanwhile (then epochs differ)
+        self.checkpoints.append(source.checkpoint())
+        if wanted.last:  # whole, unless samples were excluded meanwhile (then epochs differ)
             self.filling = False
-            self.filled = (pipe.source is self._source and len(pipe.policy.bad_samples) == self._excluded
-                           and fingerprint.stamp(_files(pipe)) == self._stamp)  # none changed while it filled
-
-def _files(pipe: RankPipeline) -> list[str]:
-    """The files this rank's val epoch reads (its reader's slice): those whose change its cache must see."""
-    source, reader = pipe.source, pipe.reader()
-    counts = source.counts or [1] * len(source.files)
-    return [source.files[i] for i, _ in reader.files_of(counts, reader.shard_of(0))]
+            reading = source.reading()
+            self.filled = (reading.data is self._data and reading.excluded == self._excluded
+                           and fingerprint.stamp(source.epoch_files()) == self._stamp)  # none changed while it filled
 
 
 def _nbytes(batch: dict) -> int:
