@@ -25,6 +25,7 @@ Epoch contract (contract.py), DataLoader + DistributedSampler's unless asked oth
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -189,8 +190,6 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
                  batch_transform: Any = None, **augment_args) -> None:
         started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
         store = store_options(storage_attempts, storage_timeout, download_deadline, augment_args)  # this loader's own
-        if augment is not None and augment_args:
-            raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
                             batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last, train=train,
                             generator=generator, rank=rank, world_size=world_size, worker_init_fn=worker_init_fn,
@@ -207,8 +206,7 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
         self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
         self._epoch_requests, self._iterations = EpochRequests(call.sampler), OneIteration()  # set_epoch's; threads'
-        sizes = {"image_size": image_size} if image_size is not None else {}
-        self.augment = read_as_pil(augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args}), call)
+        self.augment = read_as_pil(augment_of(augment, call, image_size, augment_args), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
         policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels)
         knobs, tuned = TunedKnobs.requested(num_threads or num_workers or None,  # DataLoader's workers: DALI's threads
@@ -307,24 +305,18 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         cut, at = self._cut(), self.position
         path = batch_path(self._batch_source, cut, at, self.pipe.record.add, rank=self.shard.rank,
                           channels_last=self.augment.channels_last, transform=self.batch_transform, pin=self.pins())
-        with accelerate_end(self, cut) as end:  # Accelerate hears where the epoch ends (run/accelerate_end.py)
+        end = accelerate_end(self, cut)  # Accelerate hears where the epoch ends (run/accelerate_end.py); else None
+        with end or contextlib.nullcontext():
             while True:  # the epoch's batches through its stages (run/stages.py)
                 try:
                     out = path.next()  # (images, labels), or what a collate_fn returned
                 except StopIteration:
                     break
                 at.batch += 1
-                end.batch(at.batch == cut.batches)
+                if end is not None:
+                    end.batch(at.batch == cut.batches)
                 yield out
-        self.pipe.settle()
-        remainder_done = self.pipe.end_epoch()  # tuning's choice if still open; the sharding check
-        at.next_epoch()
-        if remainder_done:  # a resumed epoch's rest is done: this world's own pipeline now
-            self.pipe.build()
-        if self.pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
-            log.warning("rank %d, %s loader: %d bad samples excluded after epoch %d", self.shard.rank,
-                        "train" if self.train else "val", len(self.bad_samples), at.epoch - 1)
-        release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
+        end_epoch(self)
 
     def stats(self) -> dict:
         """This epoch's figures so far, or the last epoch's once it ended (stats_of); the val cache's."""
@@ -342,12 +334,39 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         resume.restore(self.pipe, self.position, facts_of(self), state)
 
 
-def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd:
+def augment_of(augment: AugmentConfig | None, call: DataLoaderCall, image_size: ImageSize | None,
+               augment_args: dict) -> AugmentConfig:
+    """The loader's augmentation: `augment`, or the dataset's transform read as keywords (call.augment_args) with
+    image_size= and the augmentation keywords given to DaliLoader over them."""
+    if augment is not None and augment_args:
+        raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
+    sizes = {"image_size": image_size} if image_size is not None else {}
+    return augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args})
+
+
+def end_epoch(loader: DaliLoader) -> None:
+    """After an epoch's last batch: DALI's epoch drained, the hooks' epoch end (tuning's choice if still open, the
+    sharding check), the position on, a resumed epoch's rest done, the bad samples counted, heap pages given back."""
+    pipe, at = loader.pipe, loader.position
+    pipe.settle()
+    remainder_done = pipe.end_epoch()
+    at.next_epoch()
+    if remainder_done:  # a resumed epoch's rest is done: this world's own pipeline now
+        pipe.build()
+    if pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
+        log.warning("rank %d, %s loader: %d bad samples excluded after epoch %d", loader.shard.rank,
+                    "train" if loader.train else "val", len(loader.bad_samples), at.epoch - 1)
+    release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
+
+
+def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd | None:
     """This epoch as Accelerate's GradientState hears it, where Accelerate runs: its `remainder` from every
     process's real entries in its last batch, where the processes' slices are known (each process reads slice
     `rank`, or val under Accelerate slice world - 1 - rank: running_framework.accelerate_shard); else 0."""
     state, pipe, shard = gradient_state(), loader.pipe, loader.shard
-    if state is None or not cut.batches or pipe.order is not None or pipe.remainder is not None:
+    if state is None:
+        return None  # no Accelerate: nothing to tell, and nothing runs per batch
+    if not cut.batches or pipe.order is not None or pipe.remainder is not None:
         return EpochEnd(state, 0)
     (me, processes), world = process_place(), shard.world_size
     slices = {me: range(world), world - 1 - me: range(world - 1, -1, -1)}.get(shard.rank)
