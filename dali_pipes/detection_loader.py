@@ -23,6 +23,7 @@ from dali_pipes.data.detection_dataset import DetectionDataset, read_detection_d
 from dali_pipes.graph.detection_transforms import detection_augment
 from dali_pipes.run.detection import TARGET_KEYS, DetectionRun, TargetForm
 from dali_pipes.run.machine import default_threads
+from dali_pipes.run.pipeline import rank_seed
 
 MASKS_NOT_DELIVERED = ("the v1 target conversion (ConvertCocoPolysToMask) builds masks from polygons; DaliLoader "
                        "delivers the box targets (boxes, labels, image_id, area, iscrowd) without masks, which box "
@@ -53,7 +54,8 @@ class DetectionLoader:
                              f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
         self.run = DetectionRun(read.samples, augment, target_form(read), batch_size=most, device=device,
                                 num_threads=num_threads or num_workers or default_threads(),
-                                seed=seed if seed is not None else torch.initial_seed() % (1 << 31))
+                                seed=seed_of_rank(seed if seed is not None else torch.initial_seed() % (1 << 31),
+                                                  rank_of(self.sampler)))
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
@@ -67,6 +69,24 @@ class DetectionLoader:
 
     def close(self) -> None:
         self.run.close()
+
+
+def seed_of_rank(seed: int, rank: int) -> int:
+    """Rank `rank`'s DALI seed: `seed` itself on rank 0 (one process draws as it always has), another per rank
+    after it (run/pipeline.py's rank_seed)."""
+    return seed if rank == 0 else rank_seed(seed, rank)
+
+
+def rank_of(sampler: Any) -> int:
+    """This process's rank, for its own DALI seed (ranks seeded alike, as torch.manual_seed on every rank seeds
+    them, must not flip or crop the same positions alike): the sampler's (a DistributedSampler's), else the
+    process group's, else 0."""
+    rank = getattr(sampler, "rank", None)
+    if isinstance(rank, int):
+        return rank
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
 
 
 def target_form(read: DetectionDataset) -> TargetForm:

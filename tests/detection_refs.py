@@ -19,6 +19,7 @@ class Preset:
 
 
 DetectionPresetTrain = type("DetectionPresetTrain", (Preset,), {})
+DetectionPresetEval = type("DetectionPresetEval", (Preset,), {})
 
 
 def remove_images_without_annotations(dataset):
