@@ -110,3 +110,28 @@ def v1_coco_detection(img_folder: str, ann_file: str, transforms):
             return self._transforms(image, target) if self._transforms is not None else (image, target)
 
     return ReferencesCocoDetection(img_folder, ann_file, transforms)
+
+
+class RandomPhotometricDistort:
+    """transforms.RandomPhotometricDistort: one ColorJitter per step (_brightness, _contrast, _saturation, _hue),
+    each applied with probability p, contrast before or after saturation and hue by a coin, then with probability
+    p a random channel permutation."""
+
+    def __init__(self, contrast=(0.5, 1.5), saturation=(0.5, 1.5), hue=(-0.05, 0.05), brightness=(0.875, 1.125),
+                 p=0.5) -> None:
+        from torchvision.transforms import ColorJitter
+        self._brightness, self._contrast = ColorJitter(brightness=brightness), ColorJitter(contrast=contrast)
+        self._hue, self._saturation = ColorJitter(hue=hue), ColorJitter(saturation=saturation)
+        self.p = p
+
+    def __call__(self, image, target):
+        from torchvision.transforms import functional as F
+        r = torch.rand(7)
+        image = self._brightness(image) if r[0] < self.p else image
+        image = self._contrast(image) if r[1] < 0.5 and r[2] < self.p else image
+        image = self._saturation(image) if r[3] < self.p else image
+        image = self._hue(image) if r[4] < self.p else image
+        image = self._contrast(image) if r[1] >= 0.5 and r[5] < self.p else image
+        if r[6] < self.p:
+            image = F.to_pil_image(F.pil_to_tensor(image)[torch.randperm(3)])
+        return image, target

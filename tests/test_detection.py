@@ -203,22 +203,26 @@ def test_a_missing_image_is_named(torchvision, coco_dir, tmp_path):
         list(loader)
 
 
-def ssd_steps(torchvision, zoom: bool):
-    """The references' v2 ssdlite preset (RandomIoUCrop, RandomHorizontalFlip), or ssd's geometric steps
-    (RandomZoomOut first, filled with the preset's mean)."""
+def ssd_steps(torchvision, zoom: bool, photometric: bool = False):
+    """The references' v2 ssdlite preset (RandomIoUCrop, RandomHorizontalFlip), ssd's geometric steps
+    (RandomZoomOut first, filled with the preset's mean), or the whole ssd preset (RandomPhotometricDistort
+    first)."""
     from torchvision.transforms import v2
     steps = v2_hflip(torchvision)
     zoom_out = [v2.RandomZoomOut(fill=[123.0, 117.0, 104.0])] if zoom else []
-    return steps[:1] + zoom_out + [v2.RandomIoUCrop()] + steps[1:]
+    distort = [v2.RandomPhotometricDistort()] if photometric else []
+    return steps[:1] + distort + zoom_out + [v2.RandomIoUCrop()] + steps[1:]
 
 
-@pytest.mark.parametrize("zoom", [False, True], ids=["ssdlite", "ssd-geometry"])
-def test_iou_crop_and_zoom_out_keep_boxes_on_their_pixels(torchvision, coco_dir, zoom):
+@pytest.mark.parametrize("zoom, photometric", [(False, False), (True, False), (True, True)],
+                         ids=["ssdlite", "ssd-geometry", "ssd"])
+def test_iou_crop_and_zoom_out_keep_boxes_on_their_pixels(torchvision, coco_dir, zoom, photometric):
     """Random crops: every delivered box inside its image and at least a pixel wide and tall (sanitised), its
     labels among the image's; over epochs both cropped and uncropped images (and, with RandomZoomOut, larger
     canvases); image ids and counts as DataLoader's."""
-    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom))
+    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom, photometric))
     loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=1)
+    assert (loader.run.augment.photometric is not None) == photometric
     sizes = {i: (h, w) for i, ((h, w), _) in IMAGES.items()}
     smaller = larger = same = 0
     for _ in range(6):
@@ -315,3 +319,110 @@ def test_multiscale_shortest_size_matches_torchvision(torchvision, coco_dir):
         (3, *IMAGES[t["image_id"]][0]) for _, t in want]
     assert_same(got, want, pixel_tolerance=0.25)
     assert max((i - j).abs().mean().item() for (i, _), (j, _) in zip(got, want)) < 2 / 255
+
+
+def photometric_steps(torchvision, **distort):
+    """ToImage, RandomPhotometricDistort(**distort), no flip, float: the distortion alone on the whole image."""
+    from torchvision.transforms import v2
+    steps = v2_hflip(torchvision, 0.0)
+    return steps[:1] + [v2.RandomPhotometricDistort(**distort)] + steps[1:]
+
+
+def torchvision_distortions(image, brightness, contrast, saturation, hue):
+    """torchvision's kernels on a uint8 image, every step applied: {(contrast_before, permutation): float image}."""
+    import itertools
+
+    from torchvision.transforms.v2 import functional as F
+    out = {}
+    for before, permutation in itertools.product((True, False), itertools.permutations(range(3))):
+        x = F.adjust_brightness(image, brightness)
+        x = F.adjust_contrast(x, contrast) if before else x
+        x = F.adjust_hue(F.adjust_saturation(x, saturation), hue)
+        x = x if before else F.adjust_contrast(x, contrast)
+        out[before, permutation] = x[list(permutation)].float() / 255
+    return out
+
+
+def test_photometric_distort_forced_matches_torchvisions_kernels(torchvision, coco_dir):
+    """Every step drawn (p=1, factors fixed by ranges of zero width): each image equals, within a level or two,
+    torchvision's kernels on the same decoded image for one of the twelve outcomes left to chance (contrast
+    before or after, the permutation), the closest by far; over epochs both orders and several permutations.
+    With p=0 the image is untouched (the same as without the step)."""
+    from torchvision.transforms import v2
+    factors = {"brightness": 1.1, "contrast": 0.6, "saturation": 1.4, "hue": 0.04}
+    dataset = v2_dataset(torchvision, coco_dir, photometric_steps(
+        torchvision, p=1.0, **{name: (f, f) for name, f in factors.items()}))
+    plain = v2_dataset(torchvision, coco_dir, [v2.ToImage()])
+    decoded = {plain[i][1]["image_id"]: plain[i][0].as_subclass(torch.Tensor) for i in range(len(plain))}
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=4)
+    outcomes = set()
+    for _ in range(2):
+        for image, target in pairs(loader)[0]:
+            candidates = torchvision_distortions(decoded[target["image_id"]], **factors)
+            errors = sorted(((image - want).abs().max().item(), key) for key, want in candidates.items())
+            (error, key), (runner_up, _) = errors[0], errors[1]
+            assert error <= 3 / 255 and runner_up > 10 / 255, (target["image_id"], errors[:3])
+            assert (image - candidates[key]).abs().mean().item() < 0.5 / 255
+            outcomes.add(key)
+    assert {before for before, _ in outcomes} == {True, False} and len({p for _, p in outcomes}) > 2
+    untouched = v2_dataset(torchvision, coco_dir, photometric_steps(torchvision, p=0.0))
+    got = pairs(DaliLoader(untouched, batch_size=4, collate_fn=collate_fn, device="cpu"))[0]
+    reference = pairs(DaliLoader(v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, 0.0)), batch_size=4,
+                                 collate_fn=collate_fn, device="cpu"))[0]
+    assert all(torch.equal(i, j) for (i, _), (j, _) in zip(got, reference))
+
+
+@pytest.mark.parametrize("step, distort, changed", [
+    ("brightness", {"brightness": (0.5, 0.5)}, "darker"),
+    ("contrast", {"contrast": (0.2, 0.2)}, "flatter"),
+    ("saturation", {"saturation": (0.0, 0.0)}, "gray"),
+    ("hue", {"hue": (0.15, 0.15)}, "other"),
+    ("permutation", {}, "other")])
+def test_photometric_distort_applies_each_step_about_half_the_time(torchvision, coco_dir, step, distort, changed):
+    """p=0.5 with only one step away from the identity: that step shows (the image is no permutation of the
+    original's channels) in about half the images; the permutation alone (the image differs) in 5/12 (one of
+    torch.randperm(3)'s six outcomes is the identity)."""
+    import itertools
+    identity = {"brightness": (1.0, 1.0), "contrast": (1.0, 1.0), "saturation": (1.0, 1.0), "hue": (0.0, 0.0)}
+    dataset = v2_dataset(torchvision, coco_dir, photometric_steps(torchvision, p=0.5, **{**identity, **distort}))
+    reference = [i for i, _ in pairs(DaliLoader(v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, 0.0)),
+                                                batch_size=4, collate_fn=collate_fn, device="cpu"))[0]]
+    loader = DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu", seed=5)
+    applied = draws = 0
+    for _ in range(25):
+        for image, original in zip([i for i, _ in pairs(loader)[0]], reference):
+            draws += 1
+            same = [original] if step == "permutation" else [original[list(p)] for p in itertools.permutations(
+                range(3))]
+            if not any(torch.equal(image, o) for o in same):
+                applied += 1
+                if changed == "darker":
+                    assert image.mean() < 0.6 * original.mean()
+                elif changed == "flatter":
+                    assert image.std() < 0.5 * original.std()
+                elif changed == "gray":
+                    assert (image - image.mean(0)).abs().max() <= 1 / 255
+    expected = 5 / 12 if step == "permutation" else 0.5
+    assert abs(applied / draws - expected) < 0.12, (applied, draws)
+
+
+def test_photometric_distort_v1_is_read_and_an_untranslatable_order_is_refused(torchvision, coco_dir):
+    """The references' v1 class (ColorJitter per step) read to the same settings as v2's; RandomPhotometricDistort
+    after a crop is refused by name."""
+    from torchvision.transforms import v2
+
+    from dali_pipes.graph.detection_transforms import detection_augment
+    from dali_pipes.graph.photometric import PhotometricDistort
+    v1 = detection_refs.RandomPhotometricDistort(hue=(-0.1, 0.1), brightness=(1.0, 1.0), p=0.25)
+    augment, _ = detection_augment(detection_refs.Compose([v1] + v1_hflip(0.0)))
+    assert augment.photometric == PhotometricDistort(brightness=(1.0, 1.0), hue=(-0.1, 0.1), p=0.25)
+    augment, _ = detection_augment(v2.Compose(photometric_steps(torchvision)))
+    assert augment.photometric == PhotometricDistort()
+    dataset = v1_dataset(coco_dir, [detection_refs.RandomPhotometricDistort(p=0.0)] + v1_hflip(0.0))
+    with pytest.warns(UserWarning, match="without masks"):
+        got = pairs(DaliLoader(dataset, batch_size=4, collate_fn=collate_fn, device="cpu"))[0]
+    assert_same(got, pairs(DataLoader(dataset, batch_size=4, collate_fn=collate_fn))[0])
+    late = ssd_steps(torchvision, zoom=False)
+    late = late[:2] + [v2.RandomPhotometricDistort()] + late[2:]
+    with pytest.raises(ValueError, match="RandomPhotometricDistort after RandomIoUCrop.*put RandomPhotometricDistort"):
+        DaliLoader(v2_dataset(torchvision, coco_dir, late), batch_size=2, collate_fn=collate_fn, device="cpu")

@@ -5,7 +5,8 @@ the CPU, where DALI's box operators run and Python reads them. In the graph, box
 image ([0, 1] xyxy, what DALI's box operators expect), by the size peeked from the encoded bytes; the run turns
 them back into pixels of the output image (run/detection.py).
 
-The steps, in torchvision's order (references/detection/presets.py): RandomZoomOut (a padded slice), RandomIoUCrop
+The steps, in torchvision's order (references/detection/presets.py): RandomPhotometricDistort (graph/photometric.py,
+on the whole decoded image), RandomZoomOut (a padded slice), RandomIoUCrop
 (fn.random_bbox_crop; on the GPU the decoder decodes only the crop window), RandomHorizontalFlip (fn.bb_flip with
 the pixels' coin), then float [0, 1] CHW. Degenerate boxes are removed after the graph (run/detection.py), as
 SanitizeBoundingBoxes does.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from dali_pipes.graph.photometric import PhotometricDistort, photometric_distort
 
 # RandomIoUCrop's defaults (torchvision.transforms.v2.RandomIoUCrop): the minimum IoU a crop must have with some
 # box, drawn per try from these; 1.0 there means "leave the image uncropped", which is DALI's allow_no_crop.
@@ -57,6 +60,7 @@ class DetectionAugment:
     iou_crop: IoUCrop | None = None
     sanitize: tuple[float, float] | None = None
     shortest_size: ShortestSize | None = None
+    photometric: PhotometricDistort | None = None  # RandomPhotometricDistort, first (as in the ssd preset)
     steps: tuple[str, ...] = field(default=())  # the transform's steps as read, for messages and the docs
 
     def __post_init__(self) -> None:
@@ -93,12 +97,15 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
             aspect_ratio=[settings.min_aspect_ratio, settings.max_aspect_ratio], num_attempts=settings.trials,
             name="det_iou_crop")
         crop = (anchor, window)
-    images = _decoded(jpegs, decoder, crop if zoom is None else None)
+    whole = zoom is not None or augment.photometric is not None  # contrast's mean is the whole image's
+    images = _decoded(jpegs, decoder, None if whole else crop)
+    if augment.photometric is not None:
+        images = photometric_distort(images, augment.photometric)
     if zoom is not None and augment.zoom_out is not None:
         images = fn.slice(images, zoom.anchor, zoom.shape, normalized_anchor=True, normalized_shape=True,
                           out_of_bounds_policy="pad", fill_values=list(augment.zoom_out.fill), name="det_zoom")
-        if crop is not None:  # the crop window is the zoomed canvas's: cut after the pad
-            images = fn.slice(images, *crop, normalized_anchor=True, normalized_shape=True, name="det_crop")
+    if whole and crop is not None:  # the window is the zoomed canvas's (or the whole image's): cut after
+        images = fn.slice(images, *crop, normalized_anchor=True, normalized_shape=True, name="det_crop")
     if augment.shortest_size is not None:  # boxes are normalised: a resize leaves them as they are
         images = fn.resize(images, size=shortest_side_size(shape, augment.shortest_size), antialias=True,
                            name="det_shortest_size")

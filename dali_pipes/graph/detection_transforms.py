@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dali_pipes.graph.detection import DetectionAugment, IoUCrop, ShortestSize, ZoomOut
+from dali_pipes.graph.photometric import PhotometricDistort
 
 CONTAINERS = ("Compose", "DetectionPresetTrain", "DetectionPresetEval")  # steps inside, in order
 NO_OPS = ("PILToTensor", "ToImage", "ToPureTensor")  # the decoded image is a tensor already
@@ -54,12 +55,13 @@ def detection_augment(transform: Any) -> tuple[DetectionAugment, bool]:
     if "crop" in settings and "zoom" in settings and names.index("RandomIoUCrop") < names.index("RandomZoomOut"):
         raise UntranslatableTransform("RandomIoUCrop before RandomZoomOut: the graph zooms out first, as the "
                                       "references' ssd preset does; put RandomZoomOut first")
+    _check_photometric_first(names)
     if "shortest" in settings and ("crop" in settings or "zoom" in settings):
         raise UntranslatableTransform("RandomShortestSize with RandomIoUCrop or RandomZoomOut: no references' "
                                       "preset has both, and the graph resizes the decoded image only")
     return DetectionAugment(flip_prob=settings.get("flip", 0.0), zoom_out=settings.get("zoom"),
                             iou_crop=settings.get("crop"), sanitize=settings.get("sanitize"),
-                            shortest_size=settings.get("shortest"),
+                            shortest_size=settings.get("shortest"), photometric=settings.get("photometric"),
                             steps=tuple(names)), has_masks
 
 
@@ -88,15 +90,51 @@ def _read_step(step: Any, name: str, settings: dict[str, Any]) -> None:
     elif name == "RandomShortestSize":
         settings["shortest"] = ShortestSize(min_size=tuple(int(m) for m in step.min_size),
                                             max_size=None if step.max_size is None else int(step.max_size))
+    elif name == "RandomPhotometricDistort":
+        settings["photometric"] = _photometric(step)
     elif name == "RandomZoomOut":
         low, high = (float(side) for side in step.side_range)
         settings["zoom"] = ZoomOut(fill=_image_fill(step.fill), side_range=(low, high), p=float(step.p))
     else:
         raise UntranslatableTransform(
             f"detection transform step {name} ({step!r}) has no DALI translation; supported: RandomHorizontalFlip, "
-            f"RandomIoUCrop, RandomShortestSize, RandomZoomOut, SanitizeBoundingBoxes, "
+            f"RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut, SanitizeBoundingBoxes, "
             f"ConvertBoundingBoxFormat(XYXY), PILToTensor / ToImage, ConvertImageDtype / ToDtype(torch.float, "
             f"scale=True), ToPureTensor. Remove the step or use torch's DataLoader for this transform")
+
+
+GEOMETRIC = ("RandomZoomOut", "RandomIoUCrop", "RandomShortestSize")
+
+
+def _check_photometric_first(names: list[str]) -> None:
+    """The graph distorts the whole decoded image before any geometric step, as the references' ssd preset does;
+    after a crop or a zoom-out its contrast mean (and the fill's colours) would differ, so that order is refused."""
+    if "RandomPhotometricDistort" not in names:
+        return
+    where = names.index("RandomPhotometricDistort")
+    before = [name for name in names[:where] if name in GEOMETRIC]
+    if before:
+        raise UntranslatableTransform(f"RandomPhotometricDistort after {before[0]}: the graph distorts the whole "
+                                      f"decoded image first, as the references' ssd preset does; put "
+                                      f"RandomPhotometricDistort first")
+
+
+def _photometric(step: Any) -> PhotometricDistort:
+    """v2's ranges are attributes; the references' v1 class keeps one ColorJitter per step (_brightness, ...),
+    whose range is None where it is the identity ((1, 1), or (0, 0) for hue)."""
+    def bounds(name: str, identity: float) -> tuple[float, float]:
+        value = getattr(step, name, None)
+        if value is None and hasattr(step, f"_{name}"):
+            value = getattr(getattr(step, f"_{name}"), name)
+        if value is None:
+            return (identity, identity)
+        low, high = (float(v) for v in value)
+        return (low, high)
+    try:
+        return PhotometricDistort(brightness=bounds("brightness", 1.0), contrast=bounds("contrast", 1.0),
+                                  saturation=bounds("saturation", 1.0), hue=bounds("hue", 0.0), p=float(step.p))
+    except ValueError as e:
+        raise UntranslatableTransform(f"{step!r}: {e}") from e
 
 
 def _iou_crop(step: Any) -> IoUCrop:

@@ -237,7 +237,8 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 
 def detection_graphs(batch_size: int) -> list[GraphVariant]:
     """The detection graph (graph/detection.py) as DetectionLoader builds it on a GPU: the hflip preset, ssdlite's
-    IoU crop (the decoder decodes the window: ROI decode), multiscale's resize, ssd's zoom-out before the crop.
+    IoU crop (the decoder decodes the window: ROI decode), multiscale's resize, ssd's zoom-out before the crop, and
+    the whole ssd preset (its photometric distortion first, on the whole decoded image).
     Its boxes, kept box indices and sample indices stay on the CPU, for Python."""
     from dali_pipes.graph.detection import (
         HOST_OUTPUTS,
@@ -247,12 +248,15 @@ def detection_graphs(batch_size: int) -> list[GraphVariant]:
         ZoomOut,
         detection_pipeline,
     )
+    from dali_pipes.graph.photometric import PhotometricDistort
     presets = {"hflip": DetectionAugment(flip_prob=0.5, sanitize=(1.0, 1.0)),
                "ssdlite": DetectionAugment(flip_prob=0.5, iou_crop=IoUCrop(), sanitize=(1.0, 1.0)),
                "multiscale": DetectionAugment(flip_prob=0.5, shortest_size=ShortestSize(min_size=(480, 800),
                                                                                         max_size=1333)),
                "ssd geometry": DetectionAugment(flip_prob=0.5, zoom_out=ZoomOut(fill=(123.0, 117.0, 104.0)),
-                                                iou_crop=IoUCrop(), sanitize=(1.0, 1.0))}
+                                                iou_crop=IoUCrop(), sanitize=(1.0, 1.0)),
+               "ssd": DetectionAugment(flip_prob=0.5, zoom_out=ZoomOut(fill=(123.0, 117.0, 104.0)),
+                                       iou_crop=IoUCrop(), sanitize=(1.0, 1.0), photometric=PhotometricDistort())}
 
     def define(augment: DetectionAugment) -> Callable[[], Pipeline]:
         return lambda: detection_pipeline(_DetectionBatch(batch_size), augment, batch_size=batch_size, device="gpu",
