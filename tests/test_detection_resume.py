@@ -121,15 +121,15 @@ def test_a_damaged_image_is_named_by_file_and_image_id(torchvision, damaged_coco
 
 def test_skip_bad_excludes_damaged_images_within_max_bad(torchvision, damaged_coco):
     dataset = v2_dataset(torchvision, damaged_coco, v2_hflip(torchvision))  # images 1, 2, 3, 5
-    loader = DaliLoader(dataset, batch_size=2, collate_fn=collate_fn, device="cpu", skip_bad=True, max_bad=2)
+    loader = DaliLoader(dataset, batch_size=3, collate_fn=collate_fn, device="cpu", skip_bad=True, max_bad=2)
     with pytest.warns(UserWarning) as caught:
         ids = [[t["image_id"] for t in targets] for _, targets in loader]
-    assert ids == [[1, 2]]  # batch [3, 5] lost both
+    assert ids == [[1, 2]]  # batch [1, 2, 3] given without 3; batch [5] passed over
     messages = " ".join(str(w.message) for w in caught)
     assert "003.jpg (image 3)" in messages and "005.jpg (image 5)" in messages
     assert [[t["image_id"] for t in targets] for _, targets in loader] == [[1, 2]]  # the next epoch: no new warning
     assert len(loader.bad_samples) == 2
-    over = DaliLoader(dataset, batch_size=3, collate_fn=collate_fn, device="cpu", skip_bad=True, max_bad=1)
+    over = DaliLoader(dataset, batch_size=2, collate_fn=collate_fn, device="cpu", skip_bad=True, max_bad=1)
     with pytest.raises(DatasetError, match=r"2 bad images excluded, over the budget of 1"), pytest.warns(UserWarning):
         list(over)
 
