@@ -13,6 +13,7 @@ iteration. The collate_fn runs on the delivered (image, target) pairs, as DataLo
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Iterator
 
@@ -22,6 +23,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, def
 from dali_pipes.data.detection_dataset import DetectionDataset, read_detection_dataset
 from dali_pipes.graph.detection_transforms import detection_augment
 from dali_pipes.run.detection import TARGET_KEYS, DetectionRun, TargetForm
+from dali_pipes.run.detection_state import BadImages, dataset_identity, loader_state, opened_state, own_generators
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import rank_seed
 
@@ -38,7 +40,8 @@ class DetectionLoader:
                  drop_last: bool = False, timeout: float = 0, worker_init_fn: Any = None,
                  multiprocessing_context: Any = None, generator: Any = None, *, prefetch_factor: int | None = None,
                  persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True,
-                 device: str = "cpu", seed: int | None = None, num_threads: int | None = None) -> None:
+                 device: str = "cpu", seed: int | None = None, num_threads: int | None = None,
+                 skip_bad: bool = False, max_bad: int | float | None = None) -> None:
         self.dataset, self.num_workers, self.pin_memory, self.timeout = dataset, num_workers, pin_memory, timeout
         self.generator, self.collate_fn = generator, collate_fn if collate_fn is not None else default_collate
         self.batch_sampler, self.sampler, self.batch_size, self.drop_last = batch_sampler_of(
@@ -52,20 +55,52 @@ class DetectionLoader:
         if not isinstance(most, int) or most < 1:
             raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
                              f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
-        self.run = DetectionRun(read.samples, augment, target_form(read), batch_size=most, device=device,
-                                num_threads=num_threads or num_workers or default_threads(),
-                                seed=seed_of_rank(seed if seed is not None else torch.initial_seed() % (1 << 31),
-                                                  rank_of(self.sampler)))
+        seed = seed_of_rank(seed if seed is not None else torch.initial_seed() % (1 << 31), rank_of(self.sampler))
+        self._bad = BadImages(skip=skip_bad, max_bad=max_bad, num_images=len(read.samples), device=device)
+        self._new_run = functools.partial(DetectionRun, read.samples, augment, target_form(read), batch_size=most,
+                                          device=device, num_threads=num_threads or num_workers or default_threads(),
+                                          seed=seed, bad=self._bad)
+        self.run = self._new_run()
+        self._identity, self._where = dataset_identity(read.samples, most, seed), read.where
+        self._epoch = -1  # the epoch begun; its drawn order; where a resume starts in it
+        self._batches: list[list[int]] | None = None
+        self._resume_at: int | None = None
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
 
     def __iter__(self) -> Iterator[Any]:
-        # DataLoader's iterator draws its base seed first, then the sampler draws: the same random stream here.
-        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        batches = [[int(i) for i in batch] for batch in self.batch_sampler]
-        for items in self.run.epoch(batches):
+        start, self._resume_at = self._resume_at, None
+        if start is None or self._batches is None:  # a new epoch (else: the rest of a resumed one, not drawn again)
+            # DataLoader's iterator draws its base seed first, then the sampler draws: the same random stream here.
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            self._batches = [[int(i) for i in batch] for batch in self.batch_sampler]
+            self._epoch, start = self._epoch + 1, 0
+        for items in self.run.epoch(self._batches, start):
             yield self.collate_fn(items)
+
+    @property
+    def bad_samples(self) -> list:
+        """The images excluded so far (skip_bad=True), each naming its file and image id."""
+        return list(self._bad.bad_samples)
+
+    def state_dict(self) -> dict:
+        """Where the loader is, between batches: the epoch's drawn order and position, DALI's random state, the
+        sampler's generators and the excluded images (run/detection_state.py)."""
+        return loader_state(identity=self._identity, epoch=self._epoch, position=self.run.position,
+                            batches=self._batches, generators=own_generators(self.batch_sampler, self.generator),
+                            checkpoint=self.run.checkpoint(), bad=self._bad)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on where `state` was taken: the next iteration gives the rest of its epoch, then new epochs."""
+        checkpoint, state = opened_state(state, self._identity, self._where,
+                                         own_generators(self.batch_sampler, self.generator))
+        self._bad.restore(state["bad_samples"])
+        self.run.close()
+        self.run = self._new_run(checkpoint=checkpoint)
+        self._epoch, self._batches, self.run.position = state["epoch"], state["batches"], state["position"]
+        unfinished = self._batches is not None and state["position"] < len(self._batches)
+        self._resume_at = state["position"] if unfinished else None
 
     def close(self) -> None:
         self.run.close()

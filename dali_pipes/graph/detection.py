@@ -172,16 +172,18 @@ def zoom_window(zoom: ZoomOut) -> ZoomWindow:
 
 
 def detection_pipeline(feed: Callable, augment: DetectionAugment, *, batch_size: int, device: str, num_threads: int,
-                       device_id: int | None, seed: int, prefetch_queue_depth: int = 2) -> Any:
+                       device_id: int | None, seed: int, prefetch_queue_depth: int = 2,
+                       checkpoint: bytes | None = None) -> Any:
     """The pipeline (unbuilt): `feed`, called with DALI's batch info, gives (encoded images, pixel boxes (N, 4)
     float32, box indices 0..N-1 int32, sample index (1,) int64) per batch, raising StopIteration at the epoch's
-    end. Outputs: images, boxes (normalised), kept box indices, sample index."""
+    end. Outputs: images, boxes (normalised), kept box indices, sample index. Checkpointing is on (the random
+    operators' states: the loader's resume, run/detection_state.py); `checkpoint` restores one."""
     from nvidia.dali import fn, pipeline_def
     types = dali_types()
 
     # ignore: DALI's stub (2.4) types device_id as int; None is DALI's documented "no GPU" (CPU pipelines)
     @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id,  # type: ignore[arg-type]
-                  seed=seed,
+                  seed=seed, enable_checkpointing=True,
                   prefetch_queue_depth=prefetch_queue_depth)
     def define() -> tuple:
         jpegs, boxes, indices, sample = fn.external_source(
@@ -190,4 +192,4 @@ def detection_pipeline(feed: Callable, augment: DetectionAugment, *, batch_size:
         images, boxes, kept = detection_graph(jpegs, boxes, indices, augment, device)
         return images, boxes, kept, sample
 
-    return define()
+    return define(checkpoint=checkpoint) if checkpoint else define()

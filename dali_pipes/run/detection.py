@@ -18,30 +18,42 @@ import torch
 
 from dali_pipes.data.detection import DetectionSample
 from dali_pipes.errors import DatasetError
+from dali_pipes.graph._dali import shutdown_pipeline
 from dali_pipes.graph.detection import DetectionAugment, detection_pipeline
+from dali_pipes.run.detection_state import BadImages, positions
 
 TARGET_KEYS = ("boxes", "labels", "image_id", "area", "iscrowd")  # what a target may hold (masks: refused)
 
 
 class DetectionFeed:
-    """The external source's callback: (encoded images, pixel boxes, box indices, sample index) of batch
-    `iteration` of DALI's epoch `epoch_idx`, from the batches `set_epoch` was given for it."""
+    """The external source's callback: (encoded images, pixel boxes, box indices, sample index) of the epoch's
+    batch `next` (less the `excluded` samples; a batch left empty is passed over), then StopIteration at the
+    epoch's end. `next` counts the batches handed to DALI, which reads ahead: `start` sets it at the loader's
+    position (an epoch's start, a resume, a rebuild after a bad image), so DALI's batch info is not read."""
 
     def __init__(self, samples: Sequence[DetectionSample]) -> None:
         self.samples = samples
-        self.epochs: dict[int, list[list[int]]] = {}
+        self.batches: list[list[int]] = []
+        self.next = 0
+        self.excluded: set[int] = set()
 
-    def set_epoch(self, epoch_idx: int, batches: list[list[int]]) -> None:
-        self.epochs = {epoch_idx: batches}  # only this one: an epoch before it is over
+    def start(self, batches: list[list[int]], at: int = 0) -> None:
+        self.batches, self.next = batches, at
+
+    def picks(self, position: int) -> list[int]:
+        return [i for i in self.batches[position] if i not in self.excluded]
 
     def __call__(self, info) -> tuple:
-        batches = self.epochs.get(info.epoch_idx)
-        if batches is None or info.iteration >= len(batches):
+        while self.next < len(self.batches) and not self.picks(self.next):
+            self.next += 1
+        if self.next >= len(self.batches):
             raise StopIteration
-        picks = [self.samples[i] for i in batches[info.iteration]]
+        indices = self.picks(self.next)
+        self.next += 1
+        picks = [self.samples[i] for i in indices]
         return ([encoded(s) for s in picks], [s.boxes for s in picks],
                 [np.arange(len(s.boxes), dtype=np.int32) for s in picks],
-                [np.array([i], np.int64) for i in batches[info.iteration]])
+                [np.array([i], np.int64) for i in indices])
 
 
 def encoded(sample: DetectionSample) -> np.ndarray:
@@ -51,9 +63,11 @@ def encoded(sample: DetectionSample) -> np.ndarray:
         data = np.fromfile(sample.path, dtype=np.uint8)
     except OSError as e:
         raise DatasetError(sample.path, f"image {sample.image_id} cannot be read ({e.strerror or e})",
-                           "check the dataset's root and the annotation's file_name") from e
+                           "check the dataset's root and the annotation's file_name, or exclude such images with "
+                           "skip_bad=True") from e
     if not len(data):
-        raise DatasetError(sample.path, f"image {sample.image_id} is an empty file", "replace or remove the image")
+        raise DatasetError(sample.path, f"image {sample.image_id} is an empty file",
+                           "replace or remove the image, or exclude such images with skip_bad=True")
     return data
 
 
@@ -81,29 +95,65 @@ class TargetForm:
 
 class DetectionRun:
     """One rank's detection pipeline over its epochs: `epoch(batches)` yields each batch as a list of
-    (image tensor float CHW, target dict)."""
+    (image tensor float CHW, target dict); `position` is how many of the epoch's batches are delivered.
+    `checkpoint`: DALI's state to build at (a resume); `bad`: what a bad image does (detection_state.py)."""
 
     def __init__(self, samples: Sequence[DetectionSample], augment: DetectionAugment, form: TargetForm, *,
-                 batch_size: int, device: str, num_threads: int, seed: int) -> None:
+                 batch_size: int, device: str, num_threads: int, seed: int, checkpoint: bytes | None = None,
+                 bad: BadImages | None = None) -> None:
         self.samples, self.augment, self.form, self.device = samples, augment, form, device
+        self.bad = bad if bad is not None else BadImages(num_images=len(samples), device=device)
         self.feed = DetectionFeed(samples)
-        self.pipe = detection_pipeline(_FeedHandle(self.feed), augment, batch_size=batch_size, device=device,
-                                       num_threads=num_threads, device_id=_device_id(device), seed=seed)
+        self._settings = {"batch_size": batch_size, "num_threads": num_threads, "seed": seed}
+        self.position, self._last = 0, checkpoint
+        self._build(checkpoint)
+
+    def _build(self, checkpoint: bytes | None) -> None:
+        self.pipe = detection_pipeline(_FeedHandle(self.feed), self.augment, device=self.device,
+                                       device_id=_device_id(self.device), checkpoint=checkpoint, **self._settings)
         self.pipe._dali_pipes_feeds = [self.feed]  # the pipeline owns its feed (see _FeedHandle)
         self.pipe.build()
-        self._epoch_idx, self._open, self._used = 0, False, False
+        self._open, self._used = False, False
 
-    def epoch(self, batches: list[list[int]]) -> Iterator[list[tuple[torch.Tensor, dict]]]:
-        """Each of `batches` (lists of sample indices) through the graph, in order."""
+    def epoch(self, batches: list[list[int]], start: int = 0) -> Iterator[list[tuple[torch.Tensor, dict]]]:
+        """Each of `batches` (lists of sample indices) from `start` on through the graph, in order."""
         self._finish_open_epoch()
-        self.feed.set_epoch(self._epoch_idx, batches)
+        self.feed.excluded = self.bad.excluded
+        self.feed.start(batches, start)
         if self._used:
             self.pipe.reset()  # the epoch before ended in StopIteration; DALI asks the feed again from here
         self._used = self._open = True
-        for picks in batches:
-            outputs = self.pipe.run()
-            yield self._delivered(outputs, picks)
+        for position in range(start, len(batches)):
+            self.position = position
+            outputs = self._outputs(batches, position) if self.feed.picks(position) else None
+            self.position = position + 1
+            if outputs is not None:  # None: every image of it excluded (skip_bad)
+                yield self._delivered(outputs, self.feed.picks(position))
+        self.position = len(batches)
         self._finish_open_epoch()
+
+    def _outputs(self, batches: list[list[int]], position: int) -> tuple | None:
+        """The next batch's outputs; after a failed batch, its bad images named or excluded (BadImages) and the
+        pipeline rebuilt at the last delivered batch's checkpoint, to give it again without them (None: none
+        left)."""
+        while self.feed.picks(position):
+            try:
+                outputs = self.pipe.run()
+            except (RuntimeError, DatasetError) as error:
+                self.bad.handle(error, self.samples, positions(batches, position, self.feed.next))
+                self.close()
+                self._build(self._last)
+                self.feed.start(batches, position)
+                self._used = self._open = True
+                continue
+            if self.bad.skip:  # where a later bad image sends the rebuild
+                self._last = self.pipe.checkpoint()
+            return outputs
+        return None
+
+    def checkpoint(self) -> bytes:
+        """DALI's state after the last delivered batch (its random operators' draws)."""
+        return self.pipe.checkpoint()
 
     def _finish_open_epoch(self) -> None:
         """Run the pipeline to its StopIteration (an epoch left midway is drained): DALI resets only there."""
@@ -112,7 +162,6 @@ class DetectionRun:
                 self.pipe.run()
             except StopIteration:
                 self._open = False
-                self._epoch_idx += 1
 
     def _delivered(self, outputs: tuple, picks: list[int]) -> list[tuple[torch.Tensor, dict]]:
         images, boxes, kept, index = outputs
@@ -137,8 +186,7 @@ class DetectionRun:
         return image
 
     def close(self) -> None:
-        self.feed.epochs = {}
-        del self.pipe
+        shutdown_pipeline(self.pipe)
 
 
 def target_of(sample: DetectionSample, boxes: np.ndarray, kept: np.ndarray, size: Sequence[int],
