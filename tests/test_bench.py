@@ -382,3 +382,31 @@ def test_the_s3_bench_installed_without_its_servers_says_to_run_it_from_a_checko
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
     assert run.stderr.startswith("error: ") and "run it from a checkout" in run.stderr, run.stderr
+
+
+def test_bench_detection_runs_each_preset_against_dataloader_workers_and_writes_its_json(torchvision, tmp_path):
+    """dali-pipes bench detection at a tiny size: CocoDetection (v2) of the built-in detection set, each preset
+    with DaliLoader and DataLoader + PIL at each num_workers, alternated rounds; the JSON has every case's rounds
+    and the ratio to the best DataLoader (no timing is asserted). torchvision comes from the tests' side folder."""
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig, make_detection_sample
+    make_detection_sample(str(tmp_path / "det"), DetectionSampleConfig(train_images=8, val_images=0, min_side=64,
+                                                                       max_side=96), workers=1, progress=False)
+    out = tmp_path / "detection.json"
+    folder = os.path.dirname(os.path.dirname(torchvision.__file__))
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "bench", "detection", "--data",
+                          str(tmp_path / "det"), "--batch-size", "2", "--threads", "1", "--workers", "0", "1",
+                          "--rounds", "3", "--min-seconds", "0", "--min-epochs", "0", "--torchvision-path", folder,
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(out))
+    assert result["command"].startswith("dali-pipes bench detection") and set(result["load_average"]) == {
+        "before", "after"}
+    assert [r["preset"] for r in result["rows"]] == ["hflip", "multiscale", "ssdlite"]
+    for row in result["rows"]:
+        assert [r["case"] for r in row["rows"]] == ["DaliLoader", "DataLoader + PIL, 0 workers",
+                                                    "DataLoader + PIL, 1 workers"]
+        assert all(r["rounds"] == 3 and r["min"] <= r["images_per_s"] <= r["max"] for r in row["rows"])
+        assert all(w["images"] == 2 for r in row["rows"] for w in r["windows"])
+        assert row["best_dataloader"].startswith("DataLoader") and row["ratio_to_best_dataloader"] > 0
+        assert "ratio_per_cpu_s" in row  # None where the windows were too short for the CPU clock
+    assert "DaliLoader / DataLoader + PIL" in run.stdout

@@ -42,6 +42,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
     "recipes": ("dali_pipes_bench.recipe_cost", "mixup + cutmix (each recipe extra) vs the plain loader, alternating"),
     "sampler": ("dali_pipes_bench.sampler_cost", "a WeightedRandomSampler read exactly vs the plain loader, "
                 "alternating"),
+    "detection": ("dali_pipes_bench.detection", "CocoDetection (v2) with the references' presets: DaliLoader vs "
+                  "DataLoader + PIL, workers swept"),
 }
 
 
