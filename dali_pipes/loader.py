@@ -42,7 +42,7 @@ from dali_pipes.dataloader_args import LOCATION_TYPES, DataLoaderCall, read_as_p
 from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
-from dali_pipes.loader_surface import DataLoaderAttributes, DatasetView, EpochRequests, PositionView, SamplerView
+from dali_pipes.loader_surface import DataLoaderAttributes, EpochRequests, PositionView
 from dali_pipes.options import take_renamed
 from dali_pipes.run import resume
 from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place
@@ -203,8 +203,7 @@ class DaliLoader(DataLoaderAttributes, PositionView, BadSampleView):
         self.device = resolve_device(device)
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
-        self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
-        self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
+        self.keep_dataset_and_sampler(call, source)
         self._epoch_requests, self._iterations = EpochRequests(call.sampler), OneIteration()  # set_epoch's; threads'
         self.augment = read_as_pil(augment_of(augment, call, image_size, augment_args), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)

@@ -34,6 +34,8 @@ class DataLoaderAttributes:
     generator: Any
     worker_init_fn: None  # refused unless None (resolve_call)
     multiprocessing_context: Any
+    dataset: Any   # the dataset given, or a DatasetView of a location
+    sampler: Any   # the sampler given, or a SamplerView of the loader's epochs
     batch_transform: BatchTransform | None  # applied to each batch after DALI (run/batch_mix.py)
     contract: Any  # contract.Contract: the batch size's one home on the loader
     device: str    # where the loader's batches come out: "gpu" or "cpu"
@@ -57,6 +59,12 @@ class DataLoaderAttributes:
         self.num_workers, self.pin_memory, self.timeout = num_workers, pin_memory, timeout
         self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
         self.worker_init_fn, self.multiprocessing_context = None, multiprocessing_context
+
+    def keep_dataset_and_sampler(self, call: DataLoaderCall, source: Any) -> None:
+        """`dataset` and `sampler` as DataLoader has them: those given, else views of the source and of the
+        loader's epochs."""
+        self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
+        self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
 
 
 class PositionView:
