@@ -111,32 +111,42 @@ def resolve_call(dataset: Any, *, batch_size: Any, shuffle: bool | None, sampler
                          f"{'train' if train else 'val'} mode; DaliLoader's train graph starts with "
                          f"RandomResizedCrop, its val graph with Resize + CenterCrop")
     sampler_drop_last = bool(drawn.get("drop_last", False))
-    if is_location:
-        rank_, world_ = (rank, world_size) if drawn.get("world_size") is None else (drawn["rank"], drawn["world_size"])
-    else:  # a dataset object: DataLoader semantics, every process reads it whole unless a sampler shards it
-        framework = (lightning_shard() or accelerate_shard(bool(train))) \
-            if drawn.get("world_size") is None and (rank, world_size) == (None, None) else None
-        rank_ = drawn.get("rank", rank if rank is not None else framework[0] if framework else 0)
-        world_ = drawn.get("world_size", world_size if world_size is not None else framework[1] if framework
-                           else None if rank is not None else 1)  # a rank alone: the world size of the job
-        if not train and sampler_drop_last and samples is not None:  # DistributedSampler drops the last N % world
-            assert world_ is not None  # the sampler's world size
-            samples = samples[:len(samples) // world_ * world_]
+    rank_, world_ = _rank_and_world(drawn, rank, world_size, bool(train), is_location)
+    if not is_location and not train and sampler_drop_last and samples is not None:  # DistributedSampler drops
+        assert world_ is not None  # the sampler's world size                          # the last N % world
+        samples = samples[:len(samples) // world_ * world_]
     dali_drop = is_location and train and drop_last is not False
     seed = seed if seed is not None else drawn.get("seed", _generator_seed(generator))
-    # A random transform alone never reorders the data: DataLoader's shuffle defaults to False, so a dataset
-    # object is shuffled only by shuffle=True or a sampler that shuffles; a location in train shuffles unless
-    # told not to (shuffle=False, or a sampler that does not)
-    if is_location:
-        reader_shuffle = bool(train) and shuffle is not False and drawn.get("shuffle", True)
-    else:
-        reader_shuffle = bool(train) and bool(shuffle or drawn.get("shuffle"))
     location = files if files is not None else None if not is_location else dataset
     return DataLoaderCall(location, None if is_location else dataset, samples, classes,
                           root, augment_args, bool(train), bool(drop_last if drop_last is not None else dali_drop),
-                          dali_drop, reader_shuffle, sampler, sampler_drop_last, rank_, world_, seed, batch_size,
+                          dali_drop, _reader_shuffles(bool(train), shuffle, drawn, is_location), sampler,
+                          sampler_drop_last, rank_, world_, seed, batch_size,
                           keys, collate_fn, batch_transform_of(collate_fn, batch_transform, seed, form),
                           bool(drawn.get("drawn")))
+
+
+def _rank_and_world(drawn: dict, rank: int | None, world_size: int | None, train: bool,
+                    is_location: bool) -> tuple[int | None, int | None]:
+    """The (rank, world size) the call reads as: a sharding sampler's, else the keywords'; a dataset object is read
+    whole by every process (DataLoader's semantics) unless Lightning or Accelerate runs and nothing was given."""
+    if is_location:
+        return (rank, world_size) if drawn.get("world_size") is None else (drawn["rank"], drawn["world_size"])
+    framework = (lightning_shard() or accelerate_shard(train)) \
+        if drawn.get("world_size") is None and (rank, world_size) == (None, None) else None
+    rank_ = drawn.get("rank", rank if rank is not None else framework[0] if framework else 0)
+    world_ = drawn.get("world_size", world_size if world_size is not None else framework[1] if framework
+                       else None if rank is not None else 1)  # a rank alone: the world size of the job
+    return rank_, world_
+
+
+def _reader_shuffles(train: bool, shuffle: bool | None, drawn: dict, is_location: bool) -> bool:
+    """Whether DALI's reader shuffles. A random transform alone never reorders the data: DataLoader's shuffle
+    defaults to False, so a dataset object is shuffled only by shuffle=True or a sampler that shuffles; a location
+    in train shuffles unless told not to (shuffle=False, or a sampler that does not)."""
+    if is_location:
+        return train and shuffle is not False and bool(drawn.get("shuffle", True))
+    return train and bool(shuffle or drawn.get("shuffle"))
 
 
 def read_dataset_object(dataset: Any, collate_fn: Any = None) -> tuple[list | None, Any, SampleKeys | None,

@@ -42,13 +42,13 @@ from dali_pipes.dataloader_args import LOCATION_TYPES, DataLoaderCall, read_as_p
 from dali_pipes.detection_loader import DetectionLoader
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
-from dali_pipes.loader_surface import DataLoaderAttributes, DatasetView, EpochRequests, SamplerView
+from dali_pipes.loader_surface import DataLoaderAttributes, EpochRequests, PositionView
 from dali_pipes.options import take_renamed
 from dali_pipes.run import resume
 from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
-from dali_pipes.run.lifetime import OneIteration, recover
+from dali_pipes.run.lifetime import OneIteration
 from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
 from dali_pipes.run.position import Position
 from dali_pipes.run.procfs import release_free_memory_now_and_then
@@ -157,7 +157,7 @@ def _close_quietly(loader: DaliLoader) -> None:
         pass
 
 
-class DaliLoader(DataLoaderAttributes, BadSampleView):
+class DaliLoader(DataLoaderAttributes, PositionView, BadSampleView):
     """(images, labels) batches for this rank, epoch after epoch; iterate it once per epoch."""
 
     pipe: RankPipeline  # set by __init__; absent when it failed before (close() looks first)
@@ -203,37 +203,24 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         self.device = resolve_device(device)
         self.shard = Shard.from_env(call.rank, call.world_size, local_rank)
         source = open_dataset(call, keys, label_ext, index_cache_dir, skip_bad, store, allow_duplicates, num_classes)
-        self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
-        self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
+        self.keep_dataset_and_sampler(call, source)
         self._epoch_requests, self._iterations = EpochRequests(call.sampler), OneIteration()  # set_epoch's; threads'
         self.augment = read_as_pil(augment_of(augment, call, image_size, augment_args), call)
         self.contract.check_one_batch(source.num_samples, self.shard.world_size, source.location)
         policy = BadSamplePolicy(skip=skip_bad, max_bad=max_bad, device=self.device, max_pixels=max_pixels)
-        knobs, tuned = TunedKnobs.requested(num_threads or num_workers or None,  # DataLoader's workers: DALI's threads
-                                            prefetch_queue_depth, self.augment.hw_decoder_load)
-        spec = PipelineSpec(train=self.train, batch_size=self.contract.batch_size, device=self.device,
-                            decode_device=decode_device, shard=self.shard, seed=self.seed, augment=self.augment,
-                            knobs=knobs, tuned=tuned, shuffle_buffer=shuffle_buffer, shuffle=call.shuffle,
-                            max_pixels=max_pixels)
+        spec = spec_of(self, call, num_threads or num_workers or None,  # DataLoader's workers: DALI's threads
+                       prefetch_queue_depth, decode_device, shuffle_buffer, max_pixels)
         self.position, self.val_cache = Position(), ValCache(val_cache_bytes, spec, self.augment)
         self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
                                   sharding_check=sharding_check, started=started,
                                   order=drawn_order(call, self, source))
         self._batch_source = self.val_cache.over(RankBatches(self.pipe))  # DALI's batches, or a val epoch given again
-        try:
-            self.pipe.build()
-        except BaseException:
-            self.close()  # its pipeline and shard cache (threads, folder) now, not when the traceback goes
-            raise
+        build_or_close(self)
 
     @property
     def supports_elastic(self) -> bool:  # not where a sampler's draw depends on the world size (run/sampled.py)
         return self.pipe.order is None or self.pipe.order.elastic_refusal() is None
-
-    @property
-    def source(self) -> Source:  # what this loader reads (bad samples excluded so far replaced in place)
-        return self.pipe.source
 
     def close(self) -> None:  # the pipeline (threads, memory) and the shard cache now, not at garbage collection
         if "pipe" in vars(self):  # absent when __init__ failed before building it
@@ -241,38 +228,6 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
 
     def __del__(self, _close=_close_quietly) -> None:  # bound now: at shutdown the module's names may be None
         _close(self)
-
-    @property
-    def epoch(self) -> int:  # epochs completed
-        return self.position.epoch
-
-    @property
-    def num_samples(self) -> int:
-        """Samples in the whole dataset (all ranks)."""
-        return self.source.num_samples
-
-    @property
-    def image_size(self) -> int:
-        """The side of the images of the epoch the next batch is in (train: the image_size schedule's)."""
-        return self.augment.size_at(self.next_batch[0]) if self.train else self.augment.val_size  # as for_epoch
-
-    def __len__(self) -> int:
-        """Batches this rank yields this epoch, as DataLoader counts them for the same arguments."""
-        return self._cut().batches
-
-    def _cut(self) -> EpochCut:
-        recover(self.pipe, self.position, lazily=True)  # after a Ctrl-C inside DALI (run/lifetime.py)
-        return self.pipe.cut()
-
-    @property
-    def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
-        return self._cut().real_count
-
-    @property
-    def next_batch(self) -> tuple[int, int]:
-        """(epoch, batch index) of the next batch this loader yields."""
-        at = self.position
-        return (at.epoch + 1, 0) if at.batch >= len(self) else (at.epoch, at.batch)
 
     def set_epoch(self, epoch: int) -> None:
         """DistributedSampler's (a DistributedSampler passed in reaches here too): see EpochRequests."""
@@ -332,6 +287,27 @@ class DaliLoader(DataLoaderAttributes, BadSampleView):
         """Continue exactly where `state` was taken, images included. Given every old rank's state in rank
         order, also on another world size: the new ranks yield the rest of the interrupted epoch (elastic.py)."""
         resume.restore(self.pipe, self.position, facts_of(self), state)
+
+
+def spec_of(loader: DaliLoader, call: DataLoaderCall, num_threads: int | str | None, prefetch_queue_depth: int | str,
+            decode_device: str | None, shuffle_buffer: int, max_pixels: int | None) -> PipelineSpec:
+    """The rank's pipeline settings, from the loader's resolved call, contract, shard and augmentation; the tuned
+    knobs as asked ("auto" ones searched by tuning.py)."""
+    knobs, tuned = TunedKnobs.requested(num_threads, prefetch_queue_depth, loader.augment.hw_decoder_load)
+    return PipelineSpec(train=loader.train, batch_size=loader.contract.batch_size, device=loader.device,
+                        decode_device=decode_device, shard=loader.shard, seed=loader.seed, augment=loader.augment,
+                        knobs=knobs, tuned=tuned, shuffle_buffer=shuffle_buffer, shuffle=call.shuffle,
+                        max_pixels=max_pixels)
+
+
+def build_or_close(loader: DaliLoader) -> None:
+    """Build the loader's first pipeline; where that fails, close what was started (the pipeline's threads, the
+    shard cache's folder) now, not when the traceback goes."""
+    try:
+        loader.pipe.build()
+    except BaseException:
+        loader.close()
+        raise
 
 
 def augment_of(augment: AugmentConfig | None, call: DataLoaderCall, image_size: ImageSize | None,

@@ -1,14 +1,23 @@
 """The pieces of DataLoader's surface a DaliLoader carries: its attributes as DataLoader sets them
-(DataLoaderAttributes), the epochs a script asks for (EpochRequests), `loader.dataset` of a location
-(DatasetView) and `loader.sampler` when none was given (SamplerView)."""
+(DataLoaderAttributes), where it is as its position and its epoch cut tell (PositionView), the epochs a script
+asks for (EpochRequests), `loader.dataset` of a location (DatasetView) and `loader.sampler` when none was given
+(SamplerView)."""
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dali_pipes.dataloader_args import DataLoaderCall
 from dali_pipes.run.batch_mix import BatchTransform
+from dali_pipes.run.lifetime import recover
+
+if TYPE_CHECKING:
+    from dali_pipes.data.source import Source
+    from dali_pipes.graph.augment_config import AugmentConfig
+    from dali_pipes.run.contract import EpochCut
+    from dali_pipes.run.position import Position
+    from dali_pipes.run.rank import RankPipeline
 
 
 class DataLoaderAttributes:
@@ -25,6 +34,8 @@ class DataLoaderAttributes:
     generator: Any
     worker_init_fn: None  # refused unless None (resolve_call)
     multiprocessing_context: Any
+    dataset: Any   # the dataset given, or a DatasetView of a location
+    sampler: Any   # the sampler given, or a SamplerView of the loader's epochs
     batch_transform: BatchTransform | None  # applied to each batch after DALI (run/batch_mix.py)
     contract: Any  # contract.Contract: the batch size's one home on the loader
     device: str    # where the loader's batches come out: "gpu" or "cpu"
@@ -48,6 +59,57 @@ class DataLoaderAttributes:
         self.num_workers, self.pin_memory, self.timeout = num_workers, pin_memory, timeout
         self.prefetch_factor, self.persistent_workers, self.generator = prefetch_factor, persistent_workers, generator
         self.worker_init_fn, self.multiprocessing_context = None, multiprocessing_context
+
+    def keep_dataset_and_sampler(self, call: DataLoaderCall, source: Any) -> None:
+        """`dataset` and `sampler` as DataLoader has them: those given, else views of the source and of the
+        loader's epochs."""
+        self.dataset = call.dataset if call.dataset is not None else DatasetView(source)
+        self.sampler = call.sampler if call.sampler is not None else SamplerView(self)
+
+
+class PositionView:
+    """What a loader shows of where it is: read from its position (run/position.py) and its epoch cut
+    (run/contract.py), never moving either."""
+    pipe: RankPipeline
+    position: Position
+    augment: AugmentConfig
+    train: bool
+
+    @property
+    def source(self) -> Source:  # what this loader reads (bad samples excluded so far replaced in place)
+        return self.pipe.source
+
+    @property
+    def epoch(self) -> int:  # epochs completed
+        return self.position.epoch
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the whole dataset (all ranks)."""
+        return self.source.num_samples
+
+    @property
+    def image_size(self) -> int:
+        """The side of the images of the epoch the next batch is in (train: the image_size schedule's)."""
+        return self.augment.size_at(self.next_batch[0]) if self.train else self.augment.val_size  # as for_epoch
+
+    def __len__(self) -> int:
+        """Batches this rank yields this epoch, as DataLoader counts them for the same arguments."""
+        return self._cut().batches
+
+    def _cut(self) -> EpochCut:
+        recover(self.pipe, self.position, lazily=True)  # after a Ctrl-C inside DALI (run/lifetime.py)
+        return self.pipe.cut()
+
+    @property
+    def samples_per_epoch(self) -> int:  # real samples this rank yields per epoch (repeats and padding not counted)
+        return self._cut().real_count
+
+    @property
+    def next_batch(self) -> tuple[int, int]:
+        """(epoch, batch index) of the next batch this loader yields."""
+        at = self.position
+        return (at.epoch + 1, 0) if at.batch >= len(self) else (at.epoch, at.batch)
 
 
 class EpochRequests:

@@ -104,12 +104,14 @@ def data_command(paths: Paths, dry_run: bool) -> list[str]:
 def steps(paths: Paths) -> list[Step]:
     """Everything the run does, most important first (issue 33's order: the GPU features, throughput, training,
     the costs users see). The budgets add up to DEADLINE_S (docs/gpu.md's plan)."""
-    py, work, data = sys.executable, paths.work, paths.data
-    train, val, hard = str(data / "train"), str(data / "val"), str(paths.hard)
-    agree, put = ("-m", "dali_pipes_bench.gpu_agreement"), ("-m", "dali_pipes_bench.doctor_throughput")
+    return _feature_steps(paths) + _cost_steps(paths)
+
+
+def _feature_steps(paths: Paths) -> list[Step]:
+    """The GPU features first: the gpu-marked tests, the decoders' agreement and stress, the features' table."""
+    py, work, hard = sys.executable, paths.work, str(paths.hard)
+    agree = ("-m", "dali_pipes_bench.gpu_agreement")
     pytest = (py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE")
-    tiny = ("--device", "cpu", "--batch-size", "4", "--rounds", "1", "--min-seconds", "0.2", "--min-epochs", "0")
-    empty_cache = f"{work}/empty-tuning-cache"
     return [
         Step("gpu-features", 50, (*pytest, f"--junitxml={work}/gpu-features.xml", FEATURE_TESTS), data=False),
         Step("gpu-tests", 50, (*pytest, f"--junitxml={work}/gpu-tests.xml", f"--ignore={FEATURE_TESTS}", "tests"),
@@ -124,6 +126,17 @@ def steps(paths: Paths) -> list[Step]:
                   "--image-size", "32", "--out", f"{work}/stress.json")),
         Step("features", 5, (py, "-m", "dali_pipes_bench.gpu_session", "features", f"{work}/gpu-features.xml",
                              "--out", f"{work}/features.json"), gpu=False, result=f"{work}/features.json"),
+    ]
+
+
+def _cost_steps(paths: Paths) -> list[Step]:
+    """Then throughput (warm, its ceiling, cold), training, and the costs users see: epochs, start-up, memory."""
+    py, work, data = sys.executable, paths.work, paths.data
+    train, val = str(data / "train"), str(data / "val")
+    put = ("-m", "dali_pipes_bench.doctor_throughput")
+    tiny = ("--device", "cpu", "--batch-size", "4", "--rounds", "1", "--min-seconds", "0.2", "--min-epochs", "0")
+    empty_cache = f"{work}/empty-tuning-cache"
+    return [
         Step("throughput", 75, (py, *put, train, "--loads", "0.65,0.99,auto", "--baseline-workers", "16",
                                 "--baseline-files", "10000", "--seconds", "60", "--min-epochs", "0",
                                 "--out", f"{work}/throughput"),

@@ -1,6 +1,6 @@
 """The house rules that review found broken once, kept by a test: no import cycle in dali_pipes/ or train/
 (type-only and function-level imports counted), the library's floors used only downwards, no function over
-60 lines, no library module over 500, DaliLoader within 180 lines and RankPipeline within 120, no settings dict
+50 lines, no library module over 500, DaliLoader within 160 lines and RankPipeline within 120, no settings dict
 on the rank's run, the loader's defaults written once (config.py), train/ not installed as a package."""
 
 import ast
@@ -86,7 +86,7 @@ def test_the_floors_are_used_only_downwards():
     assert leaves_import == {}
 
 
-CLASS_LINES = {"DaliLoader": 180, "RankPipeline": 120}  # the DataLoader surface; the rank's run (rank.py)
+CLASS_LINES = {"DaliLoader": 160, "RankPipeline": 120}  # the DataLoader surface; the rank's run (rank.py)
 
 
 def test_functions_and_the_loader_stay_small():
@@ -94,7 +94,7 @@ def test_functions_and_the_loader_stay_small():
     for package in ("dali_pipes", "dali_pipes_bench", "train", "scripts"):
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
                 if isinstance(node, ast.ClassDef) and node.name in CLASS_LINES:
                     assert node.end_lineno - node.lineno + 1 <= CLASS_LINES[node.name], f"{node.name} too long"
@@ -167,7 +167,7 @@ def _library_files_run_by(step) -> set[str]:
     return seen
 
 
-def test_one_steady_state_batch_runs_code_in_at_most_nine_library_files(numbered):
+def test_one_steady_state_batch_runs_code_in_at_most_eight_library_files(numbered):
     """After DALI a batch goes through a chain of small stages (run/stages.py); one batch of a steady state (a
     CPU train loader's second epoch, its knobs tuned or fixed) runs code in at most 9 of the library's files,
     so that a reader can follow one batch."""
@@ -179,7 +179,7 @@ def test_one_steady_state_batch_runs_code_in_at_most_nine_library_files(numbered
     next(batches), next(batches)
     files = _library_files_run_by(lambda: next(batches))
     loader.close()
-    assert len(files) <= 9, sorted(files)
+    assert len(files) <= 8, sorted(files)
 
 
 # Which modules may name the val cache's and the drawn sampler's classes: their own, the loader that assembles

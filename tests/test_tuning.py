@@ -540,6 +540,22 @@ def test_the_hook_rebuilds_a_new_graph_per_load_and_remembers_the_choice(tmp_pat
     assert hook.state() == view["chosen"]
 
 
+def test_the_tuner_leaves_the_batch_path_once_it_chose(tmp_path):
+    """While it searches the tuner hears each batch; once it chose it is no longer listening, so the rank leaves it
+    off the batch path from the next epoch's start (hooks.acts_after_batch, rank.begin_epoch)."""
+    from dali_pipes.run.hooks import acts_after_batch
+    from dali_pipes.run.stats import LoaderClock
+    clock = LoaderClock()
+    spec, hook = tuning.plan(gpu_spec("auto", num_threads="auto"), "file_list", clock)
+    rank, loop = RecordingRank(spec), SimulatedLoop(lambda s: 5.0 if s.num_threads >= 2 else 25.0)
+    hook.begin_epoch(rank, 400)
+    assert acts_after_batch(hook)
+    for i in range(400):
+        clock.last = loop.batch(hook.tuner.current, i)
+        hook.after_batch(rank, None)
+    assert hook.tuner.done and not acts_after_batch(hook)
+
+
 def test_hw_decoder_load_takes_auto_or_a_number_in_0_1():
     from dali_pipes.graph.augment_config import AugmentConfig
     from dali_pipes.options import add_arguments, auto_or_fraction

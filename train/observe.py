@@ -23,7 +23,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence, TypeVar
+from typing import IO, Any, Sequence, TypeVar
 
 import torch.distributed as dist
 
@@ -170,6 +170,15 @@ def profiled_rates(loader) -> dict | None:
         return None
     entry = tuning.recall(tuning.memory_key(pipe.spec, loader.source.kind)) or {}
     return entry.get("stage_images_per_s")
+
+
+def record_labels(log: IO[str] | None, step: int, epoch: int, labels: Any, image_size: int) -> None:
+    """--record-labels: one line per step of the labels it trained on (a CPU loader's, read before they move to
+    the GPU, cost no device sync), so that a test can check which samples each step saw."""
+    if log is not None:
+        line = {"step": step, "epoch": epoch, "labels": labels.tolist(), "image_size": image_size}
+        log.write(json.dumps(line) + "\n")
+        log.flush()
 
 
 class Trace:

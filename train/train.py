@@ -164,6 +164,20 @@ def _to_device(run: Run, images: torch.Tensor, labels: torch.Tensor) -> tuple[to
             labels.to(run.device, non_blocking=True))
 
 
+def _train_step(run: Run, criterion: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on a batch (on the run's device, under autocast); the schedule and the step count on."""
+    images, labels = _to_device(run, images, labels)
+    with _autocast(run):
+        loss = criterion(run.forward(images), labels)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scaler.scale(loss).backward()
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+    run.step += 1
+    return loss.detach()
+
+
 def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log: IO[str] | None) -> dict:
     run.model.train()
     loader = run.train_loader
@@ -180,20 +194,8 @@ def train_one_epoch(run: Run, epoch: int, criterion: nn.Module, label_log: IO[st
         run.trace.span("wait", tick, got)
         if run.first_batch_s is None:  # includes building the pipeline (or starting the workers)
             run.first_batch_s = got - run.loaders_built_at
-        if label_log:  # asked for: read before the move, so a CPU loader's labels cost no device sync
-            label_log.write(json.dumps({"step": run.step + 1, "epoch": epoch, "labels": labels.tolist(),
-                                        "image_size": images.shape[-1]}) + "\n")
-            label_log.flush()
-        images, labels = _to_device(run, images, labels)
-        with _autocast(run):
-            loss = criterion(run.forward(images), labels)
-        run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-        run.scheduler.step()
-        run.step += 1
-        loss_sum += loss.detach()
+        observe.record_labels(label_log, run.step + 1, epoch, labels, images.shape[-1])  # before the move: no sync
+        loss_sum += _train_step(run, criterion, images, labels)
         samples += len(labels)
         if run.args.checkpoint_every and run.step % run.args.checkpoint_every == 0:
             save_checkpoint(run)

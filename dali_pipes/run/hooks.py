@@ -70,6 +70,12 @@ class BatchHook(Protocol):
         """A batch was delivered."""
         return None
 
+    @property
+    def listening(self) -> bool:
+        """Whether the hook still hears each batch (after_batch). One whose work is done (the tuner once it
+        chose) says False, and the rank leaves it off the batch path from the next epoch's start."""
+        return True
+
     def end_epoch(self, rank: RankView) -> None:
         """The epoch's batches are out (DALI's end of it read)."""
         return None
@@ -93,8 +99,10 @@ class BatchHook(Protocol):
 
 
 def acts_after_batch(hook: BatchHook) -> bool:
-    """Whether the hook's class does something after a batch (overrides BatchHook.after_batch)."""
-    return getattr(type(hook), "after_batch", BatchHook.after_batch) is not BatchHook.after_batch
+    """Whether the hook does something after a batch: its class overrides BatchHook.after_batch, and it is still
+    `listening`."""
+    overrides = getattr(type(hook), "after_batch", BatchHook.after_batch) is not BatchHook.after_batch
+    return overrides and hook.listening
 
 
 class EpochOrder(BatchHook, Protocol):

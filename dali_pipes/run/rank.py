@@ -50,7 +50,7 @@ class RankPipeline:
         self.source, self.spec, self.position, self.policy, self.feed = source, spec, position, policy, feed
         self.hooks, self.clock, self.outage, self.contract = hooks, clock, outage, contract
         self.order = order  # a hook that draws what each epoch reads (a sampler's, sampled.py), if any
-        self._listeners = [hook for hook in hooks if acts_after_batch(hook)]  # a batch runs only these
+        self._listeners = [hook for hook in hooks if acts_after_batch(hook)]  # a batch runs only these (begin_epoch)
         self.record = DeliveryRecord(source.num_samples)
         self.remainder: elastic.Remainder | None = None
         self.failure: DatasetError | None = None  # once set, the loader refuses to go on
@@ -93,6 +93,7 @@ class RankPipeline:
     def begin_epoch(self, batches: int) -> None:
         for hook in self.hooks:
             hook.begin_epoch(self, batches)
+        self._listeners = [hook for hook in self.hooks if acts_after_batch(hook)]  # the tuner leaves once it chose
 
     def next(self, wanted: Wanted) -> dict | None:
         """The wanted batch, heard by the hooks that act after one; None at DALI's end. After the epoch's last

@@ -310,6 +310,10 @@ class OnlineTuning(BatchHook):
         if not self.tuner.done and not self.tuner.begun:
             self.tuner.begin(batches)
 
+    @property
+    def listening(self) -> bool:  # its choice made, the tuner leaves the batch path (rank.begin_epoch)
+        return not self.tuner.done
+
     def after_batch(self, rank: RankView, timing: BatchTiming) -> None:
         if not self.tuner.done:
             self._follow(rank, self.tuner.observe(*self.clock.last))

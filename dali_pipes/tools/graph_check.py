@@ -305,20 +305,10 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
                        augment=AugmentConfig(**from_transform, val_stretch=True)))
     # ... and reads images as PIL does (dataloader_args.read_as_pil): no EXIF rotation, 16-bit PNGs decoded at
     # 16 bits and divided per sample (graph.decode_rgb), on the mixed decoder and in the hybrid decode
-    # ... and the recipes' steps (transforms.py): bicubic resizes; RandomErasing after the normalisation, its
-    # three fills, in either layout and precision (its noise and colour drawn on the GPU, its rectangle on the CPU)
+    # ... and the recipes' steps (transforms.py): bicubic resizes; RandomErasing (_random_erasing_variants)
     for train in (True, False):
         out.append(variant("interpolation=bicubic", first, train, augment=AugmentConfig(interpolation="bicubic")))
-    erasing: tuple[tuple[str, dict[str, Any]], ...] = (("const", {}), ("pixel", dict(float16=True,
-                                                                                     channels_last=True)), ("rand", {}))
-    for mode, extra in erasing:
-        out.append(variant(f"random_erasing_mode={mode}{' float16 channels_last' if extra else ''}", first, True,
-                           augment=AugmentConfig(random_erasing=0.25, random_erasing_mode=mode, **extra)))
-    out.append(variant("random_erasing hybrid", first, True, "cpu", decode_device="cpu",
-                       augment=AugmentConfig(random_erasing=0.25, random_erasing_mode="pixel")))
-    out.append(variant("random_erasing of a fixed area and ratio (constants, no uniform draw)", first, True,
-                       augment=AugmentConfig(random_erasing=0.25, random_erasing_area=(0.25, 0.25),
-                                             random_erasing_ratio=(1.0, 1.0))))
+    out += _random_erasing_variants(first, variant)
     as_pil = AugmentConfig(**from_transform, exif_orientation=False, png16="pil")
     for train in (True, False):
         out.append(variant("read as PIL reads (no EXIF, png16='pil')", first, train, augment=as_pil))
@@ -339,6 +329,22 @@ def _variants_of(first: Source, variant: Callable[..., GraphVariant], batch_size
     out.append(variant("val_image_size 256 beside a schedule", first, False, augment=scheduled.for_epoch(0, False)))
     out.append(GraphVariant("bad-sample search decode (decode_probe.decode_pipeline)",
                             lambda: decode_pipeline([placeholder_jpeg()] * 2, "gpu", device_id=0)))
+    return out
+
+
+def _random_erasing_variants(first: Source, variant: Callable[..., GraphVariant]) -> list[GraphVariant]:
+    """RandomErasing after the normalisation: its three fills, in either layout and precision (its noise and colour
+    drawn on the GPU, its rectangle on the CPU), in the hybrid decode, and of a fixed area and ratio."""
+    erasing: tuple[tuple[str, dict[str, Any]], ...] = (("const", {}), ("pixel", dict(float16=True,
+                                                                                     channels_last=True)), ("rand", {}))
+    out = [variant(f"random_erasing_mode={mode}{' float16 channels_last' if extra else ''}", first, True,
+                   augment=AugmentConfig(random_erasing=0.25, random_erasing_mode=mode, **extra))
+           for mode, extra in erasing]
+    out.append(variant("random_erasing hybrid", first, True, "cpu", decode_device="cpu",
+                       augment=AugmentConfig(random_erasing=0.25, random_erasing_mode="pixel")))
+    out.append(variant("random_erasing of a fixed area and ratio (constants, no uniform draw)", first, True,
+                       augment=AugmentConfig(random_erasing=0.25, random_erasing_area=(0.25, 0.25),
+                                             random_erasing_ratio=(1.0, 1.0))))
     return out
 
 
