@@ -190,6 +190,7 @@ class DaliLoader(DataLoaderAttributes, PositionView, BadSampleView):
                  batch_transform: Any = None, **augment_args) -> None:
         started = time.perf_counter()  # stats()["first_batch_s"] counts from here: opening the data included
         store = store_options(storage_attempts, storage_timeout, download_deadline, augment_args)  # this loader's own
+        refuse_both_augments(augment, augment_args)
         call = resolve_call(dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler, seed=seed,
                             batch_sampler=batch_sampler, collate_fn=collate_fn, drop_last=drop_last, train=train,
                             generator=generator, rank=rank, world_size=world_size, worker_init_fn=worker_init_fn,
@@ -310,12 +311,16 @@ def build_or_close(loader: DaliLoader) -> None:
         raise
 
 
+def refuse_both_augments(augment: AugmentConfig | None, augment_args: dict) -> None:
+    """Before anything is opened: augment= and augmentation keywords are two answers to one question."""
+    if augment is not None and augment_args:
+        raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
+
+
 def augment_of(augment: AugmentConfig | None, call: DataLoaderCall, image_size: ImageSize | None,
                augment_args: dict) -> AugmentConfig:
     """The loader's augmentation: `augment`, or the dataset's transform read as keywords (call.augment_args) with
     image_size= and the augmentation keywords given to DaliLoader over them."""
-    if augment is not None and augment_args:
-        raise ValueError("pass either augment=AugmentConfig(...) or augmentation keywords, not both")
     sizes = {"image_size": image_size} if image_size is not None else {}
     return augment or AugmentConfig(**{**call.augment_args, **sizes, **augment_args})
 

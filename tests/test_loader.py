@@ -276,3 +276,10 @@ def test_a_throwaway_iter_changes_nothing(numbered_source):
     resumed.load_state_dict(state)
     iter(resumed)  # the probe
     assert [labels.tolist() for _, labels in resumed] == rest
+
+
+def test_augment_and_augmentation_keywords_together_are_refused_before_the_data_is_opened(tmp_path):
+    """Two answers to one question are refused at once: a location that does not exist is never looked at."""
+    from dali_pipes import AugmentConfig
+    with pytest.raises(ValueError, match="pass either augment=AugmentConfig"):
+        DaliLoader(str(tmp_path / "not-there"), batch_size=2, device="cpu", augment=AugmentConfig(), color_jitter=0.4)
