@@ -157,3 +157,34 @@ def test_a_state_before_the_first_batch_resumes_at_the_start(torchvision, coco_d
     resumed.load_state_dict(roundtrip(DaliLoader(dataset, batch_size=2, collate_fn=collate_fn, device="cpu",
                                                  seed=9).state_dict()))
     assert_batches_equal([batch_record(*batch) for batch in resumed], want)
+
+
+def test_a_dropped_detection_loader_is_freed_by_reference_counting_alone(torchvision, coco_dir):  # noqa: F811
+    """As DataLoaders are dropped between epochs: its DALI pipeline's threads go with it, no close() needed."""
+    import gc
+    import os
+    import time
+    import weakref
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision))
+
+    def used() -> DaliLoader:
+        loader = DaliLoader(dataset, batch_size=2, collate_fn=collate_fn, device="cpu", seed=4)
+        next(iter(loader))
+        return loader
+
+    used().close()  # threads the process starts once (DALI's, torch's) are running from here on
+    threads = len(os.listdir("/proc/self/task"))
+    gc.collect()
+    gc.disable()
+    try:
+        loader = used()
+        assert len(os.listdir("/proc/self/task")) > threads
+        gone = weakref.ref(loader)
+        del loader
+        assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]
+        deadline = time.monotonic() + 5
+        while len(os.listdir("/proc/self/task")) > threads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(os.listdir("/proc/self/task")) == threads
+    finally:
+        gc.enable()
