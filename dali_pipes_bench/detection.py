@@ -49,7 +49,10 @@ PRESETS = ("hflip", "multiscale", "ssdlite")
 DEFAULT_DATA = "data/sample-detection"
 DEFAULTS = ProtocolConfig(min_seconds=40.0, min_epochs=1, rounds=4)
 DALI = "DaliLoader"
-# torchvision modules that register its compiled ops; without _C.so they fail at import (tests/torchvision_side.py)
+# Modules of torchvision that register the compiled ops (torchvision::nms, roi_align, ...) with
+# torch.library. _meta_registrations raises "operator torchvision::nms does not exist" at import when
+# _C.so did not load, and torchvision/__init__.py imports it unconditionally; _autograd_registrations
+# is guarded by _has_ops() today but does the same kind of work, so it is kept out too.
 STUBBED = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
 
 

@@ -22,11 +22,8 @@ import types
 import pytest
 import torch
 
-# Modules of torchvision that register the compiled ops (torchvision::nms, roi_align, ...) with
-# torch.library. _meta_registrations raises "operator torchvision::nms does not exist" at import when
-# _C.so did not load, and torchvision/__init__.py imports it unconditionally; _autograd_registrations
-# is guarded by _has_ops() today but does the same kind of work, so it is kept out too.
-STUBBED = ("torchvision._meta_registrations", "torchvision._autograd_registrations")
+from dali_pipes_bench.detection import STUBBED  # torchvision's modules that need its compiled ops, stubbed
+
 _MARKER = ".installed"  # written last, so a half-finished install is never reused
 
 
