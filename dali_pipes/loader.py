@@ -212,7 +212,7 @@ class DaliLoader(DataLoaderAttributes, PositionView, BadSampleView):
         spec = spec_of(self, call, num_threads or num_workers or None,  # DataLoader's workers: DALI's threads
                        prefetch_queue_depth, decode_device, shuffle_buffer, max_pixels)
         self.position, self.val_cache = Position(), ValCache(val_cache_bytes, spec, self.augment)
-        self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy, contract=self.contract,
+        self.pipe = rank_pipeline(source, self.val_cache.spec, self.position, policy,  # the spec carries the contract
                                   feed=FeedOptions(remote_feed, cache_dir, cache_bytes, cache_prefetch, store),
                                   sharding_check=sharding_check, started=started,
                                   order=drawn_order(call, self, source))
@@ -295,7 +295,7 @@ def spec_of(loader: DaliLoader, call: DataLoaderCall, num_threads: int | str | N
     """The rank's pipeline settings, from the loader's resolved call, contract, shard and augmentation; the tuned
     knobs as asked ("auto" ones searched by tuning.py)."""
     knobs, tuned = TunedKnobs.requested(num_threads, prefetch_queue_depth, loader.augment.hw_decoder_load)
-    return PipelineSpec(train=loader.train, batch_size=loader.contract.batch_size, device=loader.device,
+    return PipelineSpec(contract=loader.contract, device=loader.device,
                         decode_device=decode_device, shard=loader.shard, seed=loader.seed, augment=loader.augment,
                         knobs=knobs, tuned=tuned, shuffle_buffer=shuffle_buffer, shuffle=call.shuffle,
                         max_pixels=max_pixels)

@@ -154,15 +154,16 @@ class DecodeOnly:
 
     def __init__(self, source, device: str, load: float | str, batch: int) -> None:
         from dali_pipes.graph.augment_config import AugmentConfig
+        from dali_pipes.run.contract import Contract
         from dali_pipes.run.dist import Shard
         from dali_pipes.run.machine import default_threads
         from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
         from dali_pipes_bench.profile import StageRun
         augment = AugmentConfig(image_size=224, hw_decoder_load=float(load))
         self.batch = batch
-        spec = PipelineSpec(train=True, batch_size=batch, device=device, shard=Shard(), augment=augment,
-                            knobs=TunedKnobs(num_threads=default_threads(), prefetch_queue_depth=2,
-                                             hw_decoder_load=float(load)))
+        spec = PipelineSpec(contract=Contract(True, batch, drop_last=False), device=device, shard=Shard(),
+                            augment=augment, knobs=TunedKnobs(num_threads=default_threads(), prefetch_queue_depth=2,
+                                                              hw_decoder_load=float(load)))
         self.run = StageRun("decode", source, spec, warmup=0, nvml=False)
         self.run.prepare()
 

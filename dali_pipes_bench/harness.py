@@ -44,6 +44,7 @@ from dali_pipes.graph._dali import iterator_pipelines, shutdown_pipeline
 from dali_pipes.graph.augment import eval_augment, train_augment
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.loader import DaliLoader
+from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import usable_cpus
 from dali_pipes.run.pipeline import KNOBS, PipelineSpec, TunedKnobs, build_pipeline
@@ -310,7 +311,8 @@ class _BareDali(_IteratorBatches):
         augment = pipeline_args.get("augment", _DEFAULT_AUGMENT)
         knobs = TunedKnobs.requested(asked["num_threads"], asked["prefetch_queue_depth"] or 2,
                                      augment.hw_decoder_load)[0]
-        spec = PipelineSpec(train=train, batch_size=batch_size, shard=self.shard, knobs=knobs, **pipeline_args)
+        spec = PipelineSpec(contract=Contract(train, batch_size, drop_last=False), shard=self.shard, knobs=knobs,
+                            **pipeline_args)
         pipe = build_pipeline(source, spec, sample_ids=sample_ids)
         outputs = ["images", "labels", "ids"] if sample_ids else ["images", "labels"]
         self.iterator = DALIGenericIterator(pipe, outputs, reader_name=READER_NAME, auto_reset=True,

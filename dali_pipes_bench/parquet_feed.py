@@ -81,10 +81,11 @@ def feed_epoch(source: Source, batch_size: int, loader_cfg: LoaderConfig) -> flo
     """Images/s of the reader step alone (encoded bytes and labels), shuffled as in train: two epochs' batches
     after a first epoch's."""
     from dali_pipes.graph._dali import shutdown_pipeline
+    from dali_pipes.run.contract import Contract
     from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline
     threads = loader_cfg.num_threads if isinstance(loader_cfg.num_threads, int) else 2
     depth = loader_cfg.prefetch_queue_depth if isinstance(loader_cfg.prefetch_queue_depth, int) else 2
-    spec = PipelineSpec(train=True, batch_size=batch_size, device="cpu",
+    spec = PipelineSpec(contract=Contract(True, batch_size, drop_last=False), device="cpu",
                         knobs=TunedKnobs(num_threads=threads, prefetch_queue_depth=depth),
                         shuffle_buffer=loader_cfg.shuffle_buffer)
     pipe = build_pipeline(source, spec, stage="read", enable_checkpointing=False)

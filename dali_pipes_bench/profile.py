@@ -47,6 +47,7 @@ from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.options import add_arguments, from_args
 from dali_pipes.run import tuning, tuning_memory
+from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
@@ -180,8 +181,8 @@ def run_profile(data: str, *, batch_size: int, train: bool, loader: LoaderConfig
     from dali_pipes.loader import resolve_device
     source = open_source(data, **source_cfg.open_kwargs())
     device, cores = resolve_device(loader.device), default_threads()
-    base = PipelineSpec(train=train, batch_size=batch_size, device=device, shard=Shard(), augment=augment,
-                        decode_device=loader.decode_device, shuffle_buffer=loader.shuffle_buffer,
+    base = PipelineSpec(contract=Contract(train, batch_size, drop_last=False), device=device, shard=Shard(),
+                        augment=augment, decode_device=loader.decode_device, shuffle_buffer=loader.shuffle_buffer,
                         knobs=TunedKnobs.requested(None, loader.prefetch_queue_depth, augment.hw_decoder_load)[0],
                         max_pixels=loader.max_pixels)
     todo = cases(device, cores, augment)

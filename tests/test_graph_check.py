@@ -18,6 +18,7 @@ import torch
 from dali_pipes import open_source
 from dali_pipes.graph import _dali
 from dali_pipes.graph.augment_config import AugmentConfig
+from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline, cuda_device_id
 from dali_pipes.tools.convert import write_tfrecords, write_webdataset
@@ -110,7 +111,7 @@ def test_benchmark_preloaded_graph_passes(sources, train):
 
 
 def test_report_lists_operators_and_devices(sources):
-    spec = PipelineSpec(train=False, batch_size=2, device="gpu", knobs=TunedKnobs(num_threads=1))
+    spec = PipelineSpec(contract=Contract(False, 2, False), device="gpu", knobs=TunedKnobs(num_threads=1))
     pipe = build_pipeline(sources["folder"], spec)
     report = checked(check_gpu_graph, pipe, "val")
     assert report.devices_of("readers__File") == ["cpu"] and report.devices_of("decoders__Image") == ["mixed"]
@@ -198,8 +199,8 @@ def _labels_left_on_the_cpu(sources) -> GraphVariant:
 
 
 def _cpu_decode_where_the_gpu_decodes(sources) -> GraphVariant:
-    spec = PipelineSpec(train=False, batch_size=2, device="gpu", decode_device="cpu", knobs=TunedKnobs(num_threads=1),
-                        device_id=0, shuffle_buffer=4)  # hybrid, named mixed
+    spec = PipelineSpec(contract=Contract(False, 2, False), device="gpu", decode_device="cpu",
+                        knobs=TunedKnobs(num_threads=1), device_id=0, shuffle_buffer=4)  # hybrid, named mixed
     return replace(_loader_graph(sources), define=lambda: build_pipeline(sources["folder"], spec, sample_ids=True))
 
 
@@ -228,7 +229,7 @@ def test_each_mutated_gpu_graph_fails_the_static_check(sources, monkeypatch, mut
 def test_placement_check_rejects_cpu_lists_where_gpu_lists_are_expected(sources):
     """A CPU pipeline's real outputs are TensorListCPU: the GPU tests' placement check names each one where it
     expects a GPU list. The check it replaces, hasattr(out, "as_cpu"), passed them all."""
-    spec = PipelineSpec(train=False, batch_size=2, device="cpu", knobs=TunedKnobs(num_threads=1))
+    spec = PipelineSpec(contract=Contract(False, 2, False), device="cpu", knobs=TunedKnobs(num_threads=1))
     pipe = build_pipeline(sources["folder"], spec, sample_ids=True)
     pipe.build()
     outputs = pipe.run()
@@ -313,7 +314,7 @@ def test_gpu_and_cpu_val_outputs_agree(sources):
     decoders' rounding (fancy upsampling on both), and the same labels, which stay on the GPU."""
     outputs = {}
     for name, device, decode in (("cpu", "cpu", None), ("gpu", "gpu", None), ("hybrid", "gpu", "cpu")):
-        pipe = build_pipeline(sources["folder"], PipelineSpec(train=False, batch_size=12, device=device,
+        pipe = build_pipeline(sources["folder"], PipelineSpec(contract=Contract(False, 12, False), device=device,
                                                               decode_device=decode, knobs=TunedKnobs(num_threads=2),
                                                               augment=AugmentConfig(image_size=16),
                                                               device_id=cuda_device_id(Shard())))

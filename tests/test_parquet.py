@@ -14,6 +14,7 @@ import torch
 
 from dali_pipes import DaliLoader, DatasetError, SampleKeys, open_source
 from dali_pipes.errors import LabelError
+from dali_pipes.run.contract import Contract
 
 from conftest import jpeg_bytes
 
@@ -167,7 +168,7 @@ def test_two_ranks_train_yield_each_sample_at_most_once_per_epoch_and_shuffle_pe
 def test_a_train_epoch_is_read_in_the_order_the_reader_model_gives(hf):
     """The bad-sample search and the culprit window come from ReaderModel.read_order: the feed must read in it."""
     from dali_pipes.run.pipeline import PipelineSpec, source_reader
-    spec = PipelineSpec(train=True, batch_size=BATCH, seed=KW["seed"], shuffle_buffer=KW["shuffle_buffer"])
+    spec = PipelineSpec(contract=Contract(True, BATCH, False), seed=KW["seed"], shuffle_buffer=KW["shuffle_buffer"])
     model = source_reader(spec, open_source(hf))
     loader = DaliLoader(hf, train=True, **KW)
     for epoch_index in range(2):

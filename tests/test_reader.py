@@ -8,6 +8,7 @@ import pytest
 
 from dali_pipes import open_source
 from dali_pipes.data.reader import ReaderModel
+from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs, build_pipeline
 
@@ -21,8 +22,8 @@ N, BATCH = 23, 3
 def iterator(source, rank, world, train, prefetch_queue_depth=2):
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
     knobs = TunedKnobs(num_threads=1, prefetch_queue_depth=prefetch_queue_depth)
-    pipe = build_pipeline(source, PipelineSpec(train=train, batch_size=BATCH, shard=Shard(rank, world), knobs=knobs,
-                                               shuffle_buffer=5), sample_ids=True)
+    spec = PipelineSpec(contract=Contract(train, BATCH, False), shard=Shard(rank, world), knobs=knobs, shuffle_buffer=5)
+    pipe = build_pipeline(source, spec, sample_ids=True)
     return DALIGenericIterator(pipe, ["images", "labels", "ids"], reader_name="Reader",
                                last_batch_policy=LastBatchPolicy.FILL, auto_reset=True)
 

@@ -21,6 +21,7 @@ import pytest
 from dali_pipes import DaliLoader
 from dali_pipes.options import auto_or_count
 from dali_pipes.run import tuning, tuning_memory
+from dali_pipes.run.contract import Contract
 
 N = 240  # 120 batches of 2: a warm-up of 4-6 batches, then a tuning budget of 12: 4 trials of 2 measured batches
 KW = dict(batch_size=2, image_size=16, device="cpu", train=True, shuffle_buffer=16, seed=3)
@@ -203,7 +204,7 @@ def test_the_search_prefers_less_cpu_when_the_loop_never_waits():
 def plan_spec():
     """What DaliLoader hands tuning.plan for a CPU train graph (both knobs "auto": the spec's `tuned`)."""
     from dali_pipes.run.pipeline import PipelineSpec
-    return PipelineSpec(train=True, batch_size=2, device="cpu", tuned=("num_threads", "prefetch_queue_depth"))
+    return PipelineSpec(contract=Contract(True, 2, False), device="cpu", tuned=("num_threads", "prefetch_queue_depth"))
 
 
 def memory_warnings(caplog, path) -> list[str]:
@@ -304,7 +305,7 @@ def test_a_locations_resolved_reads_keep_the_remembered_key(numbered_source):
     loader = DaliLoader(numbered_source, **KW, num_threads=1, prefetch_queue_depth=2)
     augment = loader.augment
     assert (augment.exif_orientation, augment.png16) == (True, "scale")
-    spec = PipelineSpec(train=True, batch_size=2, augment=augment)
+    spec = PipelineSpec(contract=Contract(True, 2, False), augment=augment)
     as_profile = dataclasses.replace(spec, augment=dataclasses.replace(augment, exif_orientation=None, png16=None))
     assert tuning.memory_key(spec, numbered_source.kind) == tuning.memory_key(as_profile, numbered_source.kind)
     assert not {"exif_orientation", "png16"} & set(tuning_memory.graph_key(spec, numbered_source.kind)["augment"])
@@ -477,7 +478,7 @@ def gpu_spec(load, decode_device=None, num_threads=None, device="gpu"):
     from dali_pipes.graph.augment_config import AugmentConfig
     from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
     knobs, tuned = TunedKnobs.requested(num_threads, 2, load)
-    return PipelineSpec(train=True, batch_size=2, device=device, decode_device=decode_device,
+    return PipelineSpec(contract=Contract(True, 2, False), device=device, decode_device=decode_device,
                         augment=AugmentConfig(hw_decoder_load=load), knobs=knobs, tuned=tuned)
 
 
@@ -503,7 +504,7 @@ def test_hw_decoder_load_auto_is_searched_on_a_gpus_mixed_decoder_only():
     tuning.remember(key, {"hw_decoder_load": 0.99, "source": "online"})
     spec, hook = plan(gpu_spec("auto"))
     assert spec.knobs.hw_decoder_load == 0.99 and hook.describe()["remembered"]
-    assert PipelineSpec(train=True, batch_size=2).knobs.hw_decoder_load == 0.65  # the default stays 0.65, fixed
+    assert PipelineSpec(contract=Contract(True, 2, False)).knobs.hw_decoder_load == 0.65  # the default stays, fixed
 
 
 class RecordingRank:
@@ -571,8 +572,8 @@ def test_hw_decoder_load_takes_auto_or_a_number_in_0_1():
     with pytest.raises(ValueError, match=r"hw_decoder_load must be in \[0, 1\] or 'auto', got 'fast'"):
         AugmentConfig(hw_decoder_load="fast")
     # a spec built outside the loader (dali-pipes profile) reads "auto" as the default
-    assert PipelineSpec(train=True, batch_size=2, augment=AugmentConfig(hw_decoder_load="auto")).knobs.hw_decoder_load \
-        == 0.65
+    spec = PipelineSpec(contract=Contract(True, 2, False), augment=AugmentConfig(hw_decoder_load="auto"))
+    assert spec.knobs.hw_decoder_load == 0.65
 
 
 # -- on a GPU: the decoders' rounding between loads, and the search with real rebuilds ------------------------

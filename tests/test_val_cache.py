@@ -13,6 +13,7 @@ import torch
 from dali_pipes import DaliLoader, open_source
 from dali_pipes.config import LoaderConfig
 from dali_pipes.errors import DatasetError
+from dali_pipes.run.contract import Contract
 
 from conftest import jpeg_bytes
 
@@ -171,7 +172,7 @@ def test_train_and_a_reader_that_shuffles_never_cache(numbered_source):
     epoch(train)
     epoch(train)
     assert train.stats()["val_cache"]["state"] == "off" and train.stats()["val_cache"]["epochs_replayed"] == 0
-    shuffled = ValCache(ENOUGH, PipelineSpec(train=False, batch_size=BATCH, shuffle=True), AugmentConfig())
+    shuffled = ValCache(ENOUGH, PipelineSpec(contract=Contract(False, BATCH, False), shuffle=True), AugmentConfig())
     assert shuffled.describe()["state"] == "off" and shuffled.spec.normalize
 
 

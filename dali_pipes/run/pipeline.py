@@ -18,6 +18,7 @@ from dali_pipes.graph.augment import decode_only, eval_augment, train_augment
 from dali_pipes.graph.augment_config import AUTO_LOAD, DEFAULT_HW_LOAD, AugmentConfig
 from dali_pipes.graph.decoders import resolve_decode_device
 from dali_pipes.graph.wheel import require_dali
+from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 
@@ -76,9 +77,10 @@ class TunedKnobs:
 class PipelineSpec:
     """Everything one rank's DALI pipeline is built from, its source aside: a value, built once by the loader
     (loader.py) with keywords only and checked once, here (decode_device resolved, never None after); tuning
-    and schedules make new ones (dataclasses.replace), never edit one."""
-    train: bool                         # the train graph (random crop, flip, ...) or val's (resize, centre crop)
-    batch_size: int                     # the loader's Contract.batch_size (contract.py), which DALI batches by
+    and schedules make new ones (dataclasses.replace), never edit one. `contract` is the loader's own epoch
+    contract (contract.py), the same object: the one home of its batch size and train flag, read through
+    `batch_size` and `train`, so that DALI batches by the size the epoch is cut by."""
+    contract: Contract                  # the loader's Contract: train or val, batch_size (DALI batches by it), ...
     device: str = "cpu"                 # where batches come out: "gpu" (device_id's GPU) or "cpu"
     decode_device: str | None = None    # None: device, resolved at construction; "cpu" with device "gpu": hybrid
     shard: Shard = Shard()              # this rank, of how many: DALI's shard_id / num_shards (the slice)
@@ -102,6 +104,16 @@ class PipelineSpec:
                              f"knobs=TunedKnobs(hw_decoder_load={load!r}) (TunedKnobs.requested reads the request)")
         if not set(self.tuned) <= set(KNOBS):
             raise ValueError(f"tuned must name knobs among {KNOBS}, got {self.tuned!r}")
+
+    @property
+    def batch_size(self) -> int:
+        """DALI's batch: the contract's (pipeline_def, the reader's model and the remote feed read it here)."""
+        return self.contract.batch_size
+
+    @property
+    def train(self) -> bool:
+        """The train graph (random crop, flip, ...) or val's (resize, centre crop): the contract's."""
+        return self.contract.train
 
     def with_knobs(self, **values: Any) -> "PipelineSpec":
         """This spec with `values` of its knobs (tuning's choice), the TunedKnobs replaced whole: a new spec."""

@@ -15,7 +15,7 @@ from dali_pipes.data.reader import ReaderModel
 from dali_pipes.data.source import Source
 from dali_pipes.errors import DatasetError
 from dali_pipes.run import elastic, lifetime, tuning
-from dali_pipes.run.contract import Contract, EpochCut
+from dali_pipes.run.contract import EpochCut
 from dali_pipes.run.dali_checkpoint import sealed
 from dali_pipes.run.delivery import DeliveryRecord, pack
 from dali_pipes.run.hooks import BatchHook, BatchTiming, EpochOrder, acts_after_batch
@@ -45,10 +45,10 @@ class RankPipeline:
     """This rank's data (bad samples excluded as met), elastic remainder, pipelines; `position`: the loader's."""
 
     def __init__(self, source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy,
-                 feed: RemoteFeed, hooks: list[BatchHook], *, contract: Contract, clock: LoaderClock,
-                 outage: StoreOutage, order: EpochOrder | None = None):
+                 feed: RemoteFeed, hooks: list[BatchHook], *, clock: LoaderClock, outage: StoreOutage,
+                 order: EpochOrder | None = None):
         self.source, self.spec, self.position, self.policy, self.feed = source, spec, position, policy, feed
-        self.hooks, self.clock, self.outage, self.contract = hooks, clock, outage, contract
+        self.hooks, self.clock, self.outage = hooks, clock, outage
         self.order = order  # a hook that draws what each epoch reads (a sampler's, sampled.py), if any
         self._listeners = [hook for hook in hooks if acts_after_batch(hook)]  # a batch runs only these (begin_epoch)
         self.record = DeliveryRecord(source.num_samples)
@@ -57,7 +57,7 @@ class RankPipeline:
         self.built: PipelineSpec | None = None  # the spec of the pipeline running now
         self.first_epoch, self._pending = 0, False  # the loader epoch DALI's slices rotate from; a rebuild due
         self.run = PipelineRun(weak_method(self._inputs), weak_method(self._cleanup), weak_method(self._recover),
-                               drop=contract.dali_drop, keep_checkpoints=policy.skip or source.remote is not None,
+                               drop=spec.contract.dali_drop, keep_checkpoints=policy.skip or source.remote is not None,
                                feed=order.feed if order is not None else None, options=feed.options)
 
     @property
@@ -84,11 +84,12 @@ class RankPipeline:
         return source_reader(self.spec, self.source)
 
     def cut(self) -> EpochCut:
-        """This rank's current epoch as the contract cuts it (or the drawn order: EpochOrder.cut)."""
+        """This rank's current epoch as the loader's contract (the spec carries it) cuts it (or the drawn order:
+        EpochOrder.cut)."""
         if self.order is not None:
             return self.order.cut(self.position.epoch)
-        return self.contract.epoch_cut(self.reader(), self.pipeline_epoch, self.remainder, len(self.run),
-                                       self.source.num_samples)
+        return self.spec.contract.epoch_cut(self.reader(), self.pipeline_epoch, self.remainder, len(self.run),
+                                            self.source.num_samples)
 
     def begin_epoch(self, batches: int) -> None:
         for hook in self.hooks:
@@ -243,7 +244,7 @@ class FeedOptions:
 
 
 def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy: BadSamplePolicy, *,
-                  contract: Contract, feed: FeedOptions, sharding_check: bool, started: float | None = None,
+                  feed: FeedOptions, sharding_check: bool, started: float | None = None,
                   order: EpochOrder | None = None) -> RankPipeline:
     """The rank's pipeline with its hooks, in the order they run: the clock (the tuner judges its figures),
     online tuning of the knobs left "auto" (spec.tuned), the image-size schedule, the sharding check, the outage
@@ -264,11 +265,12 @@ def rank_pipeline(source: Source, spec: PipelineSpec, position: Position, policy
         spec.tuned) else spec
     remote = RemoteFeed(feed.mode, deepest, cache_dir=feed.cache_dir, cache_bytes=feed.cache_bytes,
                         cache_prefetch=feed.cache_prefetch, options=feed.store)
+    contract = spec.contract  # the loader's own (its epoch cut, its batch size)
     every_sample = not (contract.drop_last or contract.sampler_drop_last)  # val promises full cover
     drawn = [order] if order is not None else []
     hooks: list[BatchHook] = [*drawn, clock, *([tuner] if tuner else []), SizeSchedule(),
                               ShardingCheck(sharding_check and not drawn, every_sample=every_sample), outage]
-    rank = RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, contract=contract,
-                        clock=clock, outage=outage, order=order)
+    rank = RankPipeline(policy.take_damaged(source), spec, position, policy, remote, hooks, clock=clock, outage=outage,
+                        order=order)
     lifetime.close_at_exit(rank)  # closed while modules are whole (a loader kept in a global lives till exit)
     return rank

@@ -103,10 +103,11 @@ class OrderFeed:
     identities (delivery.py: a file's source_info is its path) of the drawn order's samples, the last batch
     filled with repeats of its last sample (the contract cuts them); then StopIteration, DALI's epoch end.
     `next` is the batch the next call gives: the loader's position at every build (a checkpoint's DALI
-    state is the state after the last delivered batch), then one more per call as DALI reads ahead."""
+    state is the state after the last delivered batch), then one more per call as DALI reads ahead. `contract`:
+    the loader's (its batch size, read there)."""
 
-    def __init__(self, batch_size: int, position: Position) -> None:
-        self.batch_size, self.position = batch_size, position
+    def __init__(self, contract: Contract, position: Position) -> None:
+        self.contract, self.position = contract, position
         self.files: Sequence[str] = []
         self.labels: Sequence[int] = []
         self.order = np.zeros(0, np.int64)
@@ -126,7 +127,7 @@ class OrderFeed:
     def __call__(self, info: Any) -> tuple[list, list, list]:
         if self.next >= self.batches:
             raise StopIteration  # the epoch ends here: DALI reads nothing past the order
-        size = self.batch_size
+        size = self.contract.batch_size
         chunk = self.order[self.next * size:(self.next + 1) * size].tolist()
         self.next += 1
         chunk += chunk[-1:] * (size - len(chunk))
@@ -159,7 +160,7 @@ class SampledEpochs(BatchHook):
                              f"an image folder or a file list), not {what}; use a DistributedSampler or shuffle=True "
                              f"there (DALI's reader reads them), or read image files")
         self.read, self.num_samples, self.contract, self.position = read, source.num_samples, contract, position
-        self.feed = OrderFeed(contract.batch_size, position)
+        self.feed = OrderFeed(contract, position)
         self.order: np.ndarray | None = None
         self.drawn: dict | None = None  # the draw of the current order: its epoch, the generators' states, digest
         self._draws = 0

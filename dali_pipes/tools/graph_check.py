@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from dali_pipes.graph import _dali
 from dali_pipes.graph.augment_config import AUTO_AUGMENTS, AugmentConfig
+from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 
 if TYPE_CHECKING:
@@ -204,9 +205,9 @@ def _variant(name: str, source: Source, train: bool, decoder: str = "mixed", *, 
     from dali_pipes.run.sampled import OrderFeed
     load = spec_args.get("augment", AugmentConfig()).hw_decoder_load  # a tuning variant's: the knobs carry it
     spec_args.setdefault("knobs", TunedKnobs.requested(1, 2, load)[0])
-    spec = PipelineSpec(train=train, batch_size=batch_size, device="gpu", device_id=device_id, shuffle_buffer=4,
-                        **spec_args)
-    feed = OrderFeed(batch_size, Position()) if fed else None
+    spec = PipelineSpec(contract=Contract(train, batch_size, drop_last=False), device="gpu", device_id=device_id,
+                        shuffle_buffer=4, **spec_args)
+    feed = OrderFeed(spec.contract, Position()) if fed else None
     return GraphVariant(f"{name} ({'train' if train else 'val'})",
                         lambda: build_pipeline(source, spec, sample_ids=sample_ids, stage=stage, feed=feed), decoder)
 
@@ -373,8 +374,8 @@ def _memory_and_tuning_variants(first: Source, variant: Callable[..., GraphVaria
     for threads in (2, 8, 64):
         out.append(replace(variant(f"num_threads={threads} (tuning)", first, True),
                            define=functools.partial(build_pipeline, first, PipelineSpec(
-                               train=True, batch_size=batch_size, device="gpu", knobs=TunedKnobs(num_threads=threads),
-                               device_id=0, shuffle_buffer=4))))
+                               contract=Contract(True, batch_size, drop_last=False), device="gpu",
+                               knobs=TunedKnobs(num_threads=threads), device_id=0, shuffle_buffer=4))))
     # ... and hw_decoder_load="auto": each load it tries is a decoder argument, so a graph of its own (train and val)
     for load in HW_LOADS:
         for train in (True, False):
