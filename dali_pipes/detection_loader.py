@@ -44,14 +44,15 @@ class DetectionLoader:
                  skip_bad: bool = False, max_bad: int | float | None = None) -> None:
         self.dataset, self.num_workers, self.pin_memory, self.timeout = dataset, num_workers, pin_memory, timeout
         self.generator, self.collate_fn = generator, collate_fn if collate_fn is not None else default_collate
-        self.batch_sampler, self.sampler, self.batch_size, self.drop_last = batch_sampler_of(
+        self.batch_sampler, self.sampler, self.drop_last = batch_sampler_of(
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, generator)
+        self._batches_given = batch_sampler is not None  # DataLoader's batch_size is then None
         read = read_detection_dataset(dataset)
         augment, has_masks = detection_augment(read.transforms)
         if has_masks:
             warnings.warn(MASKS_NOT_DELIVERED, UserWarning, stacklevel=3)
         self.device = device
-        most = getattr(self.batch_sampler, "batch_size", None)
+        most = getattr(self.batch_sampler, "batch_size", None)  # read from its home; DALI's batch, the state's record
         if not isinstance(most, int) or most < 1:
             raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
                              f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
@@ -68,6 +69,11 @@ class DetectionLoader:
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
+
+    @property
+    def batch_size(self) -> int | None:
+        """DataLoader's: the batch sampler's (the batch size's one home), None where a batch_sampler was given."""
+        return None if self._batches_given else self.batch_sampler.batch_size
 
     def __iter__(self) -> Iterator[Any]:
         start, self._resume_at = self._resume_at, None
@@ -138,13 +144,14 @@ def target_form(read: DetectionDataset) -> TargetForm:
 
 
 def batch_sampler_of(dataset: Any, batch_size: int | None, shuffle: bool | None, sampler: Any, batch_sampler: Any,
-                     drop_last: bool, generator: Any) -> tuple[Any, Any, int | None, bool]:
-    """(batch_sampler, sampler, batch_size, drop_last) as DataLoader makes them of the same arguments."""
+                     drop_last: bool, generator: Any) -> tuple[Any, Any, bool]:
+    """(batch_sampler, sampler, drop_last) as DataLoader makes them of the same arguments (the batch size kept in
+    the batch sampler alone)."""
     if batch_sampler is not None:
         if batch_size != 1 or shuffle or sampler is not None or drop_last:
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and "
                              "drop_last (as DataLoader says)")
-        return batch_sampler, getattr(batch_sampler, "sampler", None), None, False
+        return batch_sampler, getattr(batch_sampler, "sampler", None), False
     if sampler is not None and shuffle:
         raise ValueError("sampler option is mutually exclusive with shuffle (as DataLoader says)")
     if batch_size is None:
@@ -152,4 +159,4 @@ def batch_sampler_of(dataset: Any, batch_size: int | None, shuffle: bool | None,
                          "and the references' collate_fn")
     if sampler is None:
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-    return BatchSampler(sampler, batch_size, drop_last), sampler, batch_size, drop_last
+    return BatchSampler(sampler, batch_size, drop_last), sampler, drop_last

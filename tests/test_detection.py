@@ -172,6 +172,19 @@ def test_sampler_order_and_counts_are_dataloaders(torchvision, coco_dir):
     assert [len(batch) for batch in got[0]] == [3]  # drop_last: 4 images, one batch of 3
 
 
+def test_the_batch_size_has_one_home_the_batch_sampler(torchvision, coco_dir):
+    """issue 34: a detection loader's batch size is stored once, in its batch sampler (DataLoader's BatchSampler,
+    or the one given); `batch_size` reads it there as DataLoader's attribute does (None where a batch_sampler was
+    given), and DALI batches by it."""
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision)[:1] + v2_hflip(torchvision)[2:])
+    for kwargs in ({"batch_size": 3}, {"batch_sampler": BatchSampler(SequentialSampler(dataset), 2, drop_last=False)}):
+        ours = DaliLoader(dataset, collate_fn=collate_fn, device="cpu", **kwargs)
+        assert "batch_size" not in vars(ours)  # no copy of its own
+        assert ours.batch_size == DataLoader(dataset, collate_fn=collate_fn, **kwargs).batch_size
+        assert ours.run.pipe.max_batch_size == ours.batch_sampler.batch_size  # what DALI batches by
+        ours.close()
+
+
 def test_an_image_without_annotations_gives_its_image_id_only_under_v2(torchvision, coco_dir):
     dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision, 0.0)[:3], subset=False)  # no Sanitize
     got, _ = pairs(DaliLoader(dataset, batch_size=5, collate_fn=collate_fn, device="cpu"))
