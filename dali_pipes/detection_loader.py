@@ -23,7 +23,14 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, def
 from dali_pipes.data.detection_dataset import DetectionDataset, read_detection_dataset
 from dali_pipes.graph.detection_transforms import detection_augment
 from dali_pipes.run.detection import TARGET_KEYS, DetectionRun, TargetForm
-from dali_pipes.run.detection_state import BadImages, dataset_identity, loader_state, opened_state, own_generators
+from dali_pipes.run.detection_state import (
+    BadImages,
+    dataset_identity,
+    loader_state,
+    opened_state,
+    own_generators,
+    rank_state,
+)
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import rank_seed
 
@@ -56,7 +63,8 @@ class DetectionLoader:
         if not isinstance(most, int) or most < 1:
             raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
                              f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
-        seed = seed_of_rank(seed if seed is not None else torch.initial_seed() % (1 << 31), rank_of(self.sampler))
+        self._seed, self._rank = seed if seed is not None else torch.initial_seed() % (1 << 31), rank_of(self.sampler)
+        seed = seed_of_rank(self._seed, self._rank)
         self._bad = BadImages(skip=skip_bad, max_bad=max_bad, num_images=len(read.samples), device=device)
         self._new_run = functools.partial(DetectionRun, read.samples, augment, target_form(read), batch_size=most,
                                           device=device, num_threads=num_threads or num_workers or default_threads(),
@@ -95,11 +103,17 @@ class DetectionLoader:
         sampler's generators and the excluded images (run/detection_state.py)."""
         return loader_state(identity=self._identity, epoch=self._epoch, position=self.run.position,
                             batches=self._batches, generators=own_generators(self.batch_sampler, self.generator),
-                            checkpoint=self.run.checkpoint(), bad=self._bad)
+                            checkpoint=self.run.checkpoint(), bad=self._bad, rank=self._rank,
+                            world_size=world_of(self.sampler))
 
-    def load_state_dict(self, state: dict) -> None:
-        """Go on where `state` was taken: the next iteration gives the rest of its epoch, then new epochs."""
-        checkpoint, state = opened_state(state, self._identity, self._where,
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """Go on where `state` was taken: the next iteration gives the rest of its epoch, then new epochs. Given
+        every old rank's state in rank order, also on another world size where the sampler's draw does not depend
+        on it (run/detection_state.py's rank_state)."""
+        state, took = rank_state(state, rank=self._rank, world_size=world_of(self.sampler),
+                                 batch_sampler=self.batch_sampler)
+        identity = {**self._identity, "seed": seed_of_rank(self._seed, took)}  # the old rank's DALI seed
+        checkpoint, state = opened_state(state, identity, self._where,
                                          own_generators(self.batch_sampler, self.generator))
         self._bad.restore(state["bad_samples"])
         self.run.close()
@@ -128,6 +142,16 @@ def rank_of(sampler: Any) -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
     return 0
+
+
+def world_of(sampler: Any) -> int:
+    """The number of ranks: the sampler's num_replicas (a DistributedSampler's), else the process group's, else 1."""
+    replicas = getattr(sampler, "num_replicas", None)
+    if isinstance(replicas, int):
+        return replicas
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
 
 
 def target_form(read: DetectionDataset) -> TargetForm:

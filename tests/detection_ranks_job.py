@@ -8,7 +8,8 @@ FOLDER holds images/ and train.json, val.json (COCO). As references/detection/tr
 reads DistributedSampler(dataset) through aspect-ratio groups (GroupedBatchSampler, below) or
 BatchSampler(sampler, batch_size, drop_last=True), calling set_epoch each epoch; evaluation reads
 DistributedSampler(dataset_test, shuffle=False) with batch_size=1, each rank's image ids gathered as the
-references' evaluator gathers them.
+references' evaluator gathers them. Then each rank's training loader stopped mid-epoch and resumed from its
+state_dict in a fresh loader (resume_midway).
 """
 
 from __future__ import annotations
@@ -130,6 +131,45 @@ def train_epochs(dataset, grouped: bool) -> dict:
     return result
 
 
+def signature(batch) -> list:
+    """Each (image, target) of a batch as [image id, boxes, the image's left columns' sum (a flip changes it)]."""
+    images, targets = batch
+    return [[int(t["image_id"]), [[round(float(v), 3) for v in box] for box in t["boxes"].tolist()],
+             round(float(image[:, :, :3].sum()), 3)] for image, t in zip(images, targets)]
+
+
+def resume_midway(dataset, grouped: bool) -> dict:
+    """Each rank's training loader (DistributedSampler in the batch sampler, set_epoch) stopped after one batch of
+    epoch 0, its state_dict taken; the rest of that epoch and the next uninterrupted, then a fresh loader over a
+    fresh sampler (a restarted script) loaded with the state: the rest of epoch 0 and epoch 1 again."""
+    from torch.utils.data import DistributedSampler
+
+    from dali_pipes import DaliLoader
+
+    def build():
+        sampler = DistributedSampler(dataset)
+        batch_sampler = (GroupedBatchSampler(sampler, aspect_ratio_groups(dataset), BATCH_SIZE) if grouped
+                         else BatchSampler(sampler, BATCH_SIZE, drop_last=True))
+        return DaliLoader(dataset, batch_sampler=batch_sampler, num_workers=1, collate_fn=collate_fn), sampler
+    loader, sampler = build()
+    sampler.set_epoch(0)
+    batches = iter(loader)
+    next(batches)
+    state = loader.state_dict()
+    result: dict = {"rest": [signature(b) for b in batches]}
+    sampler.set_epoch(1)
+    result["next"] = [signature(b) for b in loader]
+    loader.close()
+    resumed, sampler = build()
+    resumed.load_state_dict(state)
+    sampler.set_epoch(0)  # the script's loop, at the epoch it resumes
+    result["resumed_rest"] = [signature(b) for b in resumed]
+    sampler.set_epoch(1)
+    result["resumed_next"] = [signature(b) for b in resumed]
+    resumed.close()
+    return result
+
+
 def evaluation(dataset) -> dict:
     """The references' evaluation loader on DistributedSampler(shuffle=False), batch_size=1: each loader's image
     ids on this rank and gathered from every rank (as the evaluator gathers its image ids), and the largest
@@ -172,6 +212,7 @@ def main(folder: str, out: str) -> None:
         train, val = datasets(folder, form)
         result[f"train_{form}"] = train_epochs(train, grouped=kind == "grouped")
         result[f"val_{form}"] = evaluation(val)
+        result[f"resume_{form}"] = resume_midway(train, grouped=kind == "grouped")
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

@@ -135,3 +135,57 @@ class RandomPhotometricDistort:
         if r[6] < self.p:
             image = F.to_pil_image(F.pil_to_tensor(image)[torch.randperm(3)])
         return image, target
+
+
+class ScaleJitter:
+    """transforms.ScaleJitter (v1): a scale s drawn uniformly from scale_range, the image resized by
+    r = min(target_size[1] / height, target_size[0] / width) * s (each side int(side * r)), its boxes with it."""
+
+    def __init__(self, target_size, scale_range=(0.1, 2.0), interpolation="bilinear", antialias=True) -> None:
+        self.target_size, self.scale_range = target_size, scale_range
+        self.interpolation, self.antialias = interpolation, antialias
+
+    def __call__(self, image, target):
+        from torchvision.transforms import functional as F
+        width, height = image.size
+        low, high = self.scale_range
+        r = min(self.target_size[1] / height, self.target_size[0] / width) * (low + torch.rand(1) * (high - low))
+        size = [int(height * r), int(width * r)]
+        image = F.resize(image, size, antialias=self.antialias)  # bilinear, PIL's
+        boxes = target["boxes"] * torch.tensor([size[1] / width, size[0] / height] * 2)
+        return image, {**target, "boxes": boxes}
+
+
+class FixedSizeCrop:
+    """transforms.FixedSizeCrop: a window of at most `size` (height, width) at a random offset (one uniform draw
+    u for both axes: top = int((H - h) * u), left = int((W - w) * u)); where it cuts, the boxes are shifted and
+    clipped to the window and those left without area removed with their labels (and area, iscrowd); then the
+    image is padded at the bottom and right to exactly `size` with `fill`. Works on PIL images with v1 targets
+    and on v2's (BoundingBoxes given the padded canvas)."""
+
+    def __init__(self, size, fill=0, padding_mode="constant") -> None:
+        self.crop_height, self.crop_width = (size, size) if isinstance(size, int) else size
+        self.fill, self.padding_mode = fill, padding_mode
+
+    def __call__(self, image, target):
+        from torchvision import tv_tensors
+        from torchvision.transforms.v2 import functional as F
+        height, width = F.get_size(image)
+        h, w = min(height, self.crop_height), min(width, self.crop_width)
+        boxes = target["boxes"].as_subclass(torch.Tensor).clone().float()
+        keep = torch.ones(len(boxes), dtype=torch.bool)
+        if (h, w) != (height, width):
+            u = torch.rand(1)
+            top, left = int((height - h) * u), int((width - w) * u)
+            image = F.crop(image, top, left, h, w)
+            boxes = boxes - torch.tensor([left, top, left, top])
+            boxes = torch.stack([boxes[:, 0].clamp(0, w), boxes[:, 1].clamp(0, h), boxes[:, 2].clamp(0, w),
+                                 boxes[:, 3].clamp(0, h)], 1)
+            keep = (boxes[:, 0] < boxes[:, 2]) & (boxes[:, 1] < boxes[:, 3])
+        fill = [int(v) for v in self.fill] if isinstance(self.fill, (list, tuple)) else int(self.fill)
+        image = F.pad(image, [0, 0, self.crop_width - w, self.crop_height - h], fill=fill)
+        boxes = boxes[keep]
+        if isinstance(target["boxes"], tv_tensors.BoundingBoxes):
+            boxes = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(self.crop_height, self.crop_width))
+        per_box = {key: target[key][keep] for key in ("labels", "area", "iscrowd") if key in target}
+        return image, {**target, **per_box, "boxes": boxes}

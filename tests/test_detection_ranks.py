@@ -93,3 +93,15 @@ def test_ranks_seeded_alike_draw_their_own_flips(coco_ranks_run):
     for form in ("v1", "v2"):
         flips = [result[f"train_{form}"]["flips"] for result in coco_ranks_run]
         assert sum(len(batch) for batch in flips[0]) == 8 and flips[0] != flips[1], form
+
+
+def test_each_ranks_state_taken_mid_epoch_resumes_that_rank_exactly(coco_ranks_run):
+    """Under torchrun, each rank's state_dict taken after the first batch of an epoch (DistributedSampler in the
+    references' GroupedBatchSampler, v1, or a BatchSampler, v2), loaded into a fresh loader over a fresh sampler:
+    the rest of the epoch and the next one are the uninterrupted rank's, image ids, boxes and flips."""
+    for form in ("v1", "v2"):
+        runs = [result[f"resume_{form}"] for result in coco_ranks_run]
+        for run in runs:
+            assert run["rest"] and run["next"], form
+            assert run["resumed_rest"] == run["rest"] and run["resumed_next"] == run["next"], form
+        assert runs[0]["rest"] != runs[1]["rest"]  # each rank resumed its own share

@@ -188,3 +188,50 @@ def test_a_dropped_detection_loader_is_freed_by_reference_counting_alone(torchvi
         assert len(os.listdir("/proc/self/task")) == threads
     finally:
         gc.enable()
+
+
+def test_elastic_resume_refuses_a_per_rank_sampler_and_replays_any_other(torchvision, coco_dir):  # noqa: F811
+    """As classification's drawn orders: every old rank's state (a list) on another world size is refused, naming
+    the sampler, where each rank's draw comes from its num_replicas (the references' DistributedSampler in the
+    batch sampler); on the same world size each rank takes its own state; a sampler that knows no ranks is
+    replayed: the new rank goes on with old rank (its rank mod the old world size)'s batches exactly."""
+    from torch.utils.data import DistributedSampler
+    dataset = v2_dataset(torchvision, coco_dir, ssd_steps(torchvision, zoom=False))
+
+    def distributed(rank, world):
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, seed=5)
+        return DaliLoader(dataset, batch_sampler=BatchSampler(sampler, 1, False), collate_fn=collate_fn, device="cpu",
+                          seed=11)
+
+    states, rests = [], []
+    for rank in range(2):
+        loader = distributed(rank, 2)
+        batches = iter(loader)
+        next(batches)
+        states.append(roundtrip(loader.state_dict()))
+        rests.append([batch_record(*batch) for batch in batches])
+    with pytest.raises(ValueError, match=r"elastic resume refused: sampler DistributedSampler draws each rank's "
+                                         r"indices from its num_replicas \(3\).*Resume on 2 ranks"):
+        distributed(0, 3).load_state_dict(states)
+    with pytest.raises(ValueError, match=r"num_replicas \(1\).*Resume on 2 ranks"):
+        distributed(0, 1).load_state_dict(states[1])  # one old rank's state on another world size: the same
+    again = distributed(1, 2)
+    again.load_state_dict(states)
+    assert_batches_equal([batch_record(*batch) for batch in again], rests[1])
+
+    def drawn(seed):
+        sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+        return DaliLoader(dataset, batch_sampler=BatchSampler(sampler, 1, False), collate_fn=collate_fn, device="cpu",
+                          seed=11)
+
+    states, rests = [], []
+    for process in range(2):  # two processes, each reading its whole draw (DataLoader's way: no ranks)
+        loader = drawn(process)
+        batches = iter(loader)
+        next(batches)
+        state = roundtrip(loader.state_dict())
+        states.append({**state, "rank": process, "world_size": 2})  # as two ranks of a process group record it
+        rests.append([batch_record(*batch) for batch in batches])
+    resumed = drawn(9)  # one process now (rank 0): it goes on with old rank 0's draw
+    resumed.load_state_dict(states)
+    assert_batches_equal([batch_record(*batch) for batch in resumed], rests[0])

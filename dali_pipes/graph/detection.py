@@ -7,7 +7,8 @@ them back into pixels of the output image (run/detection.py).
 
 The steps, in torchvision's order (references/detection/presets.py): RandomPhotometricDistort (graph/photometric.py,
 on the whole decoded image), RandomZoomOut (a padded slice), RandomIoUCrop
-(fn.random_bbox_crop; on the GPU the decoder decodes only the crop window), RandomHorizontalFlip (fn.bb_flip with
+(fn.random_bbox_crop; on the GPU the decoder decodes only the crop window), RandomShortestSize or lsj's ScaleJitter
+and FixedSizeCrop (graph/scale_jitter.py: a resize, then one padded slice), RandomHorizontalFlip (fn.bb_flip with
 the pixels' coin), then float [0, 1] CHW. Degenerate boxes are removed after the graph (run/detection.py), as
 SanitizeBoundingBoxes does.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dali_pipes.graph.photometric import PhotometricDistort, photometric_distort
+from dali_pipes.graph.scale_jitter import FixedSizeCrop, ScaleJitter, scale_jitter_crop
 
 # RandomIoUCrop's defaults (torchvision.transforms.v2.RandomIoUCrop): the minimum IoU a crop must have with some
 # box, drawn per try from these; 1.0 there means "leave the image uncropped", which is DALI's allow_no_crop.
@@ -61,6 +63,8 @@ class DetectionAugment:
     sanitize: tuple[float, float] | None = None
     shortest_size: ShortestSize | None = None
     photometric: PhotometricDistort | None = None  # RandomPhotometricDistort, first (as in the ssd preset)
+    scale_jitter: ScaleJitter | None = None  # the lsj preset's ScaleJitter, then its FixedSizeCrop
+    fixed_crop: FixedSizeCrop | None = None
     steps: tuple[str, ...] = field(default=())  # the transform's steps as read, for messages and the docs
 
     def __post_init__(self) -> None:
@@ -73,7 +77,8 @@ class DetectionAugment:
 def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugment,
                     device: str) -> tuple[Any, Any, Any]:
     """(images float32 CHW in [0, 1], each its own size; boxes normalised xyxy to the output image (CPU);
-    kept: the `indices` (int32, 0..N-1 per sample) of the input boxes that survived, in order (CPU)).
+    kept: the `indices` (int32, 0..N-1 per sample) of the input boxes that survived, in order (CPU); -1 for one
+    FixedSizeCrop removed, for the run to leave out).
     `boxes`: float32 (N, 4) xyxy in pixels of the encoded image."""
     from nvidia.dali import fn
     types = dali_types()
@@ -109,6 +114,8 @@ def detection_graph(jpegs: Any, boxes: Any, indices: Any, augment: DetectionAugm
     if augment.shortest_size is not None:  # boxes are normalised: a resize leaves them as they are
         images = fn.resize(images, size=shortest_side_size(shape, augment.shortest_size), antialias=True,
                            name="det_shortest_size")
+    if augment.scale_jitter is not None or augment.fixed_crop is not None:  # the lsj preset (graph/scale_jitter.py)
+        images, boxes, kept = scale_jitter_crop(images, boxes, kept, shape, augment.scale_jitter, augment.fixed_crop)
     flip = fn.random.coin_flip(probability=augment.flip_prob, name="det_flip_coin")
     boxes = fn.bb_flip(boxes, ltrb=True, horizontal=flip, name="det_bb_flip")
     images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=[0.0], std=[255.0],

@@ -12,6 +12,7 @@ from typing import Any
 
 from dali_pipes.graph.detection import DetectionAugment, IoUCrop, ShortestSize, ZoomOut
 from dali_pipes.graph.photometric import PhotometricDistort
+from dali_pipes.graph.scale_jitter import FixedSizeCrop, ScaleJitter
 
 CONTAINERS = ("Compose", "DetectionPresetTrain", "DetectionPresetEval")  # steps inside, in order
 NO_OPS = ("PILToTensor", "ToImage", "ToPureTensor")  # the decoded image is a tensor already
@@ -59,9 +60,11 @@ def detection_augment(transform: Any) -> tuple[DetectionAugment, bool]:
     if "shortest" in settings and ("crop" in settings or "zoom" in settings):
         raise UntranslatableTransform("RandomShortestSize with RandomIoUCrop or RandomZoomOut: no references' "
                                       "preset has both, and the graph resizes the decoded image only")
+    _check_large_scale_jitter(names)
     return DetectionAugment(flip_prob=settings.get("flip", 0.0), zoom_out=settings.get("zoom"),
                             iou_crop=settings.get("crop"), sanitize=settings.get("sanitize"),
                             shortest_size=settings.get("shortest"), photometric=settings.get("photometric"),
+                            scale_jitter=settings.get("jitter"), fixed_crop=settings.get("fixed_crop"),
                             steps=tuple(names)), has_masks
 
 
@@ -95,15 +98,67 @@ def _read_step(step: Any, name: str, settings: dict[str, Any]) -> None:
     elif name == "RandomZoomOut":
         low, high = (float(side) for side in step.side_range)
         settings["zoom"] = ZoomOut(fill=_image_fill(step.fill), side_range=(low, high), p=float(step.p))
+    elif name == "ScaleJitter":
+        settings["jitter"] = _scale_jitter(step)
+    elif name == "FixedSizeCrop":
+        settings["fixed_crop"] = _fixed_size_crop(step)
     else:
         raise UntranslatableTransform(
             f"detection transform step {name} ({step!r}) has no DALI translation; supported: RandomHorizontalFlip, "
-            f"RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut, SanitizeBoundingBoxes, "
+            f"RandomIoUCrop, RandomPhotometricDistort, RandomShortestSize, RandomZoomOut, ScaleJitter, "
+            f"FixedSizeCrop, SanitizeBoundingBoxes, "
             f"ConvertBoundingBoxFormat(XYXY), PILToTensor / ToImage, ConvertImageDtype / ToDtype(torch.float, "
             f"scale=True), ToPureTensor. Remove the step or use torch's DataLoader for this transform")
 
 
-GEOMETRIC = ("RandomZoomOut", "RandomIoUCrop", "RandomShortestSize")
+GEOMETRIC = ("RandomZoomOut", "RandomIoUCrop", "RandomShortestSize", "ScaleJitter", "FixedSizeCrop")
+LSJ = ("ScaleJitter", "FixedSizeCrop")  # the lsj preset's steps, in its order
+
+
+def _check_large_scale_jitter(names: list[str]) -> None:
+    """The graph resizes (ScaleJitter), then crops and pads (FixedSizeCrop), then flips, as the lsj preset orders
+    them; another order, or lsj with another geometric step, has no translation."""
+    present = [name for name in names if name in LSJ]
+    if not present:
+        return
+    others = [name for name in names if name in GEOMETRIC and name not in LSJ]
+    if others:
+        raise UntranslatableTransform(f"{present[0]} with {others[0]}: no references' preset has both, and the "
+                                      f"graph does the lsj preset's ScaleJitter and FixedSizeCrop alone")
+    if present != sorted(present, key=LSJ.index) or len(present) != len(set(present)):
+        raise UntranslatableTransform(f"{present}: the graph does ScaleJitter once, then FixedSizeCrop once, as the "
+                                      f"references' lsj preset does; put them in that order")
+    flips = [i for i, name in enumerate(names) if name == "RandomHorizontalFlip"]
+    if "FixedSizeCrop" in names and flips and flips[0] < names.index("FixedSizeCrop"):
+        raise UntranslatableTransform("RandomHorizontalFlip before FixedSizeCrop: the graph flips the padded crop, "
+                                      "as the references' lsj preset does (the padding on the right before the "
+                                      "flip); put RandomHorizontalFlip after FixedSizeCrop")
+
+
+def _scale_jitter(step: Any) -> ScaleJitter:
+    """v2's ScaleJitter and the references' v1 class share their attributes; the graph resizes bilinearly with
+    antialiasing, as torchvision does for PIL images (the presets' default) and for tensors with antialias=True."""
+    mode = getattr(step, "interpolation", "bilinear")
+    if str(getattr(mode, "value", mode)).lower() not in ("bilinear", "2"):  # 2: PIL's BILINEAR
+        raise UntranslatableTransform(f"ScaleJitter(interpolation={mode}): only bilinear resizes are translated")
+    width_for, height_for = (int(side) for side in step.target_size)  # torchvision: [1] / height, [0] / width
+    low, high = (float(s) for s in step.scale_range)
+    try:
+        return ScaleJitter(target_size=(width_for, height_for), scale_range=(low, high))
+    except ValueError as e:
+        raise UntranslatableTransform(f"{step!r}: {e}") from e
+
+
+def _fixed_size_crop(step: Any) -> FixedSizeCrop:
+    """The references' FixedSizeCrop: crop_height, crop_width, fill, padding_mode (constant only)."""
+    mode = getattr(step, "padding_mode", "constant")
+    if mode != "constant":
+        raise UntranslatableTransform(f"FixedSizeCrop(padding_mode={mode!r}): only padding_mode='constant' (the "
+                                      f"references' default) is translated")
+    try:
+        return FixedSizeCrop(size=(int(step.crop_height), int(step.crop_width)), fill=_image_fill(step.fill))
+    except ValueError as e:
+        raise UntranslatableTransform(f"{step!r}: {e}") from e
 
 
 def _check_photometric_first(names: list[str]) -> None:

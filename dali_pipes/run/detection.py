@@ -199,6 +199,7 @@ def target_of(sample: DetectionSample, boxes: np.ndarray, kept: np.ndarray, size
     height, width = int(size[0]), int(size[1])
     pixels = boxes.reshape(-1, 4).astype(np.float32) * np.array([width, height, width, height], np.float32)
     kept = kept.reshape(-1).astype(np.int64)
+    pixels, kept = pixels[kept >= 0], kept[kept >= 0]  # -1: removed in the graph (FixedSizeCrop's empty boxes)
     if sanitize is not None:
         valid = sanitized(pixels, (height, width), *sanitize)
         pixels, kept = pixels[valid], kept[valid]

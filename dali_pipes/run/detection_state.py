@@ -2,6 +2,7 @@
 
     {"version": 1, "task": "detection",
      "dataset":  {"num_images", "image_ids", "digest", "batch_size", "seed"},  # what a state must match (check_fits)
+     "rank", "world_size",                # who took it: an elastic resume picks and checks by them (rank_state)
      "epoch", "position",                 # the epoch being read, and how many of its drawn batches are delivered
      "batches",                           # that epoch's drawn order (lists of dataset indices), as drawn
      "generators",                        # the sampler's and DataLoader's own torch.Generators, after the draw
@@ -84,10 +85,44 @@ def set_generators(generators: list[torch.Generator | None], states: list[bytes 
 
 
 def loader_state(*, identity: dict, epoch: int, position: int, batches: list[list[int]] | None,
-                 generators: list[torch.Generator | None], checkpoint: bytes | None, bad: BadImages) -> dict:
+                 generators: list[torch.Generator | None], checkpoint: bytes | None, bad: BadImages,
+                 rank: int = 0, world_size: int = 1) -> dict:
     return {"version": STATE_VERSION, "task": "detection", "written_by": RELEASE, "dataset": identity,
+            "rank": rank, "world_size": world_size,
             "epoch": epoch, "position": position, "batches": batches, "generators": generator_states(generators),
             "pipeline": sealed(checkpoint), "bad_samples": bad.state()}
+
+
+def rank_state(state: Any, *, rank: int, world_size: int, batch_sampler: Any) -> tuple[Any, int]:
+    """(the state this rank resumes from, the rank that took it). `state`: this rank's, or every old rank's in
+    rank order (a list). On the world size the states were taken on, this rank's; on another (elastic resume),
+    old rank (rank mod the old world size)'s draw goes on exactly where the draw does not depend on the world size;
+    a per-rank sampler (DistributedSampler: num_replicas) is refused naming it, as classification refuses its
+    drawn orders (run/sampled.py). States written before ranks were recorded count as this world size's."""
+    states = list(state) if isinstance(state, (list, tuple)) else [state]
+    if not states or not all(isinstance(s, dict) for s in states):
+        return state, rank  # not a state: opened_state says so
+    worlds = {s.get("world_size", world_size) for s in states}
+    if worlds == {world_size} and (len(states) == world_size or not isinstance(state, (list, tuple))):
+        return (states[rank], rank) if isinstance(state, (list, tuple)) else (state, rank)
+    old = max(worlds)
+    refusal = per_rank_draw(batch_sampler)
+    if refusal is not None:
+        raise ValueError(f"elastic resume refused: {refusal}, so an epoch it drew for one world size cannot be "
+                         f"replayed on another. Resume on {old} ranks (the world size the states were taken on), "
+                         f"or start the next epoch without the loader state")
+    mine = states[rank % len(states)]
+    return mine, int(mine.get("rank", rank % len(states)))
+
+
+def per_rank_draw(batch_sampler: Any) -> str | None:
+    """Why the batch sampler's draw depends on the world size (a sampler that draws its rank's share from its
+    num_replicas), or None."""
+    for sampler in (batch_sampler, getattr(batch_sampler, "sampler", None)):
+        replicas = getattr(sampler, "num_replicas", None)
+        if replicas is not None:
+            return f"sampler {type(sampler).__name__} draws each rank's indices from its num_replicas ({replicas})"
+    return None
 
 
 def opened_state(state: Any, identity: dict, where: str,

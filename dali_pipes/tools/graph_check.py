@@ -239,8 +239,9 @@ def project_graphs(sources: Mapping[str, Source], *, batch_size: int = 2) -> lis
 def detection_graphs(batch_size: int) -> list[GraphVariant]:
     """The detection graph (graph/detection.py) as DetectionLoader builds it on a GPU: the hflip preset, ssdlite's
     IoU crop (the decoder decodes the window: ROI decode), multiscale's resize, ssd's zoom-out before the crop, and
-    the whole ssd preset (its photometric distortion first, on the whole decoded image).
-    Its boxes, kept box indices and sample indices stay on the CPU, for Python."""
+    the whole ssd preset (its photometric distortion first, on the whole decoded image), and lsj's scale jitter and
+    fixed-size crop (a resize, then one padded slice). Its boxes, kept box indices and sample indices stay on the
+    CPU, for Python."""
     from dali_pipes.graph.detection import (
         HOST_OUTPUTS,
         DetectionAugment,
@@ -250,6 +251,7 @@ def detection_graphs(batch_size: int) -> list[GraphVariant]:
         detection_pipeline,
     )
     from dali_pipes.graph.photometric import PhotometricDistort
+    from dali_pipes.graph.scale_jitter import FixedSizeCrop, ScaleJitter
     presets = {"hflip": DetectionAugment(flip_prob=0.5, sanitize=(1.0, 1.0)),
                "ssdlite": DetectionAugment(flip_prob=0.5, iou_crop=IoUCrop(), sanitize=(1.0, 1.0)),
                "multiscale": DetectionAugment(flip_prob=0.5, shortest_size=ShortestSize(min_size=(480, 800),
@@ -257,7 +259,10 @@ def detection_graphs(batch_size: int) -> list[GraphVariant]:
                "ssd geometry": DetectionAugment(flip_prob=0.5, zoom_out=ZoomOut(fill=(123.0, 117.0, 104.0)),
                                                 iou_crop=IoUCrop(), sanitize=(1.0, 1.0)),
                "ssd": DetectionAugment(flip_prob=0.5, zoom_out=ZoomOut(fill=(123.0, 117.0, 104.0)),
-                                       iou_crop=IoUCrop(), sanitize=(1.0, 1.0), photometric=PhotometricDistort())}
+                                       iou_crop=IoUCrop(), sanitize=(1.0, 1.0), photometric=PhotometricDistort()),
+               "lsj": DetectionAugment(flip_prob=0.5, scale_jitter=ScaleJitter(target_size=(64, 64)),
+                                       fixed_crop=FixedSizeCrop(size=(64, 64), fill=(123.0, 117.0, 104.0)),
+                                       sanitize=(1.0, 1.0))}
 
     def define(augment: DetectionAugment) -> Callable[[], Pipeline]:
         return lambda: detection_pipeline(_DetectionBatch(batch_size), augment, batch_size=batch_size, device="gpu",
