@@ -111,7 +111,11 @@ def detection_use(dataset: Any, kwargs: dict) -> bool:
     "task": "detection"? With a detection keyword (images=, data_augmentation=) on other data: DatasetError."""
     if not isinstance(dataset, LOCATION_TYPES) or isinstance(dataset, list) and not dataset:
         return False
-    where, task = location_task(dataset)
+    store = remote.ClientOptions.of(kwargs.get("storage_attempts", _LOADER.storage_attempts),
+                                    kwargs.get("storage_timeout", _LOADER.storage_timeout),
+                                    deadline=kwargs.get("download_deadline", _LOADER.download_deadline))
+    with remote.options_in_force(store):  # the loader's own retries and deadline, from its first call on
+        where, task = location_task(dataset)
     asked = sorted(k for k in DETECTION_KEYWORDS if k in kwargs)
     if asked and task != DETECTION_TASK:
         found = f"its manifest {where} says task {task!r}" if task else f"no conversion manifest at {where}"

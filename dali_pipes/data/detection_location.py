@@ -83,8 +83,9 @@ def location_task(location: Location) -> tuple[str, str | None]:
     path = manifest_path_of(location)
     try:
         found = manifest.read(path)
-    except (OSError, DatasetError):
+    except (PermissionError, IsADirectoryError, NotADirectoryError, DatasetError):
         return path, None  # no manifest to read there: the classification reader names what is wrong
+    # an unreachable store goes on as it is (storage/remote.py names the endpoint, after the loader's attempts)
     return path, None if found is None else str(found.get("task", "classification"))
 
 
@@ -92,7 +93,7 @@ def is_detection_location(location: object) -> bool:
     """A COCO JSON, or shards whose manifest says "task": "detection" (one small read: local, or one GET)."""
     if not isinstance(location, (str, os.PathLike, list, tuple)):
         return False
-    return location_task(location)[1] == DETECTION_TASK  # type: ignore[arg-type]
+    return location_task(location)[1] == DETECTION_TASK
 
 
 def open_detection_location(location: Location, images: str | None = None, *, keep_empty: bool = True,
