@@ -14,25 +14,33 @@ iteration. The collate_fn runs on the delivered (image, target) pairs, as DataLo
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, default_collate
 
 from dali_pipes.data.detection_dataset import DetectionDataset, read_detection_dataset
-from dali_pipes.graph.detection_transforms import detection_augment
+from dali_pipes.data.detection_location import open_detection_location
+from dali_pipes.graph.detection import DetectionAugment
+from dali_pipes.graph.detection_transforms import detection_augment, preset_augment
 from dali_pipes.run.detection import TARGET_KEYS, DetectionRun, TargetForm
 from dali_pipes.run.detection_state import (
     BadImages,
+    ImageReader,
     dataset_identity,
     loader_state,
     opened_state,
     own_generators,
     rank_state,
+    read_file,
 )
+from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import rank_seed
+from dali_pipes.storage import remote
 
 MASKS_NOT_DELIVERED = ("the v1 target conversion (ConvertCocoPolysToMask) builds masks from polygons; DaliLoader "
                        "delivers the box targets (boxes, labels, image_id, area, iscrowd) without masks, which box "
@@ -64,13 +72,21 @@ class DetectionLoader:
             raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
                              f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
         self._seed, self._rank = seed if seed is not None else torch.initial_seed() % (1 << 31), rank_of(self.sampler)
-        seed = seed_of_rank(self._seed, self._rank)
-        self._bad = BadImages(skip=skip_bad, max_bad=max_bad, num_images=len(read.samples), device=device)
-        self._new_run = functools.partial(DetectionRun, read.samples, augment, target_form(read), batch_size=most,
-                                          device=device, num_threads=num_threads or num_workers or default_threads(),
-                                          seed=seed, bad=self._bad)
+        self._world = world_of(self.sampler)
+        self._start(read.samples, augment, target_form(read), read.where, batch_size=most,
+                    seed=seed_of_rank(self._seed, self._rank),
+                    num_threads=num_threads or num_workers or default_threads(), skip_bad=skip_bad, max_bad=max_bad)
+
+    def _start(self, samples: list, augment: DetectionAugment, form: TargetForm, where: str, *, batch_size: int,
+               seed: int, num_threads: int, skip_bad: bool, max_bad: int | float | None,
+               read: ImageReader = read_file) -> None:
+        """The run over `samples` (where: the dataset, for messages), its bad-image policy and resume identity."""
+        self._bad = BadImages(skip=skip_bad, max_bad=max_bad, num_images=len(samples), device=self.device, read=read)
+        self._new_run = functools.partial(DetectionRun, samples, augment, form, batch_size=batch_size,
+                                          device=self.device, num_threads=num_threads, seed=seed, bad=self._bad,
+                                          read=read)
         self.run = self._new_run()
-        self._identity, self._where = dataset_identity(read.samples, most, seed), read.where
+        self._identity, self._where = dataset_identity(samples, batch_size, seed), where
         self._epoch = -1  # the epoch begun; its drawn order; where a resume starts in it
         self._batches: list[list[int]] | None = None
         self._resume_at: int | None = None
@@ -86,12 +102,16 @@ class DetectionLoader:
     def __iter__(self) -> Iterator[Any]:
         start, self._resume_at = self._resume_at, None
         if start is None or self._batches is None:  # a new epoch (else: the rest of a resumed one, not drawn again)
-            # DataLoader's iterator draws its base seed first, then the sampler draws: the same random stream here.
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-            self._batches = [[int(i) for i in batch] for batch in self.batch_sampler]
+            self._batches = self._draw()
             self._epoch, start = self._epoch + 1, 0
         for items in self.run.epoch(self._batches, start):
             yield self.collate_fn(items)
+
+    def _draw(self) -> list[list[int]]:
+        """The epoch's batches. DataLoader's iterator draws its base seed first, then the sampler draws: the same
+        random stream here."""
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        return [[int(i) for i in batch] for batch in self.batch_sampler]
 
     @property
     def bad_samples(self) -> list:
@@ -104,13 +124,13 @@ class DetectionLoader:
         return loader_state(identity=self._identity, epoch=self._epoch, position=self.run.position,
                             batches=self._batches, generators=own_generators(self.batch_sampler, self.generator),
                             checkpoint=self.run.checkpoint(), bad=self._bad, rank=self._rank,
-                            world_size=world_of(self.sampler))
+                            world_size=self._world)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Go on where `state` was taken: the next iteration gives the rest of its epoch, then new epochs. Given
         every old rank's state in rank order, also on another world size where the sampler's draw does not depend
         on it (run/detection_state.py's rank_state)."""
-        state, took = rank_state(state, rank=self._rank, world_size=world_of(self.sampler),
+        state, took = rank_state(state, rank=self._rank, world_size=self._world,
                                  batch_sampler=self.batch_sampler)
         identity = {**self._identity, "seed": seed_of_rank(self._seed, took)}  # the old rank's DALI seed
         checkpoint, state = opened_state(state, identity, self._where,
@@ -184,3 +204,105 @@ def batch_sampler_of(dataset: Any, batch_size: int | None, shuffle: bool | None,
     if sampler is None:
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
     return BatchSampler(sampler, batch_size, drop_last), sampler, drop_last
+
+
+def references_collate(batch: list) -> tuple:
+    """torchvision's detection references' utils.collate_fn: (images, targets) as tuples."""
+    return tuple(zip(*batch))
+
+
+VAL_PADDINGS = ("repeat", "none")
+
+
+class RankSlices:
+    """This rank's batches of a location's images each epoch, the dali_pipes way (loader.py's epoch contract):
+    train shuffles all images by (seed, epoch), the same on every rank, and gives rank r every world_size-th one
+    from r, each rank the same count (N // world_size: the tail left out), in full batches unless drop_last=False;
+    val keeps the images' order, each rank every world_size-th one, padded by repeating the first images to the
+    same count on every rank (val_padding="repeat", as DistributedSampler(shuffle=False)) or not ("none": each
+    image exactly once across ranks), the last batch short."""
+
+    def __init__(self, num_images: int, batch_size: int, *, train: bool, shuffle: bool, drop_last: bool,
+                 rank: int, world_size: int, seed: int, val_padding: str) -> None:
+        if val_padding not in VAL_PADDINGS:
+            raise ValueError(f"val_padding must be one of {', '.join(VAL_PADDINGS)} for detection, got {val_padding!r}")
+        self.num_images, self.batch_size, self.train, self.shuffle = num_images, batch_size, train, shuffle
+        self.drop_last, self.rank, self.world_size, self.seed = drop_last, rank, world_size, seed
+        self.val_padding, self.epoch = val_padding, 0
+
+    @property
+    def num_replicas(self) -> int:
+        """DistributedSampler's name for the world size: each rank's slice depends on it (an elastic resume of
+        a location's epoch is refused by run/detection_state.py's per_rank_draw)."""
+        return self.world_size
+
+    def indices(self) -> list[int]:
+        n, world = self.num_images, self.world_size
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
+        if self.train:
+            order = order[:n // world * world]
+        elif self.val_padding == "repeat" and n % world:
+            order = np.resize(order, -(-n // world) * world)  # repeats from the start, as DistributedSampler pads
+        return [int(i) for i in order[self.rank::world]]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        mine, size = self.indices(), self.batch_size
+        ends = len(mine) // size * size if self.drop_last else len(mine)
+        return iter([mine[i:i + size] for i in range(0, ends, size)])
+
+    def __len__(self) -> int:
+        count = len(self.indices())
+        return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
+
+
+class DetectionLocationLoader(DetectionLoader):
+    """DaliLoader(location, ...) over detection data: a COCO JSON (images=: its image folder or store prefix) or
+    detection shards (data/detection_location.py), this rank's slice (RankSlices), the references' preset named
+    by `data_augmentation` in train mode, their eval preset otherwise, batches as the references' collate_fn
+    makes them (tuples of images (3, H, W) float in [0, 1] and target dicts)."""
+
+    def __init__(self, location: Any, batch_size: int = 1, shuffle: bool | None = None, *,
+                 collate_fn: Any = None, drop_last: bool | None = None, train: bool | None = None,
+                 images: str | None = None, data_augmentation: str = "hflip", val_padding: str = "repeat",
+                 device: str = "cpu", rank: int | None = None, world_size: int | None = None,
+                 seed: int | None = None, num_threads: int | None = None, num_workers: int = 0,
+                 skip_bad: bool = False, max_bad: int | float | None = None,
+                 store: remote.ClientOptions | None = None) -> None:
+        train = bool(shuffle) if train is None else train
+        shard = Shard.from_env(rank, world_size)
+        found = open_detection_location(location, images, keep_empty=not train, options=store)
+        augment = preset_augment(data_augmentation, train)
+        self.dataset, self.num_workers, self.pin_memory, self.timeout, self.generator = location, 0, False, 0, None
+        self.collate_fn, self.device, self.train = collate_fn or references_collate, device, train
+        self.batch_sampler = RankSlices(len(found.samples), batch_size, train=train,
+                                        shuffle=train if shuffle is None else shuffle,
+                                        drop_last=train if drop_last is None else drop_last, rank=shard.rank,
+                                        world_size=shard.world_size, seed=seed or 0, val_padding=val_padding)
+        self.sampler, self.drop_last, self._batches_given = None, self.batch_sampler.drop_last, False
+        self.samples = found.samples  # what the loader's indices index: image ids, boxes, labels as read
+        self._seed, self._rank, self._world = seed or 0, shard.rank, shard.world_size
+        self._start(found.samples, augment, TargetForm(), found.where, batch_size=batch_size,
+                    seed=seed_of_rank(self._seed, shard.rank), num_threads=num_threads or num_workers or
+                    default_threads(), skip_bad=skip_bad, max_bad=max_bad, read=found.image_bytes)
+
+    def _draw(self) -> list[list[int]]:
+        """The next epoch's slice: its order drawn from (seed, epoch), never from torch's global stream."""
+        self.batch_sampler.epoch = self._epoch + 1
+        return list(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """As DistributedSampler's: the next epoch drawn is `epoch` (between epochs; else from the next one on)."""
+        self._epoch = epoch - 1 if self._resume_at is None else self._epoch
+
+
+def detection_location_loader(location: Any, *args: Any, **kwargs: Any) -> DetectionLocationLoader:
+    """DaliLoader(location, ...) for detection data: DaliLoader's keywords that mean nothing here refused by name
+    (the loader's storage options taken as a ClientOptions)."""
+    store = remote.ClientOptions.of(kwargs.pop("storage_attempts", None), kwargs.pop("storage_timeout", None),
+                                    deadline=kwargs.pop("download_deadline", None))
+    known = set(inspect.signature(DetectionLocationLoader.__init__).parameters) - {"self", "location", "store"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"{location}: DaliLoader over detection data takes no {', '.join(unknown)}; its keywords: "
+                        f"{', '.join(sorted(known))} (docs/detection.md#by-location)")
+    return DetectionLocationLoader(location, *args, store=store, **kwargs)

@@ -36,10 +36,12 @@ import torch
 
 from dali_pipes.config import LoaderConfig, SourceConfig
 from dali_pipes.data.detection_dataset import is_detection_dataset
+from dali_pipes.data.detection_location import CONVERT_FIX, DETECTION_TASK, location_task
 from dali_pipes.data.samples import SampleKeys
 from dali_pipes.data.source import Source, open_source, samples_source, with_num_classes
 from dali_pipes.dataloader_args import LOCATION_TYPES, DataLoaderCall, read_as_pil, resolve_call
-from dali_pipes.detection_loader import DetectionLoader
+from dali_pipes.detection_loader import DetectionLoader, detection_location_loader
+from dali_pipes.errors import DatasetError
 from dali_pipes.graph.augment_config import AugmentConfig
 from dali_pipes.graph.resolution import ImageSize
 from dali_pipes.loader_surface import DataLoaderAttributes, EpochRequests, PositionView
@@ -60,6 +62,7 @@ from dali_pipes.run.val_cache import ValCache
 from dali_pipes.storage import remote
 
 DEVICES = ("auto", "gpu", "cpu")
+DETECTION_KEYWORDS = ("images", "data_augmentation")  # a detection location's own keywords
 _LOADER, _SOURCE = LoaderConfig(), SourceConfig()  # the loader's defaults, written once (config.py)
 REQUIRE_GPU_ENV = "DALI_PIPES_REQUIRE_GPU"
 log = logging.getLogger("dali_pipes")
@@ -101,6 +104,24 @@ def resolve_device(device: str) -> str:
     if device == "gpu" and not cuda:
         raise RuntimeError("device='gpu' but torch sees no CUDA device; use device='cpu' or 'auto'")
     return device
+
+
+def detection_use(dataset: Any, kwargs: dict) -> bool:
+    """Is this call DaliLoader(location, ...) over detection data: a COCO JSON, or shards whose manifest says
+    "task": "detection"? With a detection keyword (images=, data_augmentation=) on other data: DatasetError."""
+    if not isinstance(dataset, LOCATION_TYPES) or isinstance(dataset, list) and not dataset:
+        return False
+    store = remote.ClientOptions.of(kwargs.get("storage_attempts", _LOADER.storage_attempts),
+                                    kwargs.get("storage_timeout", _LOADER.storage_timeout),
+                                    deadline=kwargs.get("download_deadline", _LOADER.download_deadline))
+    with remote.options_in_force(store):  # the loader's own retries and deadline, from its first call on
+        where, task = location_task(dataset)
+    asked = sorted(k for k in DETECTION_KEYWORDS if k in kwargs)
+    if asked and task != DETECTION_TASK:
+        found = f"its manifest {where} says task {task!r}" if task else f"no conversion manifest at {where}"
+        raise DatasetError(str(dataset), f"{', '.join(asked)}= given, but this is no detection data ({found})",
+                           CONVERT_FIX + "; or leave out the detection keywords for classification")
+    return task == DETECTION_TASK
 
 
 def store_options(attempts: int, timeout: float, deadline: float, kwargs: dict) -> remote.ClientOptions:
@@ -165,6 +186,9 @@ class DaliLoader(DataLoaderAttributes, PositionView, BadSampleView):
     def __new__(cls, dataset: Any = None, *args, **kwargs) -> Any:
         if is_detection_dataset(dataset):  # torchvision's CocoDetection: images and box targets (detection_loader.py)
             return DetectionLoader(dataset, *args, **{**kwargs, "device": resolve_device(kwargs.get(
+                "device", _LOADER.device))})
+        if detection_use(dataset, kwargs):  # a COCO JSON or detection shards by location: the same, read here
+            return detection_location_loader(dataset, *args, **{**kwargs, "device": resolve_device(kwargs.get(
                 "device", _LOADER.device))})
         return super().__new__(cls)
 

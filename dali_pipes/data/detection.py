@@ -45,7 +45,7 @@ class DetectionSample:
 def detection_sample(path: str, image_id: int, width: int, height: int, boxes_xyxy, labels,
                      annotation_ids=None, iscrowd=None, area=None, extra: tuple = ()) -> DetectionSample:
     """A DetectionSample with the arrays' dtypes fixed and the optional columns filled as COCO would."""
-    boxes = np.asarray(boxes_xyxy, dtype=np.float32).reshape(-1, 4)
+    boxes = np.ascontiguousarray(np.asarray(boxes_xyxy, dtype=np.float32).reshape(-1, 4))  # DALI: dense rows
     n = len(boxes)
     return DetectionSample(
         path=path, image_id=int(image_id), width=int(width), height=int(height), boxes=boxes,

@@ -401,6 +401,10 @@ def _check_manifest(source: Source, complete: bool, skip_bad: bool) -> None:
     found = manifest.read(path)
     if found is None:
         return
+    if found.get("task") == "detection":  # boxes, not one label per image: DaliLoader(location) reads them so
+        raise DatasetError(path, "detection shards (its \"task\" is \"detection\"): no class label per sample",
+                           "Read them with DaliLoader(location, ...), which yields (images, targets) for detection "
+                           "(docs/detection.md#by-location); or give classification shards here")
     sizes = [info.size for info in source.remote] if source.remote is not None else \
         [os.path.getsize(f) for f in source.files]
     problems = manifest.problems(found, path, source.files, sizes, source.counts, complete,

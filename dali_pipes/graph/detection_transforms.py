@@ -212,3 +212,39 @@ def _image_fill(fill: Any) -> tuple[float, float, float]:
     values = [float(fill)] * 3 if isinstance(fill, (int, float)) else [float(v) for v in fill]
     values = values * 3 if len(values) == 1 else values
     return (values[0], values[1], values[2])
+
+
+# The references' presets by their --data-augmentation name (references/detection/presets.py), v2 form, as
+# DetectionAugment settings: what DetectionPresetTrain(data_augmentation=NAME, use_v2=True) reads as, without
+# torchvision. Each ends ToDtype(float, scale=True), ConvertBoundingBoxFormat(XYXY), SanitizeBoundingBoxes().
+PRESET_MEAN = (123.0, 117.0, 104.0)  # the presets' RandomZoomOut fill
+MULTISCALE_SIZES = (480, 512, 544, 576, 608, 640, 672, 704, 736, 768, 800)
+PRESET_STEPS = {
+    "hflip": ("RandomHorizontalFlip",),
+    "multiscale": ("RandomShortestSize", "RandomHorizontalFlip"),
+    "ssd": ("RandomPhotometricDistort", "RandomZoomOut", "RandomIoUCrop", "RandomHorizontalFlip"),
+    "ssdlite": ("RandomIoUCrop", "RandomHorizontalFlip"),
+    "lsj": ("ScaleJitter", "FixedSizeCrop", "RandomHorizontalFlip"),
+}
+LSJ_SIZE = (1024, 1024)  # the lsj preset's ScaleJitter target_size and FixedSizeCrop size
+PRESET_TAIL = ("ToDtype", "ConvertBoundingBoxFormat", "SanitizeBoundingBoxes", "ToPureTensor")
+EVAL_STEPS = ("ToImage", "ToDtype", "ToPureTensor")  # DetectionPresetEval
+
+
+def preset_augment(name: str, train: bool, hflip_prob: float = 0.5) -> DetectionAugment:
+    """The DetectionAugment of the references' preset `name` ("hflip", "multiscale", "ssd", "ssdlite", "lsj")
+    when `train`; of DetectionPresetEval (decode, float in [0, 1], nothing random) otherwise, whatever the name."""
+    if name not in PRESET_STEPS:
+        raise UntranslatableTransform(f"data_augmentation={name!r}: the presets read are "
+                                      f"{', '.join(PRESET_STEPS)}, as torchvision's detection references name them")
+    if not train:
+        return DetectionAugment(steps=EVAL_STEPS)
+    steps = PRESET_STEPS[name]
+    return DetectionAugment(
+        flip_prob=hflip_prob, sanitize=(1.0, 1.0), steps=("ToImage", *steps, *PRESET_TAIL),
+        photometric=PhotometricDistort() if "RandomPhotometricDistort" in steps else None,
+        zoom_out=ZoomOut(fill=PRESET_MEAN, side_range=(1.0, 4.0), p=0.5) if "RandomZoomOut" in steps else None,
+        iou_crop=IoUCrop() if "RandomIoUCrop" in steps else None,
+        shortest_size=ShortestSize(min_size=MULTISCALE_SIZES, max_size=1333) if name == "multiscale" else None,
+        scale_jitter=ScaleJitter(target_size=LSJ_SIZE) if name == "lsj" else None,
+        fixed_crop=FixedSizeCrop(size=LSJ_SIZE, fill=PRESET_MEAN) if name == "lsj" else None)

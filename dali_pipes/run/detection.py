@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -20,7 +20,8 @@ from dali_pipes.data.detection import DetectionSample
 from dali_pipes.errors import DatasetError
 from dali_pipes.graph._dali import shutdown_pipeline
 from dali_pipes.graph.detection import DetectionAugment, detection_pipeline
-from dali_pipes.run.detection_state import BadImages, positions
+from dali_pipes.run.detection_state import BadImages, ImageReader, positions, read_file
+from dali_pipes.storage.remote import UnreachableError
 
 TARGET_KEYS = ("boxes", "labels", "image_id", "area", "iscrowd")  # what a target may hold (masks: refused)
 
@@ -29,10 +30,11 @@ class DetectionFeed:
     """The external source's callback: (encoded images, pixel boxes, box indices, sample index) of the epoch's
     batch `next` (less the `excluded` samples; a batch left empty is passed over), then StopIteration at the
     epoch's end. `next` counts the batches handed to DALI, which reads ahead: `start` sets it at the loader's
-    position (an epoch's start, a resume, a rebuild after a bad image), so DALI's batch info is not read."""
+    position (an epoch's start, a resume, a rebuild after a bad image), so DALI's batch info is not read.
+    `read`: a sample's encoded image (a local file's bytes unless the location reads otherwise: a store, a shard)."""
 
-    def __init__(self, samples: Sequence[DetectionSample]) -> None:
-        self.samples = samples
+    def __init__(self, samples: Sequence[DetectionSample], read: ImageReader = read_file) -> None:
+        self.samples, self.read = samples, read
         self.batches: list[list[int]] = []
         self.next = 0
         self.excluded: set[int] = set()
@@ -51,16 +53,18 @@ class DetectionFeed:
         indices = self.picks(self.next)
         self.next += 1
         picks = [self.samples[i] for i in indices]
-        return ([encoded(s) for s in picks], [s.boxes for s in picks],
+        return ([encoded(s, self.read) for s in picks], [s.boxes for s in picks],
                 [np.arange(len(s.boxes), dtype=np.int32) for s in picks],
                 [np.array([i], np.int64) for i in indices])
 
 
-def encoded(sample: DetectionSample) -> np.ndarray:
+def encoded(sample: DetectionSample, read: Callable[[DetectionSample], bytes] = read_file) -> np.ndarray:
     """The image's bytes, or a DatasetError naming the file and image id (an empty buffer never reaches DALI:
-    its decoder crashes the process on one)."""
+    its decoder crashes the process on one). An unreachable store is no bad image: its error goes on as it is."""
     try:
-        data = np.fromfile(sample.path, dtype=np.uint8)
+        data = np.frombuffer(read(sample), dtype=np.uint8)
+    except UnreachableError:
+        raise
     except OSError as e:
         raise DatasetError(sample.path, f"image {sample.image_id} cannot be read ({e.strerror or e})",
                            "check the dataset's root and the annotation's file_name, or exclude such images with "
@@ -96,14 +100,15 @@ class TargetForm:
 class DetectionRun:
     """One rank's detection pipeline over its epochs: `epoch(batches)` yields each batch as a list of
     (image tensor float CHW, target dict); `position` is how many of the epoch's batches are delivered.
-    `checkpoint`: DALI's state to build at (a resume); `bad`: what a bad image does (detection_state.py)."""
+    `checkpoint`: DALI's state to build at (a resume); `bad`: what a bad image does (detection_state.py); `read`:
+    a sample's encoded image (DetectionFeed)."""
 
     def __init__(self, samples: Sequence[DetectionSample], augment: DetectionAugment, form: TargetForm, *,
                  batch_size: int, device: str, num_threads: int, seed: int, checkpoint: bytes | None = None,
-                 bad: BadImages | None = None) -> None:
+                 bad: BadImages | None = None, read: ImageReader = read_file) -> None:
         self.samples, self.augment, self.form, self.device = samples, augment, form, device
-        self.bad = bad if bad is not None else BadImages(num_images=len(samples), device=device)
-        self.feed = DetectionFeed(samples)
+        self.bad = bad if bad is not None else BadImages(num_images=len(samples), device=device, read=read)
+        self.feed = DetectionFeed(samples, read)
         self._settings = {"batch_size": batch_size, "num_threads": num_threads, "seed": seed}
         self.position, self._last = 0, checkpoint
         self._build(checkpoint)

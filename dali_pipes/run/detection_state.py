@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -37,6 +37,7 @@ from dali_pipes.run.decode_probe import dali_decodes
 from dali_pipes.run.recovery import BadSample, budget_of, listing
 from dali_pipes.run.resume import RELEASE
 
+ImageReader = Callable[[DetectionSample], bytes]  # a sample's encoded image: a file, an object, a shard's record
 STATE_VERSION = 1
 SHOWN_IDS = 8  # image ids shown where two datasets differ
 
@@ -145,9 +146,10 @@ class BadImages:
     dataset indices left out of every batch from then on (and after a resume)."""
 
     def __init__(self, *, skip: bool = False, max_bad: int | float | None = None, num_images: int = 1,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", read: ImageReader | None = None) -> None:
         budget_of(max_bad, num_images)  # a malformed budget refused when the loader is built
         self.skip, self.max_bad, self.num_images, self.device = skip, max_bad, num_images, device
+        self.read = read or read_file
         self.bad_samples: list[BadSample] = []
         self.excluded: set[int] = set()
 
@@ -156,7 +158,8 @@ class BadImages:
         DatasetError, or excluded (skip). Nothing found: the error goes on as it was."""
         if not self.skip and isinstance(error, DatasetError):
             raise error  # the feed's own error names the file and image id already
-        found = bad_images(samples, [i for i in dict.fromkeys(reach) if i not in self.excluded], self.device)
+        found = bad_images(samples, [i for i in dict.fromkeys(reach) if i not in self.excluded], self.device,
+                           self.read)
         if not found:
             raise error
         if not self.skip:
@@ -181,17 +184,26 @@ class BadImages:
         self.excluded = {int(i) for i in state["excluded"]}
 
 
-def bad_images(samples: Sequence[DetectionSample], indices: Sequence[int], device: str) -> list[tuple[int, BadSample]]:
-    """(index, BadSample) of each of `indices` whose file cannot be read, is empty, or does not decode."""
+def read_file(sample: DetectionSample) -> bytes:
+    """A sample's image as a local file (torchvision's CocoDetection: root / file_name)."""
+    with open(sample.path, "rb") as f:
+        return f.read()
+
+
+def bad_images(samples: Sequence[DetectionSample], indices: Sequence[int], device: str,
+               read: ImageReader = read_file) -> list[tuple[int, BadSample]]:
+    """(index, BadSample) of each of `indices` whose image cannot be read, is empty, or does not decode (an
+    unreachable store is no bad image: its ConnectionError goes on)."""
     found, datas = [], {}
     for i in indices:
         sample = samples[i]
         origin = f"{sample.path} (image {sample.image_id})"
         try:
-            with open(sample.path, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            found.append((i, BadSample(origin, f"cannot be read ({e.strerror or e})")))
+            data = read(sample)
+        except ConnectionError:
+            raise
+        except (OSError, DatasetError) as e:
+            found.append((i, BadSample(origin, f"cannot be read ({getattr(e, 'strerror', None) or e})")))
             continue
         if not data:
             found.append((i, BadSample(origin, "an empty file")))

@@ -30,6 +30,7 @@ from dali_pipes.data.protobuf import encode_varint, length_delimited
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage import transfer
 from dali_pipes.storage.files import atomic_write
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 IMAGE, FORMAT, FILENAME, SOURCE_ID = "image/encoded", "image/format", "image/filename", "image/source_id"
 HEIGHT, WIDTH = "image/height", "image/width"
@@ -158,10 +159,11 @@ def read_shards(shards: Iterable[str]) -> list[DetectionSample]:
     return samples
 
 
-def image_bytes(sample: DetectionSample) -> bytes:
-    """The encoded image of a sample read_shards gave (one ranged read of its record)."""
+def image_bytes(sample: DetectionSample, listed: ObjectInfo | None = None) -> bytes:
+    """The encoded image of a sample read_shards gave (one ranged read of its record; of `listed`, the shard's
+    ObjectInfo where it was listed, without a HEAD first)."""
     offset, size = sample.extra
-    frame = transfer.read_range(sample.path, offset, size)
+    frame = transfer.read_range(listed or sample.path, offset, size)
     data = frame[HEADER_BYTES:-FOOTER_BYTES]
     return decode_sample(data, sample.path, -1, offset, sample.image_id)[1]
 

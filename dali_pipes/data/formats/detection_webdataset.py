@@ -29,6 +29,7 @@ from dali_pipes.data.formats.webdataset import (
 from dali_pipes.errors import DatasetError
 from dali_pipes.storage import transfer
 from dali_pipes.storage.files import atomic_write
+from dali_pipes.storage.remote_urls import ObjectInfo
 
 JSON_EXT = "json"
 REQUIRED = ("image_id", "width", "height", "boxes", "labels")
@@ -103,10 +104,11 @@ def read_shards(shards: Iterable[str]) -> list[DetectionSample]:
     return [sample for shard in shards for sample in read_shard(shard)]
 
 
-def image_bytes(sample: DetectionSample) -> bytes:
-    """The encoded image of a sample read_shards gave (one ranged read of its member)."""
+def image_bytes(sample: DetectionSample, listed: ObjectInfo | None = None) -> bytes:
+    """The encoded image of a sample read_shards gave (one ranged read of its member; of `listed`, the shard's
+    ObjectInfo where it was listed, without a HEAD first)."""
     offset, size = sample.extra
-    return transfer.read_range(sample.path, offset, size)
+    return transfer.read_range(listed or sample.path, offset, size)
 
 
 def is_detection_sample(members: list[Member]) -> bool:
