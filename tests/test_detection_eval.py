@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
+import subprocess
+import sys
 
 import detection_refs as R
 import numpy as np
@@ -174,3 +178,24 @@ def test_the_stats_see_a_pixel_change(torchvision, val_set):
     for image_id in list(pixels)[:4]:
         changed[image_id] = model([(pixels[image_id] - 1 / 255).clamp(min=0) * np.float32(0.97)])[0]
     assert coco_stats(dataset.coco, changed) != coco_stats(dataset.coco, predictions)
+
+
+def test_coco_stats_on_2_ranks_equal_one_process_dataloaders(torchvision, val_set, tmp_path):
+    """Under torchrun on 2 ranks (tests/detection_eval_job.py): DistributedSampler(shuffle=False) with
+    batch_size=1 reads each val image once across the ranks (8 images: 4 each, no padding), and the gathered
+    predictions' stats, DaliLoader's and DataLoader's, are one process's."""
+    job = os.path.join(os.path.dirname(__file__), "detection_eval_job.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([os.path.dirname(job), env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           job, *val_set, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.load(open(tmp_path / f"rank{rank}.json")) for rank in range(2)]
+    dataset = v1_val(val_set)
+    want = coco_stats(dataset.coco, evaluate(PixelDetector().eval(), DataLoader(dataset, batch_size=1,
+                                                                                collate_fn=collate_fn))[0])
+    ids = sorted(dataset.coco.getImgIds())
+    for rank, result in enumerate(ranks):
+        assert result["read_ours"] == result["read_theirs"] == ids[rank::2]
+        assert result["stats_ours"] == result["stats_theirs"] == want
