@@ -77,11 +77,14 @@ class ToDtype:
 class ConvertCocoPolysToMask:
     """coco_utils.ConvertCocoPolysToMask's box part: crowd annotations dropped, xywh -> xyxy clamped to the
     image, boxes without width or height dropped; image_id as given; area and iscrowd (the references build
-    masks from the polygons too: box models never read them, and DaliLoader does not deliver them)."""
+    masks from the polygons too: box models never read them, and DaliLoader does not deliver them). Like theirs,
+    it reads every kept annotation's "segmentation": a KeyError where one has none."""
 
     def __call__(self, image, target):
         width, height = image.size
         annotations = [a for a in target["annotations"] if a["iscrowd"] == 0]
+        for a in annotations:
+            a["segmentation"]  # the references' masks come from these polygons
         boxes = torch.as_tensor([a["bbox"] for a in annotations], dtype=torch.float32).reshape(-1, 4)
         boxes[:, 2:] += boxes[:, :2]
         boxes[:, 0::2].clamp_(min=0, max=width)

@@ -568,3 +568,23 @@ def test_dali_tfrecord_reader_reads_our_detection_records(coco_files, tmp_path):
         assert np.array(label[i]).tolist() == sample.labels.tolist()
         boxes = np.stack([np.array(c[i]) for c in corners], axis=-1) * np.array([sample.width, sample.height] * 2)
         np.testing.assert_allclose(boxes.reshape(-1, 4), sample.boxes, atol=1e-3)
+
+
+def test_sample_detection_reads_through_the_references_v1_conversion(torchvision, tmp_path):
+    """The references' v1 get_coco (ConvertCocoPolysToMask) reads every annotation's polygon, as real COCO has
+    one: the built-in set gives each paste its rectangle, so their script runs on it under DataLoader too."""
+    import detection_refs as R
+    import torch
+
+    from dali_pipes.tools.sample_detection import DetectionSampleConfig, make_detection_sample
+    make_detection_sample(str(tmp_path), DetectionSampleConfig(categories=2, train_images=3, val_images=0,
+                                                               min_side=64, max_side=80), workers=1, progress=False)
+    annotations = json.load(open(tmp_path / "annotations" / "instances_train.json"))["annotations"]
+    for a in annotations:
+        x, y, w, h = a["bbox"]
+        assert a.get("segmentation") == [[x, y, x + w, y, x + w, y + h, x, y + h]]
+    dataset = R.v1_coco_detection(str(tmp_path / "images" / "train"),
+                                  str(tmp_path / "annotations" / "instances_train.json"),
+                                  R.Compose([R.ConvertCocoPolysToMask(), R.PILToTensor()]))
+    batches = list(torch.utils.data.DataLoader(dataset, batch_size=1, collate_fn=lambda b: tuple(zip(*b))))
+    assert sum(len(targets[0]["boxes"]) for _, targets in batches) == len(annotations) > 0

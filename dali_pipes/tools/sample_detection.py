@@ -10,7 +10,8 @@ the pasted rectangle, exactly: [x, y, width, height] in whole pixels. Everything
 seeded by (seed, split, index): the same seed gives the same bytes.
 
 Layout: OUT/images/train/*.jpg, OUT/images/val/*.jpg, OUT/annotations/instances_train.json and
-instances_val.json (COCO's: images, annotations with bbox, area, iscrowd 0, categories with ids from 1).
+instances_val.json (COCO's: images, annotations with bbox, area, iscrowd 0 and the box as a polygon
+(segmentation), categories with ids from 1).
 """
 
 from __future__ import annotations
@@ -114,7 +115,9 @@ def coco_json(cfg: DetectionSampleConfig, split: str, made: list[tuple[bytes, in
         images.append({"id": i + 1, "file_name": f"{split}_{i:06d}.jpg", "width": width, "height": height})
         for category, (x, y, w, h) in pastes:
             annotations.append({"id": len(annotations) + 1, "image_id": i + 1, "category_id": category + 1,
-                                "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0})
+                                "bbox": [x, y, w, h], "area": w * h, "iscrowd": 0,
+                                # the paste's outline: the references' v1 get_coco builds masks from every polygon
+                                "segmentation": [[x, y, x + w, y, x + w, y + h, x, y + h]]})
     categories = [{"id": i + 1, "name": name} for i, name in enumerate(category_names(cfg.categories))]
     return {"info": {"description": "dali_pipes built-in detection sample", "seed": cfg.seed},
             "images": images, "annotations": annotations, "categories": categories}
