@@ -13,7 +13,9 @@ then ToImage, ToDtype(float, scale=True), ConvertBoundingBoxFormat(XYXY), Saniti
 Both sides read the same dataset object with the references' collate_fn (tuple(zip(*batch))) and the same batch
 size. DataLoader's num_workers is swept (--workers, default 0 1 2 on a 2-core machine): every count is a case of
 its own in the alternated rounds, and the ratio is DaliLoader's median over the best DataLoader median. DaliLoader
-runs `--threads` DALI threads (default: the cores). The cases alternate round after round under the measurement
+runs `--threads` DALI threads (default: the cores) on `--device` (cpu; gpu: the graph's decode and boxes on the GPU,
+and every side's batches moved there as the references' loop does, the GPU synchronised at each window's end).
+The cases alternate round after round under the measurement
 protocol (protocol.py); images/s median [min, max] and CPU cores busy (the process tree, workers included).
 
 torchvision: imported when installed; else from `--torchvision-path` (default: the side folder the tests install
@@ -124,15 +126,27 @@ def collate_fn(batch: Any) -> tuple:  # the references' utils.collate_fn
     return tuple(zip(*batch))
 
 
-def loader_case(name: str, make: Callable[[], Any]) -> Case:
-    """A case whose unit is one batch (images counted), epochs back to back; the loader is built once."""
+def to_device(images: Sequence, targets: Sequence, device: str) -> tuple[list, list]:
+    """The references' train loop's first lines: every image and every target tensor moved to `device` (a
+    DaliLoader on the GPU hands them over there already: a no-op)."""
+    images = [image.to(device, non_blocking=True) for image in images]
+    targets = [{k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in t.items()}
+               for t in targets]
+    return images, targets
+
+
+def loader_case(name: str, make: Callable[[], Any], device: str = "cpu") -> Case:
+    """A case whose unit is one batch (images counted), epochs back to back; the loader is built once. On the
+    GPU each batch is moved there as the references' loop does; the protocol synchronises at each window's end."""
     state: dict[str, Any] = {}
 
     def step() -> int:
         if "batches" not in state:
             state["loader"] = loader = make()
             state["batches"] = (batch for _ in iter(int, 1) for batch in loader)
-        images, _ = next(state["batches"])
+        images, targets = next(state["batches"])
+        if device == "gpu":
+            to_device(images, targets, "cuda")
         return len(images)
 
     def close() -> None:
@@ -142,35 +156,38 @@ def loader_case(name: str, make: Callable[[], Any]) -> Case:
     return Case(name, step, units_per_epoch=1, close=close)
 
 
-def cases(dataset: Any, *, batch_size: int, threads: int, workers: Sequence[int], seed: int) -> list[Case]:
+def cases(dataset: Any, *, batch_size: int, threads: int, workers: Sequence[int], seed: int,
+          device: str = "cpu") -> list[Case]:
+    """DaliLoader on `device` (its graph there: decode and boxes), then DataLoader + PIL at each worker count;
+    on the GPU every side's batches end there (the references' loop moves them)."""
     from torch.utils.data import DataLoader, RandomSampler
 
     from dali_pipes import DaliLoader
     out = [loader_case(DALI, lambda: DaliLoader(dataset, batch_size=batch_size, sampler=RandomSampler(dataset),
-                                                drop_last=True, collate_fn=collate_fn, device="cpu",
-                                                num_threads=threads, seed=seed))]
+                                                drop_last=True, collate_fn=collate_fn, device=device,
+                                                num_threads=threads, seed=seed), device)]
     for w in workers:  # persistent workers: no fork per epoch, DataLoader at its best
         out.append(loader_case(f"DataLoader + PIL, {w} workers", lambda w=w: DataLoader(
             dataset, batch_size=batch_size, sampler=RandomSampler(dataset), drop_last=True, collate_fn=collate_fn,
-            num_workers=w, persistent_workers=w > 0)))
+            num_workers=w, persistent_workers=w > 0), device))
     return out
 
 
 def run(data: str, preset: str, *, batch_size: int, threads: int, workers: Sequence[int], seed: int,
-        protocol: ProtocolConfig, progress: Any = None) -> dict:
+        protocol: ProtocolConfig, progress: Any = None, device: str = "cpu") -> dict:
     """Every case of one preset under `protocol`: rows, the best DataLoader, DaliLoader's ratio to it."""
     dataset = coco_dataset(data, preset)
     if len(dataset) < batch_size:
         raise ValueError(f"{data}: {len(dataset)} train images with boxes, fewer than one batch of {batch_size}; "
                          f"pass a smaller --batch-size or make more images (--train-images)")
-    result = compare(cases(dataset, batch_size=batch_size, threads=threads, workers=workers, seed=seed), protocol,
-                     progress=progress)
+    result = compare(cases(dataset, batch_size=batch_size, threads=threads, workers=workers, seed=seed,
+                           device=device), protocol, progress=progress)
     others = [r for r in result.results if r.name != DALI]
     best = max(others, key=lambda r: r.median)
     per_cpu = {r.name: per_cpu_second(r) for r in result.results}
     best_per_cpu = max(others, key=lambda r: per_cpu[r.name].median).name
     return {"preset": preset, "steps": [type(s).__name__ for s in preset_steps(preset)], "images": len(dataset),
-            "batch_size": batch_size, "dali_threads": threads, "workers": list(workers),
+            "device": device, "batch_size": batch_size, "dali_threads": threads, "workers": list(workers),
             "rows": [{**r.row(), "images_per_cpu_s": per_cpu[r.name].row()} for r in result.results],
             "best_dataloader": best.name, "ratio_to_best_dataloader": result.ratio(DALI, best.name),
             "best_dataloader_per_cpu_s": best_per_cpu,
@@ -204,6 +221,22 @@ def data_or_builtin(data: str, images: int) -> str:
     return DEFAULT_DATA
 
 
+def batch_size_arg(text: str) -> int | tuple[str, int]:
+    """--batch-size's items: N (every preset) or PRESET=N (that preset)."""
+    preset, _, number = text.rpartition("=")
+    if preset and preset not in PRESETS:
+        raise argparse.ArgumentTypeError(f"{text!r}: no preset named {preset!r}; the presets: {', '.join(PRESETS)}")
+    if not number.isdigit() or int(number) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected N or PRESET=N with N a positive whole number")
+    return (preset, int(number)) if preset else int(number)
+
+
+def batch_size_of(items: Sequence[int | tuple[str, int]], preset: str) -> int:
+    """The batch size of `preset`: its PRESET=N, else the last plain N, else 8."""
+    named = dict(i for i in items if isinstance(i, tuple))
+    return named.get(preset) or next((i for i in reversed(items) if isinstance(i, int)), 8)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="dali-pipes bench detection", description=__doc__,
@@ -212,7 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"{DEFAULT_DATA}, made with --images train images when missing)")
     p.add_argument("--images", type=int, default=256, help="train images of the built-in set when it is made")
     p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS)
-    p.add_argument("--batch-size", type=int, default=8, help="the same on every side")
+    p.add_argument("--batch-size", nargs="+", type=batch_size_arg, default=[8], metavar="[PRESET=]N",
+                   help="the same on every side; PRESET=N for one preset (e.g. 2 ssdlite=24: the references' "
+                        "Faster R-CNN and SSDlite recipes)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="DaliLoader's device (gpu: decode and "
+                   "boxes on the GPU); on gpu every side's batches are moved there, as the references' loop does")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="DALI threads")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="DataLoader num_workers, each a case")
     p.add_argument("--seed", type=int, default=0)
@@ -222,12 +259,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_protocol_arguments(p, DEFAULTS)
     args = p.parse_args(argv)
     require("pycocotools", "torchvision's CocoDetection reads the annotations with it", "pip install pycocotools")
+    if args.device == "gpu" and not torch.cuda.is_available():
+        raise ValueError(f"--device gpu: torch {torch.__version__} sees no CUDA device here; run on a GPU machine "
+                         f"or pass --device cpu")
     import_torchvision(args.torchvision_path)
     data, protocol = data_or_builtin(args.data, args.images), protocol_from_args(args)
     progress = lambda what: print(f"  {what}", file=sys.stderr, flush=True)
     load_before = os.getloadavg()
-    rows = [run(data, preset, batch_size=args.batch_size, threads=args.threads, workers=args.workers, seed=args.seed,
-                protocol=protocol, progress=progress) for preset in args.presets]
+    rows = [run(data, preset, batch_size=batch_size_of(args.batch_size, preset), threads=args.threads,
+                workers=args.workers, seed=args.seed, protocol=protocol, progress=progress, device=args.device)
+            for preset in args.presets]
     for r in rows:
         print(f"{r['preset']} ({', '.join(r['steps'])}), {r['images']} images, batch {r['batch_size']}:")
         print("\n".join(f"  {line}" for line in r["lines"]))
@@ -235,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"second, DaliLoader / {r['best_dataloader_per_cpu_s']}: {r['ratio_per_cpu_s'] or 0:.3f}x")
     if args.out:
         load = {"before": load_before, "after": os.getloadavg()}  # 1, 5, 15 minutes: a shared machine says so
-        write_json(args.out, {"command": command("detection", argv), "data": data, "cpu_count": os.cpu_count(),
+        write_json(args.out, {"command": command("detection", argv), "data": data, "device": args.device,
+                              "cpu_count": os.cpu_count(),
                               "load_average": load, "protocol": vars(protocol), "rows": rows})
     return 0
 

@@ -42,6 +42,8 @@ from typing import Sequence
 
 from dali_pipes_bench.gpu_pack import EARLY, MANIFEST, sha256
 
+DALI = "DaliLoader"  # dali_pipes_bench.detection's name of DaliLoader's case and feed (imported there: torch)
+
 ROOT = Path(__file__).resolve().parent.parent  # the checkout the device call sent
 OUT_FILES = ("results.jsonl", "session.log", "env.json", "commands.sh")  # the device returns 8 files at most
 DEADLINE_S = 510.0  # the run's steps end by then: a call has 600 s, and reassembly and install come first
@@ -81,6 +83,10 @@ class Paths:
         return self.work / "data"
 
     @property
+    def detection(self) -> Path:
+        return self.work / "detection"
+
+    @property
     def hard(self) -> Path:
         return self.work / "hard"
 
@@ -90,21 +96,50 @@ class Paths:
 
 
 def data_command(paths: Paths, dry_run: bool) -> list[str]:
-    """The data generation of call 1: the benchmark set (folder + 64 TFRecord shards) and the hard images."""
+    """The data generation of call 1: the benchmark set (folder + 64 TFRecord shards), the hard images, and the
+    detection set (COCO JSON + images of COCO's sizes, 400-640 px sides; 4,000 take about 5 s on 16 cores)."""
     py = shlex.quote(sys.executable)
     size = ("--classes 2 --train-per-class 4 --val-per-class 2 --tfrecord-shards 2" if dry_run else
             "--classes 1000 --train-per-class 50 --val-per-class 10 --tfrecord-shards 64")
     hard = 16 if dry_run else 10000
+    detection = ("--train-images 8 --min-side 64 --max-side 96" if dry_run else
+                 "--train-images 4000 --min-side 400 --max-side 640")
     script = (f"{py} -m dali_pipes sample {paths.data} {size} && "
-              f"{py} -m dali_pipes_bench.gpu_agreement make {paths.hard} --images {hard}; "
+              f"{py} -m dali_pipes_bench.gpu_agreement make {paths.hard} --images {hard} && "
+              f"{py} -m dali_pipes sample {paths.detection} --detection --val-images 0 {detection}; "
               f"echo $? > {paths.data_done}")
     return ["bash", "-c", script]
 
 
 def steps(paths: Paths) -> list[Step]:
     """Everything the run does, most important first (issue 33's order: the GPU features, throughput, training,
-    the costs users see). The budgets add up to DEADLINE_S (docs/gpu.md's plan)."""
-    return _feature_steps(paths) + _cost_steps(paths)
+    the costs users see; issue 35's detection figures after the classification throughput). The budgets add up
+    to DEADLINE_S (docs/gpu.md's plan)."""
+    cost = _cost_steps(paths)
+    return _feature_steps(paths) + cost[:1] + _detection_steps(paths) + cost[1:]
+
+
+def _detection_steps(paths: Paths) -> list[Step]:
+    """Issue 35 on the GPU: DaliLoader against DataLoader + PIL (16 cores each side, workers swept) at the
+    references' Faster R-CNN (hflip, batch 2) and SSDlite (batch 24) settings; then SSDlite320's training step's
+    data wait, fed by each."""
+    py, work, data = sys.executable, paths.work, str(paths.detection)
+    bench = (py, "-m", "dali_pipes_bench.detection", "--data", data, "--presets", "hflip", "ssdlite")
+    tiny = ("--device", "cpu", "--threads", "1")
+    train = (py, "-m", "dali_pipes_bench.detection_training", "--data", data)
+    return [
+        Step("detection", 40, (*bench, "--device", "gpu", "--batch-size", "2", "ssdlite=24", "--workers", "4", "8",
+                               "16", "--rounds", "3", "--min-seconds", "5", "--min-epochs", "0",
+                               "--out", f"{work}/detection.json"), result=f"{work}/detection.json",
+             dry=(*bench, *tiny, "--batch-size", "2", "--workers", "1", "--rounds", "1", "--min-seconds", "0",
+                  "--min-epochs", "0", "--out", f"{work}/detection.json")),
+        Step("detection-training", 20, (*train, "--device", "gpu", "--batch-size", "24", "--steps", "40",
+                                        "--warmup", "5", "--workers", "16", "--out", f"{work}/detection-training.json"),
+             result=f"{work}/detection-training.json",
+             # on CPU one step takes seconds (SSDlite's backward): one step of DaliLoader's feed checks the loop
+             dry=(*train, *tiny, "--feeds", DALI, "--batch-size", "2", "--steps", "1", "--warmup", "0",
+                  "--out", f"{work}/detection-training.json")),
+    ]
 
 
 def _feature_steps(paths: Paths) -> list[Step]:
@@ -113,8 +148,8 @@ def _feature_steps(paths: Paths) -> list[Step]:
     agree = ("-m", "dali_pipes_bench.gpu_agreement")
     pytest = (py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rfE")
     return [
-        Step("gpu-features", 50, (*pytest, f"--junitxml={work}/gpu-features.xml", FEATURE_TESTS), data=False),
-        Step("gpu-tests", 50, (*pytest, f"--junitxml={work}/gpu-tests.xml", f"--ignore={FEATURE_TESTS}", "tests"),
+        Step("gpu-features", 45, (*pytest, f"--junitxml={work}/gpu-features.xml", FEATURE_TESTS), data=False),
+        Step("gpu-tests", 40, (*pytest, f"--junitxml={work}/gpu-tests.xml", f"--ignore={FEATURE_TESTS}", "tests"),
              data=False),
         Step("agreement", 50, (py, *agree, "check", hard, "--loads", "0,0.65,0.99", "--out", f"{work}/agreement.json"),
              result=f"{work}/agreement.json",
@@ -141,30 +176,30 @@ def _cost_steps(paths: Paths) -> list[Step]:
                                 "--baseline-files", "10000", "--seconds", "60", "--min-epochs", "0",
                                 "--out", f"{work}/throughput"),
              result=f"{work}/throughput/throughput.json"),
-        Step("ceiling", 30, (py, *put, train, "--decode-only", "--loads", "1.0,0.99,0.65,0", "--baseline-workers",
-                             "0", "--seconds", "24", "--min-epochs", "0", "--out", f"{work}/ceiling"),
+        Step("ceiling", 25, (py, *put, train, "--decode-only", "--loads", "1.0,0.99,0.65,0", "--baseline-workers",
+                             "0", "--seconds", "20", "--min-epochs", "0", "--out", f"{work}/ceiling"),
              result=f"{work}/ceiling/throughput.json",
              dry=(py, *put, train, "--decode-only", "--loads", "1.0", "--baseline-workers", "0", *tiny,
                   "--out", f"{work}/ceiling")),
-        Step("throughput-cold", 45, (py, *put, train, "--cold", "--loads", "0.65,0.99,auto", "--baseline-workers",
-                                     "0", "--seconds", "36", "--min-epochs", "0", "--out", f"{work}/cold"),
+        Step("throughput-cold", 35, (py, *put, train, "--cold", "--loads", "0.65,0.99,auto", "--baseline-workers",
+                                     "0", "--seconds", "28", "--min-epochs", "0", "--out", f"{work}/cold"),
              result=f"{work}/cold/throughput.json",
              dry=(py, *put, train, "--cold", "--loads", "auto", "--baseline-workers", "1", "--baseline-files",
                   "4", *tiny, "--out", f"{work}/cold")),
-        Step("epochs", 30, (py, "-m", "dali_pipes_bench.epochs", "--data", train, "--device", "gpu",
+        Step("epochs", 25, (py, "-m", "dali_pipes_bench.epochs", "--data", train, "--device", "gpu",
                             "--min-seconds", "5", "--min-epochs", "0", "--out", f"{work}/epochs.json"),
              result=f"{work}/epochs.json"),
         Step("training", 60, (py, "-m", "dali_pipes_bench.training", "--data", train, "--arch", "resnet50",
                               "--batch-size", "256", "--channels-last", "--steps", "60", "--feeds", "ideal,DALI gpu",
                               "--num-threads", "auto", "--hw-decoder-load", "auto", "--out", f"{work}/training"),
              env=(("DALI_PIPES_CACHE", empty_cache),), empty=(empty_cache,)),
-        Step("startup", 25, (py, "-m", "dali_pipes_bench.startup", "--data", train, "--quick",
+        Step("startup", 20, (py, "-m", "dali_pipes_bench.startup", "--data", train, "--quick",
                              "--out", f"{work}/startup.json"), result=f"{work}/startup.json"),
-        Step("memory", 40, (py, "-m", "dali_pipes_bench.startup", "--data", val, "--val-data", val, "--epochs", "3",
+        Step("memory", 30, (py, "-m", "dali_pipes_bench.startup", "--data", val, "--val-data", val, "--epochs", "3",
                             "--cases", "imagenet,data", "--rounds", "1", "--batch-size", "256",
                             "--out", f"{work}/memory.json"), result=f"{work}/memory.json"),
         # last: it repeats the gpu tests and a throughput run, so it gets what time is left; its log still tells
-        Step("doctor", 25, (py, "-m", "dali_pipes.tools.doctor", "--quick", "--out", f"{work}/doctor"),
+        Step("doctor", 15, (py, "-m", "dali_pipes.tools.doctor", "--quick", "--out", f"{work}/doctor"),
              gpu=False, result=f"{work}/doctor/doctor.json", data=False),  # on CPU it checks what applies
     ]
 
@@ -400,7 +435,7 @@ def environment() -> dict:
     from dali_pipes.tools.environment import environment as doctor_environment
     env = doctor_environment()
     for name in ("nvidia-dali-cuda130", "nvidia-dali-cuda120", "nvidia-nvimgcodec-cu13", "nvidia-libnvcomp-cu13",
-                 "nvidia-nvjpeg", "nvidia-nvjpeg2k-cu13", "nvidia-nvtiff-cu13", "torchvision"):
+                 "nvidia-nvjpeg", "nvidia-nvjpeg2k-cu13", "nvidia-nvtiff-cu13", "torchvision", "pycocotools"):
         try:
             env[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -410,3 +410,21 @@ def test_bench_detection_runs_each_preset_against_dataloader_workers_and_writes_
         assert row["best_dataloader"].startswith("DataLoader") and row["ratio_to_best_dataloader"] > 0
         assert "ratio_per_cpu_s" in row  # None where the windows were too short for the CPU clock
     assert "DaliLoader / DataLoader + PIL" in run.stdout
+
+
+def test_bench_detection_batch_size_per_preset_and_gpu_refused_without_cuda():
+    """--batch-size 2 ssdlite=24: the references' Faster R-CNN and SSDlite recipes in one run; an unknown preset
+    is named; --device gpu without CUDA ends in one line that says what to pass instead."""
+    import argparse
+
+    from dali_pipes_bench import detection
+    items = [detection.batch_size_arg(t) for t in ("2", "ssdlite=24")]
+    assert [detection.batch_size_of(items, p) for p in ("hflip", "multiscale", "ssdlite")] == [2, 2, 24]
+    assert detection.batch_size_of([("ssdlite", 24)], "hflip") == 8
+    with pytest.raises(argparse.ArgumentTypeError, match="'ssd=4': no preset named 'ssd'; the presets: hflip"):
+        detection.batch_size_arg("ssd=4")
+    with pytest.raises(argparse.ArgumentTypeError, match="'0': expected N or PRESET=N"):
+        detection.batch_size_arg("0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--device gpu: torch .* sees no CUDA device here; .* --device cpu"):
+            detection.main(["--device", "gpu", "--data", "nowhere"])

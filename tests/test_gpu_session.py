@@ -67,7 +67,8 @@ def test_the_packer_splits_into_checked_parts_that_fit_a_call(tmp_path):
 
 def test_the_pins_are_pinned_and_grouped(tmp_path):
     groups = gpu_pack.read_pins()
-    assert set(groups) == {"early", "dali", "tests"} and "google-crc32c==1.9.0" in groups["early"]
+    assert set(groups) == {"early", "dali", "tests", "detection"} and "google-crc32c==1.9.0" in groups["early"]
+    assert groups["detection"] == ["pycocotools==2.0.11"]  # CocoDetection's reader; torchvision is in the image
     assert any(p.startswith("nvidia-dali-cuda130==") for p in groups["dali"])
     assert any(p.startswith("nvidia-nvimgcodec-cu13==") for p in groups["dali"])
     (bad := tmp_path / "wheels.txt").write_text("[dali]\nnvidia-dali-cuda130>=2.4\n")
@@ -89,15 +90,18 @@ def test_a_corrupted_part_is_refused_and_named(tmp_path):
 def test_the_dry_run_end_to_end(tmp_path):
     """receive every part (call 1 starts the data generation detached), then run: the files written are at
     most 8, every step has its line, a step given 1 s is cut and says so, and the steps after it still run."""
+    from torchvision_side import torchvision_available
+    has_torchvision = torchvision_available()  # the detection steps' (installed into the side folder they read)
     carried, manifest = fake_parts(tmp_path)
     device_run = [sys.executable, str(ROOT / "scripts" / "gpu" / "device_run.py")]
     work, out = tmp_path / "work", tmp_path / "out"
     common = ["--carried", str(carried), "--work", str(work), "--dry-run"]
     for n in range(len(manifest["parts"])):
         subprocess.run([*device_run, "receive", str(n), *common], check=True, cwd=tmp_path, timeout=60)
+    # detection-training's dry step is one SSDlite step on CPU: seconds, more on a loaded machine
     ran = subprocess.run([*device_run, "run", *common, "--out", str(out), "--budget", "ceiling=1", "--budget",
-                          "doctor=1"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          "doctor=1", "--budget", "detection-training=90"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert ran.returncode == 0, ran.stderr
     assert sorted(p.name for p in out.iterdir()) == sorted(gpu_session.OUT_FILES)
     lines = {line["step"]: line for line in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
@@ -126,7 +130,29 @@ def test_the_dry_run_end_to_end(tmp_path):
     env = json.loads((out / "env.json").read_text())
     assert env["dry_run"] is True and "torch" in env and "nvidia-nvimgcodec-cu13" in env
     assert "dali_pipes sample" in (out / "commands.sh").read_text()
+    assert "--detection" in (out / "commands.sh").read_text()
     assert "===== ceiling (budget 1 s)" in (out / "session.log").read_text()
+    assert (work / "detection" / "annotations" / "instances_train.json").is_file()  # made by call 1's data job
+    if has_torchvision:  # the detection steps on CPU: every preset's cases, every feed's data wait
+        detection, training = lines["detection"], lines["detection-training"]
+        assert detection["status"] == "ok" and training["status"] == "ok", (out / "session.log").read_text()[-3000:]
+        assert [r["preset"] for r in detection["result"]["rows"]] == ["hflip", "ssdlite"]
+        assert [r["case"] for r in detection["result"]["rows"][0]["rows"]] == ["DaliLoader",
+                                                                             "DataLoader + PIL, 1 workers"]
+        assert [r["feed"] for r in training["result"]["rows"]] == ["DaliLoader"]
+        assert all(0 <= r["data_wait_fraction"] < 1 and r["images_per_s"] > 0 for r in training["result"]["rows"])
+
+
+def test_the_plan_fits_the_deadline_with_detection_after_throughput(tmp_path):
+    """The budgets add up to the run's deadline; issue 35's detection steps come right after the classification
+    throughput, on the GPU at the references' batch sizes (Faster R-CNN's 2, SSDlite's 24)."""
+    steps = gpu_session.steps(gpu_session.Paths(tmp_path))
+    assert sum(s.budget_s for s in steps) == gpu_session.DEADLINE_S
+    names = [s.name for s in steps]
+    assert names[names.index("throughput") + 1:][:2] == ["detection", "detection-training"]
+    detection = steps[names.index("detection")].argv
+    assert detection[detection.index("--device") + 1] == "gpu"
+    assert detection[detection.index("--batch-size") + 1:][:2] == ("2", "ssdlite=24")
 
 
 def test_the_agreement_check_counts_a_mutated_graph(tmp_path):
@@ -219,7 +245,8 @@ def test_every_steps_flags_parse(tmp_path, monkeypatch):
             checked.append(module)
     assert {"dali_pipes_bench.doctor_throughput", "dali_pipes_bench.epochs", "dali_pipes_bench.training",
             "dali_pipes_bench.startup", "dali_pipes.tools.doctor", "dali_pipes_bench.gpu_agreement",
-            "dali_pipes_bench.gpu_session"} <= set(checked)
+            "dali_pipes_bench.gpu_session", "dali_pipes_bench.detection",
+            "dali_pipes_bench.detection_training"} <= set(checked)
 
 
 def test_the_measurements_flags_are_checked(tmp_path, capsys):

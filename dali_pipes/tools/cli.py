@@ -44,6 +44,8 @@ BENCHMARKS = {  # name -> (module run with python -m, one line for --help)
                 "alternating"),
     "detection": ("dali_pipes_bench.detection", "CocoDetection (v2) with the references' presets: DaliLoader vs "
                   "DataLoader + PIL, workers swept"),
+    "detection-training": ("dali_pipes_bench.detection_training", "SSDlite320 training steps: the data wait fed by "
+                           "DaliLoader vs DataLoader + PIL"),
 }
 
 
