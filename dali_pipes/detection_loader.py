@@ -31,7 +31,9 @@ from dali_pipes.run.detection_state import (
     BadImages,
     ImageReader,
     dataset_identity,
+    epoch_rest,
     loader_state,
+    old_ranks,
     opened_state,
     own_generators,
     rank_state,
@@ -232,23 +234,42 @@ class RankSlices:
 
     @property
     def num_replicas(self) -> int:
-        """DistributedSampler's name for the world size: each rank's slice depends on it (an elastic resume of
-        a location's epoch is refused by run/detection_state.py's per_rank_draw)."""
+        """DistributedSampler's name for the world size: each rank's slice depends on it (the dataset form's
+        elastic resume refuses such a sampler; the location form splits the rest of the epoch: remainder)."""
         return self.world_size
 
-    def indices(self) -> list[int]:
-        n, world = self.num_images, self.world_size
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
+    def order(self) -> np.ndarray:
+        """Every image of the epoch, in its order: shuffled by (seed, epoch) in train, as stored in val."""
+        n = self.num_images
+        return np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
+
+    def share(self, order: np.ndarray, rank: int | None = None) -> list[int]:
+        """Rank `rank`'s (default: this rank's) images of `order`: every world_size-th one, train cut to an equal
+        count per rank, val padded with repeats (val_padding="repeat") or not."""
+        n, world = len(order), self.world_size
         if self.train:
             order = order[:n // world * world]
         elif self.val_padding == "repeat" and n % world:
             order = np.resize(order, -(-n // world) * world)  # repeats from the start, as DistributedSampler pads
-        return [int(i) for i in order[self.rank::world]]
+        return [int(i) for i in order[(self.rank if rank is None else rank)::world]]
+
+    def indices(self) -> list[int]:
+        return self.share(self.order())
+
+    def batched(self, mine: list[int]) -> list[list[int]]:
+        size = self.batch_size
+        ends = len(mine) // size * size if self.drop_last else len(mine)
+        return [mine[i:i + size] for i in range(0, ends, size)]
+
+    def remainder(self, pending: set[int], rank: int | None = None) -> list[list[int]]:
+        """An elastic resume's part of the interrupted epoch (self.epoch) for rank `rank` (default: this one):
+        the `pending` images (those no old rank delivered), in the epoch's order, split over this world size as
+        an epoch is (share), in batches."""
+        rest = np.array([i for i in self.order() if int(i) in pending], dtype=np.int64)
+        return self.batched(self.share(rest, rank))
 
     def __iter__(self) -> Iterator[list[int]]:
-        mine, size = self.indices(), self.batch_size
-        ends = len(mine) // size * size if self.drop_last else len(mine)
-        return iter([mine[i:i + size] for i in range(0, ends, size)])
+        return iter(self.batched(self.indices()))
 
     def __len__(self) -> int:
         count = len(self.indices())
@@ -284,6 +305,25 @@ class DetectionLocationLoader(DetectionLoader):
         self._start(found.samples, augment, TargetForm(), found.where, batch_size=batch_size,
                     seed=seed_of_rank(self._seed, shard.rank), num_threads=num_threads or num_workers or
                     default_threads(), skip_bad=skip_bad, max_bad=max_bad, read=found.image_bytes)
+
+    def load_state_dict(self, state: dict | list[dict]) -> None:
+        """As the dataset form's; given every old rank's states on another world size (an elastic resume), this
+        rank's share of the images no old rank delivered in their epoch (RankSlices.remainder), drawn afresh from
+        this rank's seed, then this world size's epochs; the old ranks' bad images merged."""
+        states = old_ranks(state, self._world)
+        if states is None:
+            super().load_state_dict(state)
+            return
+        for old in states:  # each fits: the dataset, batch size and its own rank's seed (no DALI state is kept)
+            opened_state(old, {**self._identity, "seed": seed_of_rank(self._seed, old["rank"])}, self._where, [])
+        self._bad.restore(BadImages.merge(states))
+        slices, pending, self._epoch = self.batch_sampler, epoch_rest(states), states[0]["epoch"]
+        slices.epoch = self._epoch
+        self.run.close()
+        self.run = self._new_run()
+        self._batches = slices.remainder(pending) if pending else []
+        any_rank = pending and slices.remainder(pending, rank=0)  # rank 0's share is the largest
+        self._resume_at = 0 if any_rank else None  # else every rank goes on with the next epoch
 
     def _draw(self) -> list[list[int]]:
         """The next epoch's slice: its order drawn from (seed, epoch), never from torch's global stream."""

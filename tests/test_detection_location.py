@@ -284,3 +284,91 @@ def test_two_ranks_under_torchrun_read_disjoint_slices(locations, tmp_path):
     assert ranks[0]["train_len"] == 1 and all(len(r) == 2 and all(len(b) == 2 for b in r) for r in train)
     for epoch in range(2):
         assert not set(train[0][epoch]) & set(train[1][epoch]) and 6 not in train[0][epoch] + train[1][epoch]
+
+
+def ids_of(batches) -> list[list[int]]:
+    return [[int(t["image_id"]) for t in targets] for images, targets in batches]
+
+
+def old_ranks_after_one_batch(location, keywords, world, **options):
+    """(the image ids each old rank delivered, every old rank's state): each rank reads one batch of epoch 0."""
+    delivered, states = [], []
+    for rank in range(world):
+        loader = DaliLoader(location, rank=rank, world_size=world, **keywords, **options)
+        delivered += sum(ids_of([next(iter(loader))]), [])
+        states.append(loader.state_dict())
+    return delivered, states
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("new_world", [3, 1])
+def test_elastic_resume_gives_the_rest_of_the_epoch_once_then_the_new_world_size_epochs(locations, train,
+                                                                                         new_world):
+    location, keywords = locations["tfrecord"]
+    options = {"batch_size": 1 if train else 2, "device": "cpu", "train": train, "seed": 3, "val_padding": "none"}
+    full = set(IMAGES) - ({6} if train else set())
+    epoch = {i for rank in range(2) for i in sum(ids_of(DaliLoader(location, rank=rank, world_size=2, **keywords,
+                                                                   **options)), [])}  # epoch 0 on 2 ranks
+    assert epoch <= full and len(full - epoch) == (1 if train else 0)  # train: 7 images = 2 ranks x 3 + a tail
+    before, states = old_ranks_after_one_batch(location, keywords, 2, **options)
+    new = [DaliLoader(location, rank=rank, world_size=new_world, **keywords, **options) for rank in range(new_world)]
+    for loader in new:
+        loader.load_state_dict(states)
+    rest = [sum(ids_of(loader), []) for loader in new]
+    after = before + sum(rest, [])
+    assert len(after) == len(set(after)) and set(after) <= epoch  # none twice, nothing outside the epoch
+    if train:  # the rest (4 images) split evenly: the tail that fills no rank's share is left out, as in an epoch
+        assert len(set(epoch) - set(after)) == 4 % new_world and len({len(r) for r in rest}) == 1
+    else:
+        assert set(after) == epoch
+    for rank, loader in enumerate(new):  # then the new world size's epochs, as a fresh run on it draws them
+        fresh = DaliLoader(location, rank=rank, world_size=new_world, **keywords, **options)
+        fresh.set_epoch(1)
+        assert ids_of(loader) == ids_of(fresh)
+
+
+def test_a_state_taken_in_the_rest_of_an_epoch_resumes_exactly_and_elastically(locations):
+    location, keywords = locations["webdataset"]
+    options = {"batch_size": 1, "device": "cpu", "val_padding": "none"}
+    before, states = old_ranks_after_one_batch(location, keywords, 2, **options)  # 6 of 8 images left
+
+    def resumed(world, states):
+        loaders = [DaliLoader(location, rank=rank, world_size=world, **keywords, **options) for rank in range(world)]
+        for loader in loaders:
+            loader.load_state_dict(states)
+        return loaders
+    middle = resumed(3, states)
+    iters = [iter(loader) for loader in middle]
+    head = sum((ids_of([next(it)]) for it in iters), [])  # one batch of its 2 on each of 3 ranks
+    later = [loader.state_dict() for loader in middle]
+    tails = [list(it) for it in iters]
+    for rank, loader in enumerate(resumed(3, later)):  # the same world size: the rest of each rank's part exactly
+        again = list(loader)
+        assert ids_of(again) == ids_of(tails[rank]) and all(
+            torch.equal(a, b) for (x, _), (y, _) in zip(again, tails[rank]) for a, b in zip(x, y))
+    rest = sum((sum(ids_of(loader), []) for loader in resumed(2, later)), [])  # and on 2 ranks again
+    assert sorted(before + sum(head, []) + rest) == sorted(IMAGES)
+
+
+def test_elastic_resume_merges_the_old_ranks_bad_images(coco_dir, tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in os.listdir(coco_dir / "images"):
+        (images / name).write_bytes((coco_dir / "images" / name).read_bytes())
+    (images / "011.jpg").write_bytes(b"not a JPEG at all, only its name")
+    keywords = {"images": str(images)}
+    options = {"batch_size": 2, "device": "cpu", "skip_bad": True, "val_padding": "none"}
+    with pytest.warns(UserWarning, match=r"excluding a bad image.*011.jpg \(image 11\)"):  # old rank 1's first batch
+        before, states = old_ranks_after_one_batch(str(coco_dir / "annotations.json"), keywords, 2, **options)
+    new = [DaliLoader(str(coco_dir / "annotations.json"), rank=rank, world_size=3, **keywords, **options)
+           for rank in range(3)]
+    for loader in new:
+        loader.load_state_dict(states)
+        assert [b.origin for b in loader.bad_samples] == [f"{images / '011.jpg'} (image 11)"]
+    after = before + sum((sum(ids_of(loader), []) for loader in new), [])
+    assert sorted(after) == sorted(set(IMAGES) - {11})
+    with pytest.raises(ValueError, match=r"another detection dataset or loader \(batch_size: 2 in the state, 3 here"):
+        DaliLoader(str(coco_dir / "annotations.json"), rank=0, world_size=3, **keywords,
+                   **{**options, "batch_size": 3}).load_state_dict(states)
+    with pytest.raises(ValueError, match=r"pass the state of every old rank, in rank order: got 1 state"):
+        new[0].load_state_dict(states[:1])

@@ -103,10 +103,9 @@ def rank_state(state: Any, *, rank: int, world_size: int, batch_sampler: Any) ->
     states = list(state) if isinstance(state, (list, tuple)) else [state]
     if not states or not all(isinstance(s, dict) for s in states):
         return state, rank  # not a state: opened_state says so
-    worlds = {s.get("world_size", world_size) for s in states}
-    if worlds == {world_size} and (len(states) == world_size or not isinstance(state, (list, tuple))):
+    if not elastic(state, world_size):
         return (states[rank], rank) if isinstance(state, (list, tuple)) else (state, rank)
-    old = max(worlds)
+    old = max(s.get("world_size", world_size) for s in states)
     refusal = per_rank_draw(batch_sampler)
     if refusal is not None:
         raise ValueError(f"elastic resume refused: {refusal}, so an epoch it drew for one world size cannot be "
@@ -114,6 +113,42 @@ def rank_state(state: Any, *, rank: int, world_size: int, batch_sampler: Any) ->
                          f"or start the next epoch without the loader state")
     mine = states[rank % len(states)]
     return mine, int(mine.get("rank", rank % len(states)))
+
+
+def elastic(state: dict | list[dict], world_size: int) -> bool:
+    """Whether `state` (states, all dicts) was taken on another world size than `world_size`."""
+    states = list(state) if isinstance(state, (list, tuple)) else [state]
+    worlds = {s.get("world_size", world_size) for s in states}
+    return not (worlds == {world_size} and (len(states) == world_size or not isinstance(state, (list, tuple))))
+
+
+def old_ranks(state: Any, world_size: int) -> list[dict] | None:
+    """Every old rank's state, in rank order, where `state` resumes on another world size than `world_size` (an
+    elastic resume; None otherwise), after checking that they are all of one run's ranks at one epoch."""
+    states = list(state) if isinstance(state, (list, tuple)) else [state]
+    if not states or not all(isinstance(s, dict) for s in states) or not elastic(state, world_size):
+        return None
+    worlds, ranks = sorted({s.get("world_size", world_size) for s in states}), [s.get("rank") for s in states]
+    if worlds != [len(states)] or ranks != list(range(len(states))):
+        raise ValueError(f"pass the state of every old rank, in rank order: got {len(states)} state(s) of ranks "
+                         f"{ranks} with world sizes {worlds} to resume on {world_size} ranks")
+    epochs = sorted({s.get("epoch") for s in states})
+    if len(epochs) != 1:
+        raise ValueError(f"the old ranks' states are in different epochs {epochs}: take them at the same step")
+    return states
+
+
+def epoch_rest(states: list[dict]) -> set[int]:
+    """The images of the old ranks' interrupted epoch that none delivered: in some rank's batches after its
+    position, in none's before it, and not excluded as bad."""
+    delivered: set[int] = set()
+    pending: set[int] = set()
+    for state in states:
+        batches, position = state.get("batches") or [], state["position"]
+        delivered.update(int(i) for batch in batches[:position] for i in batch)
+        pending.update(int(i) for batch in batches[position:] for i in batch)
+    excluded = {int(i) for state in states for i in state["bad_samples"]["excluded"]}
+    return pending - delivered - excluded
 
 
 def per_rank_draw(batch_sampler: Any) -> str | None:
@@ -178,6 +213,13 @@ class BadImages:
 
     def state(self) -> dict:
         return {"bad_samples": [dataclasses.asdict(b) for b in self.bad_samples], "excluded": sorted(self.excluded)}
+
+    @staticmethod
+    def merge(states: list[dict]) -> dict:
+        """One state() of every old rank's loader states (an elastic resume): their bad images, each once."""
+        bad = {b["origin"]: b for s in states for b in s["bad_samples"]["bad_samples"]}
+        return {"bad_samples": list(bad.values()),
+                "excluded": sorted({int(i) for s in states for i in s["bad_samples"]["excluded"]})}
 
     def restore(self, state: dict) -> None:
         self.bad_samples = [BadSample(**b) for b in state["bad_samples"]]
