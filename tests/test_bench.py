@@ -19,16 +19,21 @@ from conftest import write_folder
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_bench_scripts_quick(tmp_path):
+def _bench(tmp_path, script, *args):
+    """`scripts/SCRIPT --quick` on 72 tiny images; tiny sizes on top of --quick (explicit flags win), so that a
+    smoke test of every case spends its time on the cases, not on pixels."""
     data = tmp_path / "images"
     write_folder(str(data), counts=(24, 24, 24))
-    run = lambda script, *a: subprocess.run([sys.executable, f"scripts/{script}", "--data", str(data), "--quick",
-                                             "--out", str(tmp_path / "out"), *a], cwd=ROOT, capture_output=True,
-                                            text=True, timeout=600)
-    loaders = run("bench_loaders.py", "--work", str(tmp_path / "work"))
-    assert loaders.returncode == 0, loaders.stderr[-3000:]
+    run = subprocess.run([sys.executable, f"scripts/{script}", "--data", str(data), "--quick", "--out",
+                          str(tmp_path / "out"), "--image-size", "32", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
     [folder] = os.listdir(tmp_path / "out")
-    out = tmp_path / "out" / folder
+    return tmp_path / "out" / folder
+
+
+def test_bench_loaders_quick(tmp_path):
+    out = _bench(tmp_path, "bench_loaders.py", "--work", str(tmp_path / "work"))
     results = json.load(open(out / "results.json"))
     assert results["dataset"]["count"] == 72 and results["machine"]["cpu_count"] == os.cpu_count()
     groups = {r["group"] for r in results["results"]}
@@ -37,8 +42,9 @@ def test_bench_scripts_quick(tmp_path):
     assert (out / "throughput.png").stat().st_size > 0 and (out / "scaling.png").stat().st_size > 0
     assert "| DALI cpu | train |" in (out / "results.md").read_text()
 
-    training = run("bench_training.py")
-    assert training.returncode == 0, training.stderr[-3000:]
+
+def test_bench_training_quick(tmp_path):
+    out = _bench(tmp_path, "bench_training.py", "--batch-size", "8", "--steps", "2", "--warmup", "1")
     rows = json.load(open(out / "training.json"))["results"]
     assert rows[0]["real_over_ideal"] == 1.0 and all("error" not in r for r in rows)
     assert {r["feed"] for r in rows} >= {"DALI cpu", f"DataLoader+PIL {os.cpu_count()} workers"}

@@ -338,7 +338,7 @@ NATIVE_GS_JOB = """
 import sys
 from dali_pipes import DaliLoader
 try:
-    list(DaliLoader(sys.argv[1], batch_size=8, train=False, remote_feed="native", storage_attempts=2, storage_timeout=2,
+    list(DaliLoader(sys.argv[1], batch_size=8, train=False, remote_feed="native", storage_attempts=2, storage_timeout=1,
                     image_size=16, device="cpu", num_threads=1))
 except Exception as error:
     print(type(error).__name__, error)
@@ -488,7 +488,7 @@ def test_gs_outages_behave_as_s3s(gcs, tmp_path, monkeypatch):
         proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503, times=2))
         assert [labels.tolist() for _, labels in short] == expected  # ridden out, the same batches
         short.close()
-        long = DaliLoader(gcs.url("o/"), storage_attempts=2, storage_timeout=2, **kw)
+        long = DaliLoader(gcs.url("o/"), storage_attempts=2, storage_timeout=1, **kw)
         proxy.add_fault(Fault("train-00011-of-00012", method="GET", status=503))
         with pytest.raises(ConnectionError, match="cannot reach the GCS endpoint .* after 2 attempts"):
             list(long)

@@ -114,13 +114,13 @@ def test_two_rank_ddp_learns_and_counts_val_once(tiny, tmp_path, loader):
                                                                   p.name.endswith(".tmp") for p in tmp_path.iterdir())
 
 
-def test_killed_run_resumes_on_the_same_sample_sequence(tiny, tmp_path):
+def test_killed_run_resumes_on_the_same_sample_sequence(tiny, whole, tmp_path):
     """6 steps per epoch, checkpoints every 4 steps: killed after step 11 (epoch 1), the run
     resumes from step 8 (mid-epoch) and every step's labels, on both ranks, match an
-    uninterrupted run."""
-    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    uninterrupted run (the preemption tests' one, without periodic checkpoints: a checkpoint
+    must not change the sample sequence either)."""
+    crashed = tmp_path / "crashed"
     common = ("--record-labels", "--checkpoint-every", "4")
-    torchrun(whole, tiny / "train", *common, epochs=3)
     killed = torchrun(crashed, tiny / "train", *common, epochs=3, check=False, env=crash_test(11))
     assert killed.returncode != 0
     before = {r: labels_by_step(crashed, r) for r in (0, 1)}
@@ -139,7 +139,7 @@ PREEMPTION_ARGS = ("--record-labels", "--checkpoint-every", "0")
 
 @pytest.fixture(scope="module")
 def whole(tiny, tmp_path_factory):
-    """The uninterrupted run the preemption tests compare with: 3 epochs, labels recorded per step."""
+    """The uninterrupted run the preemption and kill tests compare with: 3 epochs, labels recorded per step."""
     workdir = tmp_path_factory.mktemp("whole")
     torchrun(workdir, tiny / "train", *PREEMPTION_ARGS, epochs=3)
     return workdir
@@ -394,22 +394,20 @@ def test_two_nodes_get_disjoint_shards(tmp_path):
     assert len(seen[0]) == len(seen[1]) == 20 and not seen[0] & seen[1]  # 40 samples, 2 ranks, batch 4
 
 
-def test_killing_one_rank_ends_the_job_and_resume_sees_each_sample_once(tmp_path):
+def test_killing_one_rank_ends_the_job_and_resume_sees_each_sample_once(killed_two_rank_run, tmp_path):
     """torchrun, 2 CPU ranks, 48 numbered samples (6 steps an epoch per rank): SIGKILL rank 1 after
-    step 9 (mid epoch 1). The job ends on its own, quickly, naming the rank and the signal; no
-    half-written checkpoint is left; --resume finishes the run, and over both runs each sample of
-    the interrupted epoch was trained on exactly once."""
-    import time
-    data = _numbered(tmp_path / "numbered", 48)
-    work = tmp_path / "run"
-    args = ("--record-labels", "--checkpoint-every", "2", "--width", "8", "--batch-size", "4")
-    start = time.monotonic()
-    killed = torchrun(work, data, *args, epochs=2, check=False, env=crash_test(9))
-    assert killed.returncode != 0 and time.monotonic() - start < 120
+    step 9 (mid epoch 1), the job of killed_two_rank_run. The job ends on its own, quickly, naming the
+    rank and the signal; no half-written checkpoint is left; --resume finishes the run, and over both
+    runs each sample of the interrupted epoch was trained on exactly once."""
+    import shutil
+    data, killed_work, killed, seconds = killed_two_rank_run
+    assert killed.returncode != 0 and seconds < 120
     assert "Signal 9 (SIGKILL)" in killed.stderr and "rank      : 1" in killed.stderr
-    assert not [p for p in work.iterdir() if ".tmp" in p.name]
+    assert not [p for p in killed_work.iterdir() if ".tmp" in p.name]
+    work = tmp_path / "run"
+    shutil.copytree(killed_work, work)
     before = {r: labels_by_step(work, r) for r in (0, 1)}
-    resumed = torchrun(work, data, *args, "--resume", epochs=2)
+    resumed = torchrun(work, data, *ELASTIC_ARGS, "--resume", epochs=2)
     assert "at step 8" in resumed.stdout
     epoch1 = []
     for rank in (0, 1):
@@ -440,12 +438,16 @@ ELASTIC_ARGS = ("--record-labels", "--checkpoint-every", "2", "--width", "8", "-
 @pytest.fixture(scope="module")
 def killed_two_rank_run(tmp_path_factory):
     """torchrun, 2 CPU ranks, 48 numbered samples, batch 4 (6 steps an epoch): rank 1 killed after
-    step 9, mid epoch 1; the last checkpoint is step 8's. Returns (data, workdir)."""
+    step 9, mid epoch 1; the last checkpoint is step 8's. Returns (data, workdir, the killed job, its seconds):
+    each test resumes a copy of the workdir."""
+    import time
     root = tmp_path_factory.mktemp("killed")
     data = _numbered(root / "numbered", 48)
+    start = time.monotonic()
     killed = torchrun(root / "run", data, *ELASTIC_ARGS, epochs=2, check=False, env=crash_test(9))
+    seconds = time.monotonic() - start
     assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr, killed.stderr[-3000:]
-    return data, root / "run"
+    return data, root / "run", killed, seconds
 
 
 @pytest.mark.parametrize("new_world", [1, 3])
@@ -456,7 +458,7 @@ def test_killed_run_resumes_on_another_world_size_each_sample_at_most_once(kille
     epoch 1 ends at the lr of the samples seen (the schedule runs by samples, not steps)."""
     import math
     import shutil
-    data, killed = killed_two_rank_run
+    data, killed, _, _ = killed_two_rank_run
     work = tmp_path / "run"
     shutil.copytree(killed, work)
     before = {r: labels_by_step(work, r) for r in (0, 1)}
