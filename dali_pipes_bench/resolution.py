@@ -15,6 +15,8 @@ Run from a checkout's root (python -m train is the checkout's): dali-pipes bench
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import re
@@ -56,7 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=quick.get("repeats", 2), help="training: runs of each, alternating")
     p.add_argument("--no-train", action="store_true", help="measure the loader only")
     p.add_argument("--no-compile", action="store_true", help="skip the --compile run")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, a tiny model, few epochs: a smoke test")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, a tiny model, few epochs: a smoke test (its "
+                   "training runs in this process; a real run starts python -m train for each)")
     p.add_argument("--out", default="", help="results root folder (default: $DALI_PIPES_CACHE/bench, under the "
                    "cache root)")
     add_arguments(p, SourceConfig, "reading --data")
@@ -110,7 +113,13 @@ def train_run(args, name: str, image_size, compile: bool, data: str, work: str) 
            *(["--compile"] if compile else [])]
     print(" ".join(cmd), flush=True)
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    if args.quick:  # a smoke test: in this process, where torch and DALI are imported already (a child's start
+        # would cost more than its tiny run); a real run gives each training run a process of its own, as a user's
+        from train.train import get_args_parser, main
+        with contextlib.redirect_stdout(io.StringIO()):
+            main(get_args_parser().parse_args(cmd[3:]))
+    else:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     total = time.perf_counter() - start
     keep = ("epoch", "image_size", "epoch_seconds", "images_per_s", "train_loss", "val_top1", "val_image_size",
             "compiles", "compile_s")
