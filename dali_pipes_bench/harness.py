@@ -666,37 +666,42 @@ def case_steps(timing: Timing) -> int:
     return 1 + timing.passes
 
 
-def run_cases_isolated(cases: list[Case], command: list[str], steps: int, per_process: int = 1) -> list[dict]:
+def run_cases_isolated(cases: list[Case], command: list[str], steps: int) -> list[dict]:
     """Each case in a fresh process (`command --case i`), so that memory, CPU use and warm-up of
     one case do not leak into the next; the child prints its Measurement row. On a terminal each case
-    draws a bar of its `steps` on stderr; stdout is left to the report. `per_process` > 1 runs that many
-    cases one after the other in each child (`--case i,j,...`): --quick's smoke test, where a child's
-    start (torch and DALI imported, about 4 s of CPU) would cost more than its cases."""
-    rows: list[dict] = []
-    for first in range(0, len(cases), per_process):
-        chosen = range(first, min(first + per_process, len(cases)))
-        bars = (tqdm(total=steps, desc=f"[{i + 1}/{len(cases)}] {cases[i].name} ({cases[i].mode})", unit="step",
-                     file=sys.stderr, disable=None) for i in chosen)
-        rows += _run_cases([cases[i] for i in chosen], [*command, "--case", ",".join(map(str, chosen))], bars)
+    draws a bar of its `steps` on stderr; stdout is left to the report."""
+    rows = []
+    for i, case in enumerate(cases):
+        with tqdm(total=steps, desc=f"[{i + 1}/{len(cases)}] {case.name} ({case.mode})", unit="step",
+                  file=sys.stderr, disable=None) as bar:
+            rows.append(_run_case(case, [*command, "--case", str(i)], bar.update))
     return rows
 
 
-def _run_cases(cases: list[Case], command: list[str], bars: Iterator[tqdm]) -> list[dict]:
-    """The rows a child process measured, one case after the other, each ticking its own bar (opened as its
-    case starts) at each of its steps; a failed row for each case it printed none for."""
-    rows: list[dict] = []
+def run_cases_here(cases: list[Case], timing: Timing, device: torch.device, steps: int) -> list[dict]:
+    """Every case in this process, one after the other: --quick's smoke test, where a child's start (torch and
+    DALI imported, about 4 s of CPU) would cost more than its cases. Each case draws its bar, as in a child."""
+    rows = []
+    for i, case in enumerate(cases):
+        with tqdm(total=steps, desc=f"[{i + 1}/{len(cases)}] {case.name} ({case.mode})", unit="step",
+                  file=sys.stderr, disable=None) as bar:
+            rows.append(measure(case, timing, device, bar.update).row())
+    return rows
+
+
+def _run_case(case: Case, command: list[str], step: Callable[[], object]) -> dict:
+    """The row a child process measured, ticking `step` at each of its steps; a failed row if it printed none."""
     with tempfile.TemporaryFile("w+") as errors:  # a file, not a pipe: a chatty child cannot block on it
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
-        bar = next(bars)
+        row = None
         for line in child.stdout or ():
             if line.startswith(STEP_PREFIX):
-                bar.update()
+                step()
             elif line.startswith(RESULT_PREFIX):
-                rows.append(json.loads(line[len(RESULT_PREFIX):]))
-                bar.close()
-                bar = next(bars, bar)
+                row = json.loads(line[len(RESULT_PREFIX):])
         returncode = child.wait()
-        bar.close()
         errors.seek(0)
-        error = f"process failed ({returncode}): {errors.read()[-400:]}"
-    return rows + [Measurement(c.name, c.group, c.mode, c.params, error=error).row() for c in cases[len(rows):]]
+        if row is None:
+            row = Measurement(case.name, case.group, case.mode, case.params,
+                              error=f"process failed ({returncode}): {errors.read()[-400:]}").row()
+    return row

@@ -34,7 +34,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default="", help=f"dataset (any location open_source takes); default: "
                         f"the built-in train split, {DEFAULT_DATA}, made if missing")
     parser.add_argument("--quick", action="store_true", help="a small matrix, under two minutes on 2 cores; "
-                        "a smoke test: its cases share one process (a real run gives each case its own)")
+                        "a smoke test: its cases run in this process (a real run gives each case a process of its own)")
     parser.add_argument("--out", default="", help="results root folder (default: $DALI_PIPES_CACHE/bench, under "
                         "the cache root)")
     parser.add_argument("--work", default="data/bench", help="where format copies of the data are made")
@@ -42,8 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "hw_decoder_load, dali_threads, torch_workers, batch_size, formats")
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                         help="write throughput.png and scaling.png (needs matplotlib: the [bench] extra)")
-    # internal: run these cases (comma-separated indices), print each one's JSON
-    parser.add_argument("--case", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--case", type=int, default=-1, help=argparse.SUPPRESS)  # internal: run one case, print JSON
     add_arguments(parser, SourceConfig, "reading --data")
     add_arguments(parser, AugmentConfig, "augmentation (every case that takes it)")
     add_arguments(parser, LoaderConfig, "DALI loader (every DALI case; device and threads are swept)", skip=SWEPT)
@@ -71,16 +70,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [c for c in cases if c.group in args.only.split(",")]
         if not cases:
             raise ValueError(f"--only {args.only}: no such case group")
-    if args.case:  # a child process: its cases (one, but for --quick), measured in a process of their own
-        device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    device = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    if args.case >= 0:  # a child process: one case, measured in a process of its own
         step = lambda: print(bench.STEP_PREFIX, flush=True)  # the parent's bar for this case ticks
-        for i in map(int, args.case.split(",")):
-            print(bench.RESULT_PREFIX + json.dumps(bench.measure(cases[i], plan.timing, device, step).row()),
-                  flush=True)
+        print(bench.RESULT_PREFIX + json.dumps(bench.measure(cases[args.case], plan.timing, device, step).row()),
+              flush=True)
         return 0
     info, dataset = bench.machine_info(), bench.dataset_info(source)
-    rows = bench.run_cases_isolated(cases, [sys.executable, "-m", "dali_pipes_bench.loaders", *argv],
-                                    bench.case_steps(plan.timing), len(cases) if args.quick else 1)
+    steps, child = bench.case_steps(plan.timing), [sys.executable, "-m", "dali_pipes_bench.loaders", *argv]
+    rows = (bench.run_cases_here(cases, plan.timing, device, steps) if args.quick else
+            bench.run_cases_isolated(cases, child, steps))
     out = bench.results_dir(results_root(args.out), info)
     run = {"command": command("loaders", argv), "machine": info, "dataset": dataset, "plan": repr(plan),
            "configs": configs(source=source_cfg, augment=augment, loader=loader)}
