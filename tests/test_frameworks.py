@@ -280,22 +280,23 @@ def hf_script_data(tmp_path_factory, torchvision) -> str:
     return str(root)
 
 
-def run_hf_script(root: str, loader: str, processes: int) -> list[dict]:
+def run_hf_script(root: str, loaders: tuple[str, ...], processes: int) -> list[list[dict]]:
+    """One job runs the script once per loader class, one after the other; per loader, each rank's record."""
     job = os.path.join(os.path.dirname(JOB), "hf_script_job.py")
     launch = [sys.executable, job] if processes == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                             "--standalone", "--nproc_per_node", str(processes), job]
-    done = subprocess.run(launch + [os.path.join(root, "data"), root, loader], capture_output=True, text=True,
+    done = subprocess.run(launch + [os.path.join(root, "data"), root, *loaders], capture_output=True, text=True,
                           env=job_env(), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return [json.load(open(os.path.join(root, f"{loader}_{processes}_rank{rank}.json"))) for rank in range(processes)]
+    return [[json.load(open(os.path.join(root, f"{loader}_{processes}_rank{rank}.json"))) for rank in range(processes)]
+            for loader in loaders]
 
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_transformers_script_renamed_counts_train_steps_and_gathered_val_samples_as_dataloader(hf_script_data,
                                                                                                processes):
     need("accelerate")
-    theirs = run_hf_script(hf_script_data, "DataLoader", processes)
-    ours = run_hf_script(hf_script_data, "DaliLoader", processes)
+    theirs, ours = run_hf_script(hf_script_data, ("DataLoader", "DaliLoader"), processes)
     for a, b in zip(ours, theirs):
         assert (a["len"], a["steps"]) == (b["len"], b["steps"])
         assert a["gathered"] == b["gathered"] == [sum(HF_VAL)] * 2
