@@ -1,7 +1,7 @@
 """One rank of a 2-process Hugging Face Accelerate job (torchrun with Accelerate's CPU environment, gloo) for
 tests/test_frameworks.py. Not a test: torchrun runs it once per rank.
 
-    ACCELERATE_USE_CPU=true torchrun --nproc_per_node 2 tests/frameworks_job.py TRAIN VAL OUT PHASE
+    ACCELERATE_USE_CPU=true torchrun --nproc_per_node 2 tests/frameworks_job.py TRAIN VAL OUT PHASE [PHASE ...]
 
 TRAIN and VAL are image folders of one image per class (a label names its sample), read as torchvision
 ImageFolders and handed to DaliLoader as DataLoader takes them. Writes OUT/<PHASE>_rank<R>.json.
@@ -10,6 +10,9 @@ batch SAVE_AT of epoch 0, accelerator.save_state(OUT/ckpt) with RankStates(train
 validates: gather_for_metrics of the val_padding="label" loader (masked), and of a "repeat" loader (not masked).
 PHASE "resume": fresh Accelerator and loaders, load_state(OUT/ckpt), the rest of the 2 epochs; then a DaliLoader
 registered by itself, saved and loaded: what each rank's load_state says.
+PHASE "trainer": Hugging Face Trainer (trainer() below). The phases named run one after the other in the same
+processes (one torchrun start for them: each start is 3 processes importing torch); "resume" needs a job of its
+own after "first", as after a restart.
 """
 
 import json
@@ -188,13 +191,14 @@ def trainer(train_root: str, val_root: str, out: str) -> dict:
     return result
 
 
-def main(train_list: str, val_list: str, out: str, phase: str) -> None:
-    result = {"first": first, "resume": resume, "trainer": trainer}[phase](train_list, val_list, out)
-    with open(os.path.join(out, f"{phase}_rank{torch.distributed.get_rank()}.json"), "w") as f:
-        json.dump(result, f)
-    torch.distributed.barrier()
+def main(train_list: str, val_list: str, out: str, phases: list[str]) -> None:
+    for phase in phases:
+        result = {"first": first, "resume": resume, "trainer": trainer}[phase](train_list, val_list, out)
+        with open(os.path.join(out, f"{phase}_rank{torch.distributed.get_rank()}.json"), "w") as f:
+            json.dump(result, f)
+        torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:4], sys.argv[4:])

@@ -1,7 +1,9 @@
 """transformers' run_image_classification_no_trainer.py in outline (its dataset building, transforms, dict
 collate_fn, accelerator.prepare and gather_for_metrics), with a tiny model: run by tests/test_frameworks.py on 1
 process and on 2 under torchrun with Accelerate's CPU environment, once with DataLoader and once with the class
-renamed to DaliLoader. argv: data_dir, out, loader class name. Writes each rank's counts as JSON."""
+renamed to DaliLoader. argv: data_dir, out, loader class names (the script runs once per name, one after the
+other in the same processes: one job start, torch and Accelerate imported once). Writes each rank's counts as
+JSON, per name."""
 
 import json
 import os
@@ -87,4 +89,5 @@ def main(data_dir: str, out: str, loader_name: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    for name in sys.argv[3:]:
+        main(sys.argv[1], sys.argv[2], name)

@@ -27,11 +27,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning_ddp_args import BATCH_SIZE, LOADER_ARGS, RANKS  # the test's reference too
 
 from dali_pipes.lightning import DaliDataModule
-
-RANKS, BATCH_SIZE = 2, 4
-LOADER_ARGS = dict(device="cpu", image_size=16, num_threads=1, seed=7, shuffle_buffer=8)  # the test's reference too
 
 
 class Recorder(pl.LightningModule):

@@ -1,13 +1,16 @@
 """A LightningModule shaped like Lightning's ImageNet example, its loaders built in its own hooks with
 DaliLoader called the dali_pipes way, validation logged with sync_dist=True; 2 ranks, DDP on CPU (gloo).
 
-    python tests/lightning_sync_job.py FOLDER OUT BATCH [dataset]
+    python tests/lightning_sync_job.py FOLDER OUT BATCH location|dataset [location|dataset ...]
 
-With "dataset", the hooks build DaliLoader the DataLoader way (torchvision ImageFolder, class name swapped),
-which a real DataLoader would get Lightning's DistributedSampler for: it must be sharded the same way.
+With "location", the hooks build DaliLoader the dali_pipes way (the folder). With "dataset", they build it the
+DataLoader way (torchvision ImageFolder, class name swapped), which a real DataLoader would get Lightning's
+DistributedSampler for: it must be sharded the same way. Each form named is one fit by a Trainer of its own,
+one after the other in the same 2 processes (the second Trainer finds the ranks started, as a script that fits
+twice does): one job start, Lightning imported once per rank.
 
 A script, not a test: Lightning's "ddp" strategy starts rank 1 by running sys.argv again. Rank 0 writes
-OUT/metrics.json: the epoch's val_loss, val_acc (means over ranks, sync_dist) and val_count (summed).
+OUT/<form>.json for each form: the epoch's val_loss, val_acc (means over ranks, sync_dist) and val_count (summed).
 """
 
 from __future__ import annotations
@@ -71,16 +74,17 @@ def image_folder(folder: str, train: bool):
     return datasets.ImageFolder(folder, T.Compose(steps + [T.ToTensor()]))
 
 
-def main(folder: str, out: str, batch_size: int, form: str) -> None:
+def fit(folder: str, out: str, batch_size: int, form: str) -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, limit_train_batches=1,
                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
     trainer.fit(ImagenetLike(folder, batch_size, form))
     if trainer.global_rank == 0:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        with open(os.path.join(out, "metrics.json"), "w") as f:
+        with open(os.path.join(out, f"{form}.json"), "w") as f:
             json.dump(metrics, f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else "location")
+    for name in sys.argv[4:]:
+        fit(sys.argv[1], sys.argv[2], int(sys.argv[3]), name)

@@ -9,6 +9,7 @@ The folders hold one image per class, so a label names its sample."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -194,12 +195,14 @@ def job_env() -> dict:
     return {**env, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
 
 
-def run_job(train: str, val: str, out: str, phase: str) -> list[dict]:
-    """torchrun with 2 CPU processes (Accelerate's CPU environment); each rank's record, rank 0 first."""
+def run_job(train: str, val: str, out: str, *phases: str) -> dict[str, list[dict]]:
+    """torchrun with 2 CPU processes (Accelerate's CPU environment) running the phases one after the other; per
+    phase, each rank's record, rank 0 first."""
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           JOB, train, val, out, phase], capture_output=True, text=True, env=job_env(), timeout=300)
+                           JOB, train, val, out, *phases], capture_output=True, text=True, env=job_env(), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return [json.load(open(os.path.join(out, f"{phase}_rank{rank}.json"))) for rank in range(2)]
+    return {phase: [json.load(open(os.path.join(out, f"{phase}_rank{rank}.json"))) for rank in range(2)]
+            for phase in phases}
 
 
 TRAIN_N, VAL_N = 40, 11  # train: 20 a rank, 5 batches; val: 6 + 5 a rank, 2 batches each (padded to 8)
@@ -212,10 +215,19 @@ def job_folders(tmp_path_factory, torchvision) -> tuple[str, str, str]:
 
 
 @pytest.fixture(scope="module")
-def accelerate_run(job_folders) -> tuple[list[dict], list[dict]]:
+def accelerate_jobs(job_folders) -> dict[str, list[dict]]:
+    """Per phase of tests/frameworks_job.py, each rank's record. Two torchrun jobs: "first", then "resume" (a
+    fresh job, as after a restart) followed in the same job by the Hugging Face Trainer's phase where transformers
+    is installed (one job start fewer: each is 3 processes importing torch)."""
     need("accelerate")
     train, val, out = job_folders
-    return run_job(train, val, out, "first"), run_job(train, val, out, "resume")
+    second = ("resume", "trainer") if importlib.util.find_spec("transformers") is not None else ("resume",)
+    return {**run_job(train, val, out, "first"), **run_job(train, val, out, *second)}
+
+
+@pytest.fixture(scope="module")
+def accelerate_run(accelerate_jobs) -> tuple[list[dict], list[dict]]:
+    return accelerate_jobs["first"], accelerate_jobs["resume"]
 
 
 def test_accelerate_prepare_hands_daliloader_back_and_each_rank_reads_its_own_part(accelerate_run):
@@ -251,10 +263,9 @@ def test_a_daliloader_registered_by_itself_is_refused_on_rank_1_naming_rankstate
     assert "state of rank 0 loaded into rank 1" in message and "RankStates(loader)" in message
 
 
-def test_hugging_face_trainer_trains_on_2_processes_and_counts_val_exactly(job_folders):
+def test_hugging_face_trainer_trains_on_2_processes_and_counts_val_exactly(accelerate_jobs):
     need("transformers")
-    train, val, out = job_folders
-    ranks = run_job(train, val, out, "trainer")
+    ranks = accelerate_jobs["trainer"]
     assert [r["global_step"] for r in ranks] == [10, 10]  # 2 epochs of 5 steps: len(DaliLoader) per rank
     for epoch in range(2):
         seen = [r["seen"][epoch * 20:(epoch + 1) * 20] for r in ranks]
@@ -280,22 +291,23 @@ def hf_script_data(tmp_path_factory, torchvision) -> str:
     return str(root)
 
 
-def run_hf_script(root: str, loader: str, processes: int) -> list[dict]:
+def run_hf_script(root: str, loaders: tuple[str, ...], processes: int) -> list[list[dict]]:
+    """One job runs the script once per loader class, one after the other; per loader, each rank's record."""
     job = os.path.join(os.path.dirname(JOB), "hf_script_job.py")
     launch = [sys.executable, job] if processes == 1 else [sys.executable, "-m", "torch.distributed.run",
                                                             "--standalone", "--nproc_per_node", str(processes), job]
-    done = subprocess.run(launch + [os.path.join(root, "data"), root, loader], capture_output=True, text=True,
+    done = subprocess.run(launch + [os.path.join(root, "data"), root, *loaders], capture_output=True, text=True,
                           env=job_env(), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return [json.load(open(os.path.join(root, f"{loader}_{processes}_rank{rank}.json"))) for rank in range(processes)]
+    return [[json.load(open(os.path.join(root, f"{loader}_{processes}_rank{rank}.json"))) for rank in range(processes)]
+            for loader in loaders]
 
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_transformers_script_renamed_counts_train_steps_and_gathered_val_samples_as_dataloader(hf_script_data,
                                                                                                processes):
     need("accelerate")
-    theirs = run_hf_script(hf_script_data, "DataLoader", processes)
-    ours = run_hf_script(hf_script_data, "DaliLoader", processes)
+    theirs, ours = run_hf_script(hf_script_data, ("DataLoader", "DaliLoader"), processes)
     for a, b in zip(ours, theirs):
         assert (a["len"], a["steps"]) == (b["len"], b["steps"])
         assert a["gathered"] == b["gathered"] == [sum(HF_VAL)] * 2

@@ -15,16 +15,10 @@ import time
 
 import pytest
 import torch
+from lightning_ddp_args import BATCH_SIZE, LOADER_ARGS, RANKS
 
-pytest.importorskip("lightning", reason="Lightning is an optional extra: "
-                    "pip install '.[lightning]' (from the dali_pipes checkout)")
-
-import lightning.pytorch as pl  # noqa: E402
-from lightning_ddp_job import BATCH_SIZE, LOADER_ARGS, RANKS, Recorder  # noqa: E402
-
-import dali_pipes  # noqa: E402
-from dali_pipes import DaliLoader  # noqa: E402
-from dali_pipes.lightning import DaliDataModule  # noqa: E402
+import dali_pipes
+from dali_pipes import DaliLoader
 
 N = 43  # odd: train drops a tail on each rank, val pads the two ranks' shards (21, 22) differently
 EPOCHS = 2
@@ -34,6 +28,12 @@ REPO = os.path.dirname(os.path.dirname(dali_pipes.__file__))
 _LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
+@pytest.fixture(scope="module")
+def pl():
+    """lightning.pytorch, imported by the tests that need it, not at collection (~5 s of CPU in every xdist
+    worker, most of which run none of these tests); skipped where the optional extra is not installed."""
+    return pytest.importorskip("lightning.pytorch", reason="Lightning is an optional extra: "
+                               "pip install '.[lightning]' (from the dali_pipes checkout)")
 
 
 def job_env() -> dict:
@@ -59,7 +59,7 @@ def read_records(out: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(numbered, tmp_path_factory) -> tuple[str, list[dict]]:
+def uninterrupted(numbered, tmp_path_factory, pl) -> tuple[str, list[dict]]:
     """2 epochs on 2 ranks; checkpoints every 3 train steps (ModelCheckpoint), and training goes on."""
     out = tmp_path_factory.mktemp("uninterrupted")
     return out, run_job(numbered, str(out), "--epochs", str(EPOCHS), "--checkpoint-every", "3")
@@ -148,9 +148,12 @@ def test_sigterm_under_lightning_checkpoints_that_step_and_a_rerun_goes_on_exact
 
 
 @pytest.mark.filterwarnings("ignore:Total length of `list` across ranks is zero")  # no val loader: on purpose
-def test_one_device_without_val(numbered, tmp_path):
+def test_one_device_without_val(numbered, tmp_path, pl):
     """No val location: Lightning skips validation. One process: nothing to gather. After fit() the
     pipelines are closed, but a checkpoint saved then still holds where the loader ended."""
+    from lightning_ddp_job import Recorder
+
+    from dali_pipes.lightning import DaliDataModule
     data = DaliDataModule(numbered, batch_size=BATCH_SIZE, **LOADER_ARGS)
     model = Recorder(num_classes=64)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
@@ -163,9 +166,10 @@ def test_one_device_without_val(numbered, tmp_path):
     assert (state["loader"]["epoch"], state["loader"]["position"]) == (1, 0)
 
 
-def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered):
+def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered, pl):
     """A state loaded before setup() is applied when the loader is built; states that are not every old
     rank's, in order, are refused."""
+    from dali_pipes.lightning import DaliDataModule
     data = DaliDataModule(numbered, batch_size=BATCH_SIZE, **LOADER_ARGS)
     batches = iter(data.train_dataloader())
     for _ in range(2):
@@ -186,13 +190,13 @@ def test_state_waits_for_the_loader_and_must_fit_the_rank_count(numbered):
 def test_missing_lightning_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lightning", None)  # None in sys.modules: import raises ImportError
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)
-    monkeypatch.delitem(sys.modules, "dali_pipes.lightning")
-    monkeypatch.delitem(sys.modules, "dali_pipes.adapters.lightning")  # where the public path imports it from
+    monkeypatch.delitem(sys.modules, "dali_pipes.lightning", raising=False)  # imported by an earlier test, or not
+    monkeypatch.delitem(sys.modules, "dali_pipes.adapters.lightning", raising=False)  # where it imports it from
     with pytest.raises(ImportError, match=r"pip install '\.\[lightning\]' \(from the dali_pipes checkout\)"):
         importlib.import_module("dali_pipes.lightning")
 
 
-def test_pyprojects_entry_points_name_the_factories_lightning_calls():
+def test_pyprojects_entry_points_name_the_factories_lightning_calls(pl):
     """The entry points pyproject.toml registers (adapters/lightning_trainer.py) load and give the callback; the
     installed metadata may still name the module's earlier path (kept for installs made before 0.4), so the test
     of a Trainer below alone cannot tell a wrong path in pyproject.toml."""
@@ -210,7 +214,7 @@ def test_pyprojects_entry_points_name_the_factories_lightning_calls():
         assert isinstance(callback, importlib.import_module(f"{package}.callbacks").Callback)
 
 
-def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_point(numbered):
+def test_every_trainer_adds_the_callback_that_notes_it_through_lightnings_entry_point(numbered, pl):
     """Issue 25: the running trainer is found through Lightning's callback entry points (pyproject.toml), not
     the caller's stack: every Trainer adds it; it survives pickling (ddp_spawn); a trainer counts only while
     it runs (set up, not torn down), so a loader built outside one is never sharded by it."""

@@ -28,23 +28,34 @@ def val_set(request, tmp_path_factory):
     return str(root), counts, batch
 
 
-def run_job(folder: str, out, loop: str, batch: int) -> dict:
+LOOPS = ("per_batch", "at_end", "examples")
+
+
+@pytest.fixture(scope="module")
+def loop_results(val_set, tmp_path_factory, torchvision) -> dict:
+    """Each loop's result on val_set: {loop: result}. One torchrun job runs the three loops one after the other
+    (a job is 3 processes importing torch); each test case below checks its own loop's result."""
+    folder, _, batch = val_set
+    out = tmp_path_factory.mktemp("loops")
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a rank that aborts (a rare SIGABRT seen twice, cause unknown) shows its stacks
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", JOB, folder,
-           str(out), "--loop", loop, "--batch", str(batch)]
+           str(out), "--loop", *LOOPS, "--batch", str(batch)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    with open(out / "result.json") as f:
-        return json.load(f)
+    results = {}
+    for loop in LOOPS:
+        with open(out / f"{loop}.json") as f:
+            results[loop] = json.load(f)
+    return results
 
 
-@pytest.mark.parametrize("loop", ["per_batch", "at_end", "examples"])
-def test_validation_loop_counts_exactly_without_nan(val_set, loop, tmp_path, torchvision):
-    folder, counts, batch = val_set
+@pytest.mark.parametrize("loop", LOOPS)
+def test_validation_loop_counts_exactly_without_nan(val_set, loop_results, loop):
+    _, counts, batch = val_set
     n, even = sum(counts), counts[0] + counts[2]
-    result = run_job(folder, tmp_path, loop, batch)
+    result = loop_results[loop]
     assert result["finite"] and len(set(result["batches"])) == 1 or loop == "at_end"
     if loop == "per_batch":  # DistributedSampler's count per rank, repeats included
         assert result["count"] == math.ceil(n / 2) and 0 <= result["top1"] <= 100
@@ -54,20 +65,36 @@ def test_validation_loop_counts_exactly_without_nan(val_set, loop, tmp_path, tor
         assert result["top1"] == pytest.approx(100 * even / n)
 
 
-@pytest.mark.parametrize("form", ["location", "dataset"])
-def test_lightning_module_logging_with_sync_dist(val_set, tmp_path, form, torchvision):
+FORMS = ("location", "dataset")
+
+
+@pytest.fixture(scope="module")
+def sync_metrics(val_set, tmp_path_factory, torchvision) -> dict:
+    """Rank 0's logged metrics after a fit on val_set, per form: {form: metrics}. One 2-rank Lightning job fits
+    once per form, one after the other (a job is 2 processes importing Lightning); each test case below checks
+    its own form's metrics."""
     pytest.importorskip("lightning", reason="Lightning is an optional extra: "
                         "pip install '.[lightning]' (from the dali_pipes checkout)")
-    folder, counts, batch = val_set
+    folder, _, batch = val_set
+    out = tmp_path_factory.mktemp("sync")
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env.update(PYTHONPATH=os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p), MASTER_ADDR="127.0.0.1")
     job = os.path.join(os.path.dirname(__file__), "lightning_sync_job.py")
-    done = subprocess.run([sys.executable, job, folder, str(tmp_path), str(batch), form], env=env, capture_output=True,
+    done = subprocess.run([sys.executable, job, folder, str(out), str(batch), *FORMS], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    with open(tmp_path / "metrics.json") as f:
-        metrics = json.load(f)
+    metrics = {}
+    for form in FORMS:
+        with open(out / f"{form}.json") as f:
+            metrics[form] = json.load(f)
+    return metrics
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_lightning_module_logging_with_sync_dist(val_set, sync_metrics, form):
+    _, counts, _ = val_set
+    metrics = sync_metrics[form]
     assert all(math.isfinite(metrics[k]) for k in ("val_loss", "val_acc"))
     assert metrics["val_count"] == 2 * math.ceil(sum(counts) / 2)  # DistributedSampler's count: sharded
 

@@ -1,7 +1,7 @@
 """Validation loops with the shapes of real scripts, one rank of a torchrun job (gloo, CPU), for
 tests/test_real_loops.py. Not a test: torchrun runs it once per rank.
 
-    torchrun --nproc_per_node 2 tests/val_loop_job.py FOLDER OUT --loop per_batch|at_end|examples --batch B
+    torchrun --nproc_per_node 2 tests/val_loop_job.py FOLDER OUT --loop per_batch|at_end|examples [...] --batch B
 
 The "model" is an oracle that is right exactly on even labels, so a loop's top-1 says which samples it
 counted: over the whole set it is (samples with an even label) / N.
@@ -11,7 +11,9 @@ counted: over the whole set it is (samples with an even label) / N.
   examples:  pytorch/examples' validate(): ImageFolder + DistributedSampler(shuffle=False, drop_last=True),
              AverageMeter sums all-reduced after the loop, then the tail through Subset(val_loader.dataset)
              read by every rank; DaliLoader called exactly as DataLoader is.
-Rank 0 writes OUT/result.json: {"top1", "loss", "count", "batches": [per rank], "finite"}.
+The loops named run one after the other in the same job (one torchrun start for them all: each start costs
+3 processes importing torch). Rank 0 writes OUT/<loop>.json for each: {"top1", "loss", "count",
+"batches": [per rank], "finite"}.
 """
 
 from __future__ import annotations
@@ -112,17 +114,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
     parser.add_argument("out")
-    parser.add_argument("--loop", choices=("per_batch", "at_end", "examples"), required=True)
+    parser.add_argument("--loop", choices=("per_batch", "at_end", "examples"), nargs="+", required=True)
     parser.add_argument("--batch", type=int, required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo")
-    result = {"per_batch": per_batch, "at_end": at_end, "examples": examples}[args.loop](args.folder, args.batch)
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, result["batches"])
-    result.update(batches=gathered, finite=all(math.isfinite(result[k]) for k in ("top1", "loss")))
-    if dist.get_rank() == 0:
-        with open(os.path.join(args.out, "result.json"), "w") as f:
-            json.dump(result, f)
+    for loop in args.loop:
+        result = {"per_batch": per_batch, "at_end": at_end, "examples": examples}[loop](args.folder, args.batch)
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, result["batches"])
+        result.update(batches=gathered, finite=all(math.isfinite(result[k]) for k in ("top1", "loss")))
+        if dist.get_rank() == 0:
+            with open(os.path.join(args.out, f"{loop}.json"), "w") as f:
+                json.dump(result, f)
     dist.destroy_process_group()
 
 
