@@ -10,11 +10,12 @@ Runnable blocks run one by one, in page order, each in a process of its own, in 
 built-in dataset (4 classes, 16 train and 8 val images each: the real sampler, made once per session). Python
 blocks run as `python -c BLOCK`, shell blocks with `bash -e -o pipefail`; `python` and `dali-pipes` are this
 interpreter and this checkout's command, `python -m train` is this checkout's loop. The caches are the page's
-own (nothing is written to ~/.cache). Blocks with `s3://` URLs talk to a local S3 server (moto on 127.0.0.1,
-tests/s3_server.py) holding the bucket `my-bucket`, through the standard AWS variables. Blocks that import
-torchvision get the tests' side install of it (tests/torchvision_side.py), standing in for the matching CPU
-torchvision that docs/drop-in.md says how to install. A block that exits non-zero fails its test, with its
-output.
+own (nothing is written to ~/.cache); torch computes on one thread (OMP_NUM_THREADS=1, as the other tests'
+subprocesses do: the suite runs two at a time on two cores). Blocks with `s3://` URLs talk to a local S3 server
+(moto on 127.0.0.1, tests/s3_server.py) holding the bucket `my-bucket`, through the standard AWS variables.
+Blocks that import torchvision get the tests' side install of it (tests/torchvision_side.py), standing in for the
+matching CPU torchvision that docs/drop-in.md says how to install. A block that exits non-zero fails its test,
+with its output.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def environment(where: Path, shims: Path, extra_path: list[Path]) -> dict[str, s
     paths = [str(ROOT), *map(str, extra_path), *filter(None, [env.get("PYTHONPATH")])]
     env.update(PATH=f"{shims}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=os.pathsep.join(paths),
                DALI_PIPES_CACHE=str(where / "cache"), HF_HOME=str(where / "hf"), HF_HUB_OFFLINE="1",
-               TQDM_DISABLE="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+               TQDM_DISABLE="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1")  # torch's own threads: 2 per block, 2 blocks at once on 2 cores spun idle
     return env
 
 
