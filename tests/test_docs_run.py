@@ -6,15 +6,17 @@ A ```python, ```bash, ```sh or ```shell block is runnable unless the line right 
     <!-- gpu: why it needs a GPU -->          (run where torch sees CUDA, skipped with that reason elsewhere)
 
 Runnable blocks run one by one, in page order, each in a process of its own, in one working directory per page
-(so a page's later blocks see what its earlier ones wrote), where `data/sample/images` holds a small copy of the
+(so a page's later blocks see what its earlier ones wrote; a pytest-xdist worker first runs the page's earlier
+blocks that another worker ran), where `data/sample/images` holds a small copy of the
 built-in dataset (4 classes, 16 train and 8 val images each: the real sampler, made once per session). Python
 blocks run as `python -c BLOCK`, shell blocks with `bash -e -o pipefail`; `python` and `dali-pipes` are this
 interpreter and this checkout's command, `python -m train` is this checkout's loop. The caches are the page's
-own (nothing is written to ~/.cache). Blocks with `s3://` URLs talk to a local S3 server (moto on 127.0.0.1,
-tests/s3_server.py) holding the bucket `my-bucket`, through the standard AWS variables. Blocks that import
-torchvision get the tests' side install of it (tests/torchvision_side.py), standing in for the matching CPU
-torchvision that docs/drop-in.md says how to install. A block that exits non-zero fails its test, with its
-output.
+own (nothing is written to ~/.cache); torch computes on one thread (OMP_NUM_THREADS=1, as the other tests'
+subprocesses do: the suite runs two at a time on two cores). Blocks with `s3://` URLs talk to a local S3 server
+(moto on 127.0.0.1, tests/s3_server.py) holding the bucket `my-bucket`, through the standard AWS variables.
+Blocks that import torchvision get the tests' side install of it (tests/torchvision_side.py), standing in for the
+matching CPU torchvision that docs/drop-in.md says how to install. A block that exits non-zero fails its test,
+with its output.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def environment(where: Path, shims: Path, extra_path: list[Path]) -> dict[str, s
     paths = [str(ROOT), *map(str, extra_path), *filter(None, [env.get("PYTHONPATH")])]
     env.update(PATH=f"{shims}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=os.pathsep.join(paths),
                DALI_PIPES_CACHE=str(where / "cache"), HF_HOME=str(where / "hf"), HF_HUB_OFFLINE="1",
-               TQDM_DISABLE="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1")
+               TQDM_DISABLE="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1")  # torch's own threads: 2 per block, 2 blocks at once on 2 cores spun idle
     return env
 
 
@@ -166,13 +169,14 @@ def failure(block: Block, done: subprocess.CompletedProcess) -> str:
 # The tests
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
-def test_the_block_runs(block, request, sample_images, shims, tmp_path_factory):
-    if block.mark == "fragment":
-        pytest.skip(f"fragment: {block.why}")
-    if block.mark == "gpu" and not torch.cuda.is_available():
-        pytest.skip(f"needs a GPU: {block.why}")
-    where = workdir(block.page, sample_images, tmp_path_factory)
+_ran: set[Block] = set()  # the blocks run in this process
+
+
+def runs_here(block: Block) -> bool:
+    return not block.mark or (block.mark == "gpu" and torch.cuda.is_available())
+
+
+def run_in_page(block: Block, request, where: Path, shims: Path) -> None:
     extra = []
     if re.search(r"^\s*(import|from)\s+torchvision\b", block.code, re.M):
         request.getfixturevalue("torchvision")  # the side install, or a skip saying why it cannot be had
@@ -181,8 +185,24 @@ def test_the_block_runs(block, request, sample_images, shims, tmp_path_factory):
     if "s3://" in block.code:
         point_at_s3(env, request.getfixturevalue("moto_endpoint"), request.getfixturevalue("aws_empty_file"))
     done = run_block(block, where, env)
+    _ran.add(block)
     if done.returncode != 0:
         pytest.fail(failure(block, done), pytrace=False)
+
+
+@pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
+def test_the_block_runs(block, request, sample_images, shims, tmp_path_factory):
+    if block.mark == "fragment":
+        pytest.skip(f"fragment: {block.why}")
+    if block.mark == "gpu" and not torch.cuda.is_available():
+        pytest.skip(f"needs a GPU: {block.why}")
+    where = workdir(block.page, sample_images, tmp_path_factory)
+    # pytest -n 2 may give a page's blocks to two processes (or -k pick one): the page's earlier blocks that
+    # did not run here run first, in page order, as the reader ran them before this one
+    for earlier in [b for b in ALL if b.page == block.page and b.line < block.line and runs_here(b)]:
+        if earlier not in _ran:
+            run_in_page(earlier, request, where, shims)
+    run_in_page(block, request, where, shims)
 
 
 def test_every_marker_sits_on_a_block_and_says_why():

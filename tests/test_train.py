@@ -286,7 +286,7 @@ def test_sigusr1_to_the_torchrun_launcher_alone_stops_the_ranks_with_a_checkpoin
     data = _numbered(tmp_path / "numbered", 96)
     work = tmp_path / "run"
     args = ("--record-labels", "--checkpoint-every", "0", "--width", "8", "--batch-size", "2")  # 24 steps an epoch
-    job = started_torchrun(work, data, *args, epochs=10)  # 240 steps: far from done when the signal comes
+    job = started_torchrun(work, data, *args, epochs=4)  # 96 steps: far from done when the signal comes
     try:
         wait_for_step(work, 26, job)  # into epoch 1: the first epoch's end (its sharding check) is behind
         os.kill(job.pid, signal.SIGUSR1)
@@ -305,10 +305,10 @@ def test_sigusr1_to_the_torchrun_launcher_alone_stops_the_ranks_with_a_checkpoin
     assert f"stopped (the torchrun launcher is gone) at step {step} (epoch {epoch}, batch {batch}): checkpoint" in out
     assert torch.load(work / "checkpoint.pt", map_location="cpu", weights_only=False)["step"] == step
     before = {r: labels_by_step(work, r) for r in (0, 1)}
-    resumed = torchrun(work, data, *args, "--resume", epochs=10)
+    resumed = torchrun(work, data, *args, "--resume", epochs=4)
     assert f"at step {step}" in resumed.stdout and not os.path.exists(work / "preempted.json")
     after = {r: labels_by_step(work, r) for r in (0, 1)}  # steps after `step` rewritten by the resumed run
-    for e in range(10):
+    for e in range(4):
         seen = [label for r in (0, 1) for s in range(24 * e + 1, 24 * e + 25)
                 for label in (before if s <= step else after)[r][s]]
         assert sorted(seen) == list(range(96)), e
@@ -323,7 +323,7 @@ def test_a_preempted_job_tells_a_requeue_script_in_preempted_json(tiny, tmp_path
     import signal
     work = tmp_path / "run"
     args = ("--record-labels", "--checkpoint-every", "0", "--batch-size", "2")  # 24 steps an epoch
-    job = started_torchrun(work, tiny / "train", *args, epochs=6)  # 144 steps: far from done when signalled
+    job = started_torchrun(work, tiny / "train", *args, epochs=3)  # 72 steps: far from done when signalled
     try:
         wait_for_step(work, 3, job)
         os.kill(job.pid, signal.SIGTERM)
@@ -338,7 +338,7 @@ def test_a_preempted_job_tells_a_requeue_script_in_preempted_json(tiny, tmp_path
     assert status == {"signal": "SIGTERM", "launcher_lost": False, "exit_code": 143, "step": step, "epoch": epoch,
                       "batch": batch, "checkpoint": str(work / "checkpoint.pt"),
                       "pending_epoch": None if batch else epoch - 1, "resume": "the same command with --resume"}
-    resumed = torchrun(work, tiny / "train", *args, "--resume", epochs=6)
+    resumed = torchrun(work, tiny / "train", *args, "--resume", epochs=3)
     assert f"at step {step}" in resumed.stdout and not os.path.exists(work / "preempted.json")
 
 
