@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import warnings
 from typing import Any, Iterator
 
@@ -70,9 +71,11 @@ class DetectionLoader:
             warnings.warn(MASKS_NOT_DELIVERED, UserWarning, stacklevel=3)
         self.device = device
         most = getattr(self.batch_sampler, "batch_size", None)  # read from its home; DALI's batch, the state's record
-        if not isinstance(most, int) or most < 1:
-            raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler without a batch_size attribute; "
-                             f"DaliLoader sizes its pipeline by the largest batch: give the sampler `.batch_size`")
+        if not isinstance(most, numbers.Integral) or most < 1:
+            raise ValueError(f"{type(self.batch_sampler).__name__}: a batch_sampler whose batch_size is {most!r}; "
+                             f"DaliLoader sizes its pipeline by the largest batch: give the sampler a positive int "
+                             f"`.batch_size`")
+        most = int(most)
         self._seed, self._rank = seed if seed is not None else torch.initial_seed() % (1 << 31), rank_of(self.sampler)
         self._world = world_of(self.sampler)
         self._start(read.samples, augment, target_form(read), read.where, batch_size=most,
@@ -139,7 +142,9 @@ class DetectionLoader:
                                          own_generators(self.batch_sampler, self.generator))
         self._bad.restore(state["bad_samples"])
         self.run.close()
-        self.run = self._new_run(checkpoint=checkpoint)
+        # Another rank's DALI state would give this rank that rank's very flips and crops (rank_of: ranks must not
+        # draw alike): a rank that replays another's draw draws its augmentations from its own seed
+        self.run = self._new_run(checkpoint=checkpoint if took == self._rank else None)
         self._epoch, self._batches, self.run.position = state["epoch"], state["batches"], state["position"]
         unfinished = self._batches is not None and state["position"] < len(self._batches)
         self._resume_at = state["position"] if unfinished else None

@@ -439,3 +439,20 @@ def test_photometric_distort_v1_is_read_and_an_untranslatable_order_is_refused(t
     late = late[:2] + [v2.RandomPhotometricDistort()] + late[2:]
     with pytest.raises(ValueError, match="RandomPhotometricDistort after RandomIoUCrop.*put RandomPhotometricDistort"):
         DaliLoader(v2_dataset(torchvision, coco_dir, late), batch_size=2, collate_fn=collate_fn, device="cpu")
+
+
+class ListedBatches(list):
+    """A script's own batch sampler: fixed batches and the size of the largest, as numpy gives it."""
+    def __init__(self, batches, batch_size):
+        super().__init__(batches)
+        if batch_size is not None:
+            self.batch_size = batch_size
+
+
+def test_a_batch_samplers_size_may_be_any_integer_and_a_missing_one_is_named(torchvision, coco_dir):
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision))
+    loader = DaliLoader(dataset, batch_sampler=ListedBatches([[0, 1], [2]], np.int64(2)), collate_fn=collate_fn,
+                        device="cpu")
+    assert [len(images) for images, _ in loader] == [2, 1]
+    with pytest.raises(ValueError, match=r"ListedBatches: a batch_sampler whose batch_size is None.*positive int"):
+        DaliLoader(dataset, batch_sampler=ListedBatches([[0]], None), collate_fn=collate_fn, device="cpu")

@@ -235,3 +235,32 @@ def test_elastic_resume_refuses_a_per_rank_sampler_and_replays_any_other(torchvi
     resumed = drawn(9)  # one process now (rank 0): it goes on with old rank 0's draw
     resumed.load_state_dict(states)
     assert_batches_equal([batch_record(*batch) for batch in resumed], rests[0])
+
+
+class RankedSampler(RandomSampler):
+    """A sampler that knows its rank but draws as if alone (no num_replicas): a script's own."""
+    rank = 2
+
+
+def test_an_elastic_rank_replaying_another_ranks_draw_draws_its_own_flips(torchvision, coco_dir):  # noqa: F811
+    """On more ranks, new rank 2 replays old rank 0's batches (its draw knows no ranks) but not old rank 0's random
+    state: ranks seeded alike must not flip alike (rank_of)."""
+    dataset = v2_dataset(torchvision, coco_dir, v2_hflip(torchvision))
+
+    def make(sampler_class, seed):
+        sampler = sampler_class(dataset, generator=torch.Generator().manual_seed(seed))
+        return DaliLoader(dataset, batch_sampler=BatchSampler(sampler, 1, False), collate_fn=collate_fn, device="cpu",
+                          seed=11)
+
+    states, rests = [], []
+    for process in range(2):
+        loader = make(RandomSampler, process)
+        batches = iter(loader)
+        next(batches)
+        states.append({**roundtrip(loader.state_dict()), "rank": process, "world_size": 2})
+        rests.append([batch_record(*batch) for batch in batches])
+    grown = make(RankedSampler, 9)  # rank 2: it goes on with old rank 0's draw
+    grown.load_state_dict(states)
+    got = [batch_record(*batch) for batch in grown]
+    assert [[r[0] for r in batch] for batch in got] == [[r[0] for r in batch] for batch in rests[0]]
+    assert any(not torch.equal(r[3], ref[3]) for batch, want in zip(got, rests[0]) for r, ref in zip(batch, want))
