@@ -43,7 +43,7 @@ from dali_pipes.run.detection_state import (
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import default_threads
 from dali_pipes.run.pipeline import rank_seed
-from dali_pipes.storage import remote
+from dali_pipes.storage import remote, remote_urls
 
 MASKS_NOT_DELIVERED = ("the v1 target conversion (ConvertCocoPolysToMask) builds masks from polygons; DaliLoader "
                        "delivers the box targets (boxes, labels, image_id, area, iscrowd) without masks, which box "
@@ -348,6 +348,7 @@ def detection_location_loader(location: Any, *args: Any, **kwargs: Any) -> Detec
     known = set(inspect.signature(DetectionLocationLoader.__init__).parameters) - {"self", "location", "store"}
     unknown = sorted(set(kwargs) - known)
     if unknown:
-        raise TypeError(f"{location}: DaliLoader over detection data takes no {', '.join(unknown)}; its keywords: "
-                        f"{', '.join(sorted(known))} (docs/detection.md#by-location)")
+        raise TypeError(f"{remote_urls.identity(str(location))}: DaliLoader over detection data takes no "
+                        f"{', '.join(unknown)}; its keywords: {', '.join(sorted(known))} "
+                        f"(docs/detection.md#by-location)")
     return DetectionLocationLoader(location, *args, store=store, **kwargs)

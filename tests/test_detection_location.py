@@ -247,6 +247,12 @@ def test_errors_name_the_file_and_the_fix(coco_dir, locations, tmp_path, s3, mon
         DaliLoader(str(classification), batch_size=2, data_augmentation="hflip", device="cpu")
     with pytest.raises(TypeError, match=r"takes no image_size; its keywords: .*data_augmentation"):
         DaliLoader(locations["webdataset"][0], batch_size=2, image_size=224, device="cpu")
+    signed = "https://store.invalid/coco/annotations.json?X-Amz-Signature=s3cr3t&token=t0k3n"
+    for call in ({}, {"images": "https://store.invalid/coco/images", "image_size": 224}):
+        with pytest.raises((DatasetError, TypeError)) as refused:  # told a COCO JSON by its name, not its query
+            DaliLoader(signed, batch_size=2, device="cpu", **call)
+        assert "store.invalid/coco/annotations.json" in str(refused.value)
+        assert "s3cr3t" not in str(refused.value) and "t0k3n" not in str(refused.value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", closed := closed_endpoint())
     with pytest.raises(remote.UnreachableError, match=f"cannot reach the S3 endpoint {closed} after 2 attempts"):
         DaliLoader("s3://any-bucket/det/", batch_size=2, device="cpu", storage_attempts=2, storage_timeout=2)

@@ -56,7 +56,8 @@ def _read_local(path: str) -> bytes:
 
 
 def is_coco_json(location: object) -> bool:
-    return isinstance(location, (str, os.PathLike)) and str(location).lower().endswith(".json")
+    """A COCO JSON by its name (a presigned URL's query string is not part of it)."""
+    return isinstance(location, (str, os.PathLike)) and remote_urls.identity(str(location)).lower().endswith(".json")
 
 
 def manifest_path_of(location: Location) -> str:
@@ -77,7 +78,7 @@ def location_task(location: Location) -> tuple[str, str | None]:
     """(the manifest's path, its "task": "detection", "classification" for a manifest without one, None without
     a manifest). A COCO JSON is ("the file", "detection")."""
     if is_coco_json(location):
-        return str(location), DETECTION_TASK
+        return remote_urls.identity(str(location)), DETECTION_TASK
     if isinstance(location, (list, tuple)) and not location:
         return "an empty list", None
     path = manifest_path_of(location)
@@ -104,10 +105,10 @@ def open_detection_location(location: Location, images: str | None = None, *, ke
     with remote.options_in_force(options):
         if is_coco_json(location):
             if images is None:
-                raise DatasetError(str(location), "a COCO JSON is read with its image folder",
+                raise DatasetError(remote_urls.identity(str(location)), "a COCO JSON is read with its image folder",
                                    "Pass images=FOLDER (the folder or store prefix its file_names are relative to)")
             samples = coco.read_coco(str(location), str(images), keep_empty=keep_empty)
-            found = DetectionSet(samples, "coco", str(location), options=options)
+            found = DetectionSet(samples, "coco", remote_urls.identity(str(location)), options=options)
         else:
             found = _open_shards(location, options)
     if images is not None and found.kind != "coco":
