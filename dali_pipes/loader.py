@@ -50,10 +50,10 @@ from dali_pipes.run import resume
 from dali_pipes.run.accelerate_end import EpochEnd, gathered_real, gradient_state, process_place
 from dali_pipes.run.contract import Contract, EpochCut
 from dali_pipes.run.dist import Shard
+from dali_pipes.run.heap import release_free_memory_now_and_then
 from dali_pipes.run.lifetime import OneIteration
 from dali_pipes.run.pipeline import PipelineSpec, TunedKnobs
 from dali_pipes.run.position import Position
-from dali_pipes.run.procfs import release_free_memory_now_and_then
 from dali_pipes.run.rank import FeedOptions, RankBatches, RankPipeline, rank_pipeline
 from dali_pipes.run.recovery import BadSamplePolicy
 from dali_pipes.run.sampled import SampledEpochs, SamplerRead
@@ -361,7 +361,7 @@ def end_epoch(loader: DaliLoader) -> None:
     if pipe.policy.skip:  # the count is always shown, so a dataset that rots is noticed
         log.warning("rank %d, %s loader: %d bad samples excluded after epoch %d", loader.shard.rank,
                     "train" if loader.train else "val", len(loader.bad_samples), at.epoch - 1)
-    release_free_memory_now_and_then()  # else fragmented heap pages pile up (procfs.py)
+    release_free_memory_now_and_then()  # else fragmented heap pages pile up (run/heap.py)
 
 
 def accelerate_end(loader: DaliLoader, cut: EpochCut) -> EpochEnd | None:

@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from dali_pipes.run.procfs import gpu_used_mb
+from dali_pipes.run.usage import gpu_used_mb
 from dali_pipes.tools.environment import Nvml
 from dali_pipes_bench.protocol import (
     Case,

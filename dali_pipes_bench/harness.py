@@ -48,8 +48,8 @@ from dali_pipes.run.contract import Contract
 from dali_pipes.run.dist import Shard
 from dali_pipes.run.machine import usable_cpus
 from dali_pipes.run.pipeline import KNOBS, PipelineSpec, TunedKnobs, build_pipeline
-from dali_pipes.run.procfs import PeakSampler, cpu_seconds
 from dali_pipes.run.stats import NOISY, Spread
+from dali_pipes.run.usage import PeakSampler, cpu_seconds
 
 _DEFAULT_AUGMENT = AugmentConfig()  # frozen: one shared default is safe
 

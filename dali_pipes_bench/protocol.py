@@ -181,7 +181,7 @@ def synchronize() -> None:
 
 def process_cpu_seconds() -> float:
     """CPU seconds of this process and its descendants (DataLoader workers included)."""
-    from dali_pipes.run.procfs import cpu_seconds
+    from dali_pipes.run.usage import cpu_seconds
     return cpu_seconds()
 
 

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Sequence
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, SourceConfig, open_source
 from dali_pipes.options import add_arguments, from_args
-from dali_pipes.run.procfs import gpu_used_mb, host_memory_mb
+from dali_pipes.run.usage import gpu_used_mb, host_memory_mb
 from dali_pipes_bench.cli import DEFAULT_DATA, command, configs, data_or_builtin, run_main
 
 

@@ -1,6 +1,6 @@
 """GPU start-up costs for each preallocation of the GPU decoders (graph.augment's decoder_size_hint): seconds
 from DaliLoader(...) to its first batch (stats()["first_batch_s"]) and GPU memory, DALI's apart from torch's
-(procfs.gpu_memory_figures), over a train loader's first batches. Each case runs in a fresh process (DALI's
+(usage.gpu_memory_figures), over a train loader's first batches. Each case runs in a fresh process (DALI's
 pools are per process and never shrink), in alternating rounds. Cases:
   * imagenet: 5980x6430, ImageNet's largest image: the default where the data's sizes are unknown (before);
   * data: the box around the data's images, read from their headers here (what a converted dataset's
@@ -46,7 +46,7 @@ def child(data: str, hint: str, batch_size: int, batches: int, epochs: int = 0, 
 
     from dali_pipes import DaliLoader
     from dali_pipes.graph.augment_config import parse_size_hint
-    from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures, gpu_used_mb
+    from dali_pipes.run.usage import PeakSampler, gpu_memory_figures, gpu_used_mb
     torch.cuda.init()
     before = gpu_used_mb()  # the CUDA context: what training holds before its loaders
     with PeakSampler(0.02) as sampler:

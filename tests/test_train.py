@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dali_pipes.run.procfs import GPU_MEMORY_KEYS
+from dali_pipes.run.usage import GPU_MEMORY_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLOURS = [(220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 220, 50)]

@@ -6,13 +6,13 @@ import os
 
 import torch
 
-from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures
+from dali_pipes.run.usage import PeakSampler, gpu_memory_figures
 from dali_pipes.storage.files import moved_by, private_tmp, remove_stale_temps
 
 
 class MemoryMeter:
-    """Peaks of host memory (process tree) and of GPU memory, torch's apart from DALI's (procfs.gpu_memory_figures),
-    sampled once a second by a background thread (procfs.PeakSampler): no /proc walk on the step's path.
+    """Peaks of host memory (process tree) and of GPU memory, torch's apart from DALI's (usage.gpu_memory_figures),
+    sampled once a second by a background thread (usage.PeakSampler): no /proc walk on the step's path.
     `before_loaders_mb`: GPU memory in use before the loaders were built (the CUDA context, other processes),
     which DALI's figure leaves out."""
 
@@ -24,7 +24,7 @@ class MemoryMeter:
         self._sampler.sample()
 
     def peaks(self) -> dict:
-        """host_peak_mb and procfs.GPU_MEMORY_KEYS (None on a machine without CUDA, the reason beside them)."""
+        """host_peak_mb and usage.GPU_MEMORY_KEYS (None on a machine without CUDA, the reason beside them)."""
         return {"host_peak_mb": round(self._sampler.host_peak_mb, 1),
                 **gpu_memory_figures(self._sampler, self.before_loaders_mb)}
 

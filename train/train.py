@@ -33,7 +33,7 @@ from dali_pipes.graph import resolution
 from dali_pipes.loader import Loader
 from dali_pipes.options import CommandParser, RawDefaultsFormatter, add_arguments, add_config_file, from_args
 from dali_pipes.run.machine import default_threads
-from dali_pipes.run.procfs import gpu_used_mb
+from dali_pipes.run.usage import gpu_used_mb
 from train import crash_tests, observe
 from train.checkpoint import load_checkpoint, preempted, save_checkpoint
 from train.compiled import CompileCounter, add_compile_arguments, training_forward

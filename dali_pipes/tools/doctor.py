@@ -208,13 +208,13 @@ def builtin_dataset(data: str | None, work: str, quick: bool) -> tuple[str, str]
 
 def check_costs(env: dict, train_dir: str, batch_size: int) -> tuple[str, dict]:
     """What a GPU loader costs before training starts: seconds from DaliLoader(...) to its first batch
-    (stats()["first_batch_s"]), and GPU memory, DALI's apart from torch's (procfs.gpu_memory_figures), over its
+    (stats()["first_batch_s"]), and GPU memory, DALI's apart from torch's (usage.gpu_memory_figures), over its
     first 20 batches. Run before the other GPU checks: DALI's pools never shrink, as a training job meets them."""
     require_gpu(env)
     import torch
 
     from dali_pipes import DaliLoader
-    from dali_pipes.run.procfs import PeakSampler, gpu_memory_figures, gpu_used_mb
+    from dali_pipes.run.usage import PeakSampler, gpu_memory_figures, gpu_used_mb
     before = gpu_used_mb()  # the CUDA context (environment() made it) and other processes
     torch.cuda.reset_peak_memory_stats()
     with PeakSampler(0.02) as sampler:

@@ -1,63 +1,90 @@
-"""Resource use of this process and all its descendants (DataLoader workers included), from /proc.
+"""What this process and its descendants (DataLoader workers, DALI's Python workers) use: host memory and CPU time
+read by psutil, GPU memory read by torch, and a sampler that keeps their peaks.
 
-Not psutil: its only way to the descendants, Process.children(recursive=True), reads /proc/PID/stat of every process
-on the machine, 3-14x slower per call than this walk of the tree's own /proc/PID/task/*/children, and growing with
-the machine's process count (benchmarks/results/cpu2-2026-11-27/plumbing.md)."""
+psutil reads each process's fields. It is not asked for the descendants where Linux lists them: its only way to them,
+Process.children(recursive=True), reads /proc/PID/stat of every process on the machine, 10-14x slower per call than
+reading the tree's own /proc/PID/task/*/children (a training process's shape: 3-4x), and growing with the machine's
+process count, not the tree's (benchmarks/results/cpu2-2026-11-27/plumbing.md). The sampler calls it every 50 ms in
+the benchmarks, whose `cpu_cores` counts its CPU."""
 
 from __future__ import annotations
 
 import os
 import threading
-import time
-from typing import Callable
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+import psutil
+
+_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")  # Linux with CONFIG_PROC_CHILDREN
 
 
 def descendants(pid: int) -> list[int]:
+    """The pids below `pid`: from each of its threads' children files where Linux has them, else psutil's walk."""
+    if not _CHILDREN_FILES:
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return []
     kids = []
     try:
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 kids += [int(c) for c in f.read().split()]
-    except OSError:
+    except OSError:  # the process (or a thread of it) ended while read
         return []
     return kids + [d for k in kids for d in descendants(k)]
 
 
-def _tree(pid: int | None) -> list[int]:
-    pid = pid or os.getpid()
-    return [pid] + descendants(pid)
+class _Tree:
+    """This process and its descendants as psutil.Process objects, kept across calls (making one reads the
+    process's start time); those no longer in the tree are dropped on each call."""
+
+    def __init__(self) -> None:
+        self._pids: list[int] = []
+        self._processes: dict[int, psutil.Process] = {}
+        self._lock = threading.Lock()  # the sampler's thread and the caller's both read the tree
+
+    def processes(self) -> list[psutil.Process]:
+        pids = [os.getpid(), *descendants(os.getpid())]
+        with self._lock:
+            if pids != self._pids:
+                known = {pid: self._processes.get(pid) or _process(pid) for pid in pids}
+                self._pids, self._processes = pids, {pid: p for pid, p in known.items() if p is not None}
+            return list(self._processes.values())
 
 
-def host_memory_mb(pid: int | None = None) -> float:
-    """Resident memory of the process tree, in MiB."""
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:  # it ended since the tree was read
+        return None
+
+
+_TREE = _Tree()
+
+
+def host_memory_mb() -> float:
+    """Resident memory of this process and its descendants, in MiB."""
     total = 0
-    for p in _tree(pid):
+    for process in _TREE.processes():
         try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
-        except (OSError, StopIteration):
+            total += process.memory_info().rss
+        except psutil.Error:
             pass
-    return total / 1024
+    return total / 2**20
 
 
-def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU time of the process tree: the living processes, plus (for this process)
-    children that already exited and were reaped, such as non-persistent DataLoader workers."""
-    reaped = 0.0
-    if pid is None or pid == os.getpid():
-        times = os.times()
-        reaped = times.children_user + times.children_system
-    total = 0
-    for p in _tree(pid):
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and its descendants: the living processes, and the children each of
+    them has already reaped (non-persistent DataLoader workers, for this process)."""
+    own = os.times()  # the same four figures as psutil's cpu_times, without reading /proc
+    total = own.user + own.system + own.children_user + own.children_system
+    for process in _TREE.processes()[1:]:
         try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-        except (OSError, IndexError):
-            pass
-    return total / CLOCK_TICKS + reaped
+            t = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def gpu_used_mb(device: int | None = None) -> float | None:
@@ -153,48 +180,3 @@ class PeakSampler:
 def _current_cuda_device() -> int | None:
     import torch
     return torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-
-
-_TRIM_EVERY = 200  # trim at most once per this many times the last trim's cost: the cost stays under 0.5%
-REFAULT_S = 2e-6  # CPU seconds to fault a released page back in (a minor fault and 4 KB zeroed: 1.5 us measured)
-_last_trim = {"at": float("-inf"), "cost": 0.0}
-
-
-def release_free_memory_now_and_then(clock: Callable[[], float] = time.perf_counter) -> bool:
-    """release_free_memory, rate-limited; True when it trimmed. Short epochs (a fast GPU's, a small val set's)
-    must not pay a trim each: its cost is its own duration (it cost up to 5% of a 60 ms epoch on an H100)
-    *and* the pages it released, which DALI's threads fault back in as they allocate again (1.5 us each;
-    14,000 of them per 13-batch epoch on CPU, issue 28: with a trim each epoch the loader ran at 0.93x of
-    DALI's own iterator over short epochs). A trim waits 200 times its last cost; long epochs trim each."""
-    now = clock()
-    if now - _last_trim["at"] < _TRIM_EVERY * _last_trim["cost"]:
-        return False
-    before = resident_pages()
-    release_free_memory()
-    released = max(0, before - resident_pages())
-    _last_trim.update(at=now, cost=clock() - now + released * REFAULT_S)
-    return True
-
-
-def resident_pages() -> int:
-    """Pages of this process in memory (/proc/self/statm); 0 where there is no /proc."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def release_free_memory() -> None:
-    """Give free heap pages back to the OS (glibc's malloc_trim; elsewhere a no-op).
-
-    DALI's threads allocate and free decoded images of every size; glibc keeps the freed pages in
-    fragmented arenas, so host RSS crept up epoch after epoch: 4-45% after the second epoch over
-    14-20 epochs here, varying run to run, and plain DALI without this package did the same. Capping
-    arenas (MALLOC_ARENA_MAX=2) helped one workload and hurt another. Trimming once per epoch kept
-    every measured combination flat (-6% to +0.2%) at unchanged speed."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

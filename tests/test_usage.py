@@ -1,4 +1,4 @@
-"""procfs.py: memory and CPU time of a process tree, read from /proc, against what the process itself did."""
+"""run/usage.py and run/heap.py: memory and CPU time of a process tree (psutil), against what the processes did."""
 
 import os
 import subprocess
@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from dali_pipes.run.procfs import (
+from dali_pipes.run.heap import release_free_memory
+from dali_pipes.run.usage import (
     GPU_MEMORY_KEYS,
     PeakSampler,
     cpu_seconds,
@@ -17,23 +18,53 @@ from dali_pipes.run.procfs import (
     gpu_outside_torch_mb,
     gpu_used_mb,
     host_memory_mb,
-    release_free_memory,
 )
 
+_GRANDCHILD = ("import subprocess, sys, time; g = subprocess.Popen([sys.executable, '-c', "
+               "'b = bytearray(200 * 2**20); import time; time.sleep(60)']); print(g.pid, flush=True); time.sleep(60)")
 
-def test_a_child_process_is_counted_in_the_tree():
-    child = subprocess.Popen([sys.executable, "-c", "b = bytearray(200 * 2**20); import time; time.sleep(30)"])
+
+@pytest.mark.parametrize("children_files", [True, False], ids=["linux-children-files", "psutil-walk"])
+def test_a_grandchild_is_counted_in_the_tree_by_either_walk(monkeypatch, children_files):
+    """The tree is found by the kernel's children files where Linux has them, else by psutil's walk of every
+    process: both find a grandchild, and its 200 MB count in the tree's memory (psutil.Process(pid) is the
+    reference: the tree's figure is at least this process's and the grandchild's)."""
+    import psutil
+
+    from dali_pipes.run import usage
+    monkeypatch.setattr(usage, "_CHILDREN_FILES", children_files and usage._CHILDREN_FILES)
+    child = subprocess.Popen([sys.executable, "-c", _GRANDCHILD], stdout=subprocess.PIPE, text=True)
     try:
+        grandchild = int(child.stdout.readline())
         deadline = time.time() + 20
-        while child.pid not in descendants(os.getpid()) and time.time() < deadline:
+        while psutil.Process(grandchild).memory_info().rss < 200 * 2**20 and time.time() < deadline:
             time.sleep(0.1)
-        before = host_memory_mb()
-        time.sleep(1.0)  # the child has its 200 MB by now
-        assert child.pid in descendants(os.getpid())
-        assert host_memory_mb() >= before and host_memory_mb() > 200
+        assert {child.pid, grandchild} <= set(descendants(os.getpid()))
+        own, its = psutil.Process().memory_info().rss, psutil.Process(grandchild).memory_info().rss
+        assert its >= 200 * 2**20 and host_memory_mb() >= (own + its) / 2**20 * 0.95
     finally:
         child.kill()
         child.wait()
+    assert child.pid not in descendants(os.getpid())
+
+
+def test_a_childs_cpu_time_counts_while_it_runs_and_after_it_was_reaped():
+    """A child that burns about a second of CPU while this process sleeps: its time is in the tree's while it
+    lives (its own) and after this process reaped it (this process's children's time), once."""
+    before = cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", "import time; end = time.process_time() + 1.0\n"
+                              "while time.process_time() < end: pass\ntime.sleep(60)"])
+    try:
+        deadline = time.time() + 30
+        while cpu_seconds() - before < 1.0 and time.time() < deadline:
+            time.sleep(0.1)
+        alive = cpu_seconds() - before
+        assert 1.0 <= alive < 5.0
+    finally:
+        child.kill()
+        child.wait()
+    reaped = cpu_seconds() - before
+    assert alive - 0.2 <= reaped <= alive + 1.0  # counted once, not twice
 
 
 def test_cpu_time_grows_with_work_and_the_sampler_keeps_peaks():
@@ -80,7 +111,7 @@ def test_a_trim_waits_two_hundred_times_its_cost_the_pages_it_released_included(
     """Issue 28: a trim each short epoch cost DaliLoader ~7% against DALI's own iterator, mostly after the trim:
     DALI's threads fault the released pages back in (14,000 per 13-batch epoch). The rate limit counts them:
     after a trim that released N pages the next waits 200 * (its duration + N * 2 us), on the loader's clock."""
-    from dali_pipes.run import procfs
+    from dali_pipes.run import heap as procfs
     if procfs.resident_pages() == 0:
         pytest.skip("no /proc/self/statm here")
     monkeypatch.setattr(procfs, "_last_trim", {"at": float("-inf"), "cost": 0.0})
