@@ -126,10 +126,14 @@ class DetectionLoader:
     def state_dict(self) -> dict:
         """Where the loader is, between batches: the epoch's drawn order and position, DALI's random state, the
         sampler's generators and the excluded images (run/detection_state.py)."""
+        # Unfinished: the next iteration gives the rest of this epoch. Not told by the position alone: an elastic
+        # resume's share of the rest may be empty (position 0 of no batches) and must still be run in step
+        unfinished = self._resume_at is not None or (self._batches is not None
+                                                     and self.run.position < len(self._batches))
         return loader_state(identity=self._identity, epoch=self._epoch, position=self.run.position,
                             batches=self._batches, generators=own_generators(self.batch_sampler, self.generator),
                             checkpoint=self.run.checkpoint(), bad=self._bad, rank=self._rank,
-                            world_size=self._world)
+                            world_size=self._world, unfinished=unfinished)
 
     def load_state_dict(self, state: dict | list[dict]) -> None:
         """Go on where `state` was taken: the next iteration gives the rest of its epoch, then new epochs. Given
@@ -146,7 +150,8 @@ class DetectionLoader:
         # draw alike): a rank that replays another's draw draws its augmentations from its own seed
         self.run = self._new_run(checkpoint=checkpoint if took == self._rank else None)
         self._epoch, self._batches, self.run.position = state["epoch"], state["batches"], state["position"]
-        unfinished = self._batches is not None and state["position"] < len(self._batches)
+        unfinished = self._batches is not None and bool(  # states written before "unfinished": by the position
+            state.get("unfinished", state["position"] < len(self._batches)))
         self._resume_at = state["position"] if unfinished else None
 
     def close(self) -> None:

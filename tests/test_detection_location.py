@@ -378,3 +378,29 @@ def test_elastic_resume_merges_the_old_ranks_bad_images(coco_dir, tmp_path):
                    **{**options, "batch_size": 3}).load_state_dict(states)
     with pytest.raises(ValueError, match=r"pass the state of every old rank, in rank order: got 1 state"):
         new[0].load_state_dict(states[:1])
+
+
+def test_a_state_saved_right_after_an_elastic_resume_resumes_exactly_on_every_rank(locations, tmp_path):
+    """2 ranks -> 3 after one batch of 3 each: 2 images left, one for new rank 0, one for rank 1, none for rank 2,
+    which still runs an empty rest of the epoch before the next, in step with the others. Each rank's state saved
+    before it iterates, loaded into a fresh loader, gives every epoch the loader that was never saved gives."""
+    location, keywords = locations["coco"]
+    options = {"batch_size": 3, "device": "cpu", "train": False, "val_padding": "none"}
+    _, states = old_ranks_after_one_batch(location, keywords, 2, **options)
+
+    def resumed(rank, state):
+        loader = DaliLoader(location, rank=rank, world_size=3, **keywords, **options)
+        loader.load_state_dict(state)
+        return loader
+    for rank in range(3):
+        torch.save(resumed(rank, states).state_dict(), tmp_path / f"rank{rank}.pt")
+        state = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        if rank < 2:  # a state written before "unfinished" was kept: its position tells, as it did
+            older = {key: value for key, value in state.items() if key != "unfinished"}
+            assert ids_of(resumed(rank, older)) == ids_of(resumed(rank, states))
+        again, kept = resumed(rank, state), resumed(rank, states)
+        for epoch in range(3):  # the rest of epoch 0 (empty on rank 2), then epochs 1 and 2
+            want, got = list(kept), list(again)
+            assert ids_of(got) == ids_of(want), (rank, epoch)
+            assert all(torch.equal(a, b) for (x, _), (y, _) in zip(got, want) for a, b in zip(x, y))
+            assert epoch or (len(ids_of(want)) == (0 if rank == 2 else 1))

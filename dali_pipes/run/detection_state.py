@@ -4,6 +4,9 @@
      "dataset":  {"num_images", "image_ids", "digest", "batch_size", "seed"},  # what a state must match (check_fits)
      "rank", "world_size",                # who took it: an elastic resume picks and checks by them (rank_state)
      "epoch", "position",                 # the epoch being read, and how many of its drawn batches are delivered
+     "unfinished",                        # whether the next iteration gives the rest of that epoch (absent in
+                                          # older states: position < len(batches)); an elastic resume's rank may
+                                          # have an empty rest, yet run it in step with the others
      "batches",                           # that epoch's drawn order (lists of dataset indices), as drawn
      "generators",                        # the sampler's and DataLoader's own torch.Generators, after the draw
      "pipeline": {"dali", "dali_sha256"}, # DALI's checkpoint after the last delivered batch (the random draws)
@@ -87,10 +90,10 @@ def set_generators(generators: list[torch.Generator | None], states: list[bytes 
 
 def loader_state(*, identity: dict, epoch: int, position: int, batches: list[list[int]] | None,
                  generators: list[torch.Generator | None], checkpoint: bytes | None, bad: BadImages,
-                 rank: int = 0, world_size: int = 1) -> dict:
+                 rank: int = 0, world_size: int = 1, unfinished: bool = False) -> dict:
     return {"version": STATE_VERSION, "task": "detection", "written_by": RELEASE, "dataset": identity,
-            "rank": rank, "world_size": world_size,
-            "epoch": epoch, "position": position, "batches": batches, "generators": generator_states(generators),
+            "rank": rank, "world_size": world_size, "epoch": epoch, "position": position, "unfinished": unfinished,
+            "batches": batches, "generators": generator_states(generators),
             "pipeline": sealed(checkpoint), "bad_samples": bad.state()}
 
 
