@@ -111,21 +111,56 @@ def test_a_trim_waits_two_hundred_times_its_cost_the_pages_it_released_included(
     """Issue 28: a trim each short epoch cost DaliLoader ~7% against DALI's own iterator, mostly after the trim:
     DALI's threads fault the released pages back in (14,000 per 13-batch epoch). The rate limit counts them:
     after a trim that released N pages the next waits 200 * (its duration + N * 2 us), on the loader's clock."""
-    from dali_pipes.run import heap as procfs
-    if procfs.resident_pages() == 0:
+    from dali_pipes.run import heap
+    if heap.resident_pages() == 0:
         pytest.skip("no /proc/self/statm here")
-    monkeypatch.setattr(procfs, "_last_trim", {"at": float("-inf"), "cost": 0.0})
+    monkeypatch.setattr(heap, "_last_trim", {"at": float("-inf"), "cost": 0.0})
     now = [1000.0]
     clock = lambda: now[0]  # the trim's own duration reads 0: only the released pages count
     blocks = [bytes(8192) for _ in range(20_000)]  # 160 MB from malloc's heap ...
     del blocks[::2]  # ... with 80 MB of holes between live blocks: only a trim hands them back
-    assert procfs.release_free_memory_now_and_then(clock)
-    released_cost = procfs._last_trim["cost"]
+    assert heap.release_free_memory_now_and_then(clock)
+    released_cost = heap._last_trim["cost"]
     if released_cost == 0:
         pytest.skip("malloc_trim released nothing here (not glibc)")
-    assert released_cost >= 5_000 * procfs.REFAULT_S  # thousands of pages at least
+    assert released_cost >= 5_000 * heap.REFAULT_S  # thousands of pages at least
     now[0] += 199 * released_cost
-    assert not procfs.release_free_memory_now_and_then(clock)  # too soon
+    assert not heap.release_free_memory_now_and_then(clock)  # too soon
     now[0] += 2 * released_cost
-    assert procfs.release_free_memory_now_and_then(clock)
+    assert heap.release_free_memory_now_and_then(clock)
     del blocks
+
+
+def test_the_tree_is_whole_while_its_threads_come_and_go():
+    """A thread that ends between the listing of a process's threads and the read of its children file must not
+    drop the process's children from that sample: the tree's memory never falls below the children's 200 MB, and
+    its CPU time never goes backwards, while this process starts short threads all along (DALI's and torch's
+    pools do)."""
+    import threading
+    child = subprocess.Popen([sys.executable, "-c", "b = bytearray(200 * 2**20); import time; time.sleep(60)"])
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            threads = [threading.Thread(target=time.sleep, args=(0.001,)) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    try:
+        deadline = time.time() + 20
+        while host_memory_mb() < 200 and time.time() < deadline:
+            time.sleep(0.1)
+        churner = threading.Thread(target=churn, daemon=True)
+        churner.start()
+        memory, cpu, end = [], [], time.time() + 3
+        while time.time() < end:
+            memory.append(host_memory_mb())
+            cpu.append(cpu_seconds())
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()
+    assert min(memory) > 200, f"{sum(m < 200 for m in memory)} of {len(memory)} samples lost the child"
+    assert all(b >= a for a, b in zip(cpu, cpu[1:])), "the tree's CPU time went backwards"

@@ -24,13 +24,17 @@ def descendants(pid: int) -> list[int]:
             return [p.pid for p in psutil.Process(pid).children(recursive=True)]
         except psutil.Error:
             return []
-    kids = []
     try:
-        for task in os.listdir(f"/proc/{pid}/task"):
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the process ended
+        return []
+    kids = []
+    for task in tasks:
+        try:
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 kids += [int(c) for c in f.read().split()]
-    except OSError:  # the process (or a thread of it) ended while read
-        return []
+        except OSError:  # this thread ended since the listing: the other threads' children are still there
+            continue
     return kids + [d for k in kids for d in descendants(k)]
 
 
@@ -147,7 +151,7 @@ class PeakSampler:
         self.gpu_peak_mb: float | None = None  # None: no GPU memory read
         self.gpu_outside_torch_peak_mb: float | None = None
         self.device = device if device is not None else _current_cuda_device()
-        self._stop = threading.Event()
+        self._stop, self._peaks = threading.Event(), threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -156,16 +160,18 @@ class PeakSampler:
             self._stop.wait(self.interval_s)
 
     def sample(self) -> None:
-        self.host_peak_mb = max(self.host_peak_mb, host_memory_mb())
+        host = host_memory_mb()
         if self.device is None and threading.current_thread() is not self._thread:
             self.device = _current_cuda_device()  # CUDA initialised since: read in the caller's thread
-        if self.device is None:
-            return
-        gpu, outside = gpu_used_mb(self.device), gpu_outside_torch_mb(self.device)
-        if gpu is not None:
-            self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, gpu)
-        if outside is not None:
-            self.gpu_outside_torch_peak_mb = max(self.gpu_outside_torch_peak_mb or 0.0, outside)
+        gpu = outside = None
+        if self.device is not None:
+            gpu, outside = gpu_used_mb(self.device), gpu_outside_torch_mb(self.device)
+        with self._peaks:  # the caller's thread samples too (gpu_memory_figures): neither may lower a peak
+            self.host_peak_mb = max(self.host_peak_mb, host)
+            if gpu is not None:
+                self.gpu_peak_mb = max(self.gpu_peak_mb or 0.0, gpu)
+            if outside is not None:
+                self.gpu_outside_torch_peak_mb = max(self.gpu_outside_torch_peak_mb or 0.0, outside)
 
     def __enter__(self) -> "PeakSampler":
         self._thread.start()

@@ -1,5 +1,10 @@
 """Old /proc walk (procfs.py on main) vs psutil (resources.py): host_memory_mb and cpu_seconds of a tree of
-1 + 4 processes, alternated over rounds; median and spread of microseconds per call."""
+1 + 4 processes, alternated over rounds; median and spread of microseconds per call.
+
+As it ran on 2026-11-27 (first try, recorded in plumbing.md), kept as the record: it loaded procfs.py from the main
+checkout and the try's resources.py from a helper's worktree, never committed. procfs.py is deleted since (psutil
+replaced it: run/usage.py; the old module is `git show 6bb4e53:dali_pipes/run/procfs.py`), so this no longer runs.
+Its successor, which runs: bench_usage_psutil.py."""
 import importlib.util, statistics, subprocess, sys, time
 def load(path, name):
     spec = importlib.util.spec_from_file_location(name, path); m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
