@@ -306,3 +306,28 @@ def test_the_readme_is_a_guide_whose_quickstart_holds_the_ci_line():
     first, second = fenced_blocks(quickstart)[:2]
     assert first[2][0].endswith("-m train --arch resnet18 --image-size 128 --epochs 2 --batch-size 32")
     assert second[2] == [ci_line], "the line .ci/run runs must be the Quickstart's second block"
+
+
+# The guides teach; which test pins a guarantee is the reliability page's business (and the contributors' pages').
+NOT_GUIDES = {"reliability.md", "benchmarks.md", "contributing.md", "layout.md"}
+GUIDES = [ROOT / "README.md", *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name not in NOT_GUIDES)]
+
+
+def cited_tests(text: str) -> list[str]:
+    """The test files a page cites in its prose: outside fenced blocks (commands to run) and HTML comments."""
+    fenced = fenced_line_numbers(text)
+    prose = "\n".join(line for n, line in enumerate(text.splitlines(), 1) if n not in fenced)
+    prose = re.sub(r"<!--.*?-->", "", prose, flags=re.S)
+    return [m for m in re.findall(r"tests/test_\w+\.py(?:::\w+)?", prose)
+            if not re.search(r"pytest[^`\n]*" + re.escape(m), prose)]  # a pytest command to run names its files
+
+
+@pytest.mark.parametrize("guide", GUIDES, ids=_id)
+def test_the_guides_cite_no_tests(guide):
+    assert cited_tests(guide.read_text()) == [], f"{_id(guide)}: cite the guarantee's reliability.md row instead"
+
+
+def test_a_cited_test_in_a_guide_is_caught():
+    assert cited_tests("Checked (tests/test_x.py::test_y).\n```bash\npytest tests/test_z.py\n```\n") == [
+        "tests/test_x.py::test_y"]
+    assert cited_tests("run `pytest -m gpu tests/test_z.py`\n<!-- tests/test_w.py -->\n") == []
