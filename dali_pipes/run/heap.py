@@ -11,7 +11,6 @@ import psutil
 _TRIM_EVERY = 200  # trim at most once per this many times the last trim's cost: the cost stays under 0.5%
 REFAULT_S = 2e-6  # CPU seconds to fault a released page back in (a minor fault and 4 KB zeroed: 1.5 us measured)
 _last_trim = {"at": float("-inf"), "cost": 0.0}
-_SELF = psutil.Process()
 
 
 def release_free_memory_now_and_then(clock: Callable[[], float] = time.perf_counter) -> bool:
@@ -33,7 +32,7 @@ def release_free_memory_now_and_then(clock: Callable[[], float] = time.perf_coun
 def resident_pages() -> int:
     """Pages of this process in memory; 0 where the OS does not tell."""
     try:
-        return _SELF.memory_info().rss // mmap.PAGESIZE
+        return psutil.Process().memory_info().rss // mmap.PAGESIZE  # made here: a forked child is another pid
     except psutil.Error:
         return 0
 
