@@ -164,3 +164,17 @@ def test_the_tree_is_whole_while_its_threads_come_and_go():
         child.wait()
     assert min(memory) > 200, f"{sum(m < 200 for m in memory)} of {len(memory)} samples lost the child"
     assert all(b >= a for a, b in zip(cpu, cpu[1:])), "the tree's CPU time went backwards"
+
+
+def test_a_child_forked_while_the_tree_was_being_read_reads_its_own():
+    """A fork (a DataLoader worker) while the sampler's thread holds the tree's lock: the child reads its own tree
+    at once, never waiting on a lock no thread of its own will release."""
+    from dali_pipes.run import usage
+    with usage._TREE._lock:  # as the sampler's thread holds it mid-read
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 once it has read its tree, else the alarm kills it
+            import signal
+            signal.alarm(10)
+            os._exit(0 if host_memory_mb() > 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

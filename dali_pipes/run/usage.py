@@ -43,6 +43,9 @@ class _Tree:
     process's start time); those no longer in the tree are dropped on each call."""
 
     def __init__(self) -> None:
+        self.forget()
+
+    def forget(self) -> None:
         self._pids: list[int] = []
         self._processes: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()  # the sampler's thread and the caller's both read the tree
@@ -64,6 +67,8 @@ def _process(pid: int) -> psutil.Process | None:
 
 
 _TREE = _Tree()
+if hasattr(os, "register_at_fork"):  # a fork while the sampler's thread held the lock must not leave it held
+    os.register_at_fork(after_in_child=_TREE.forget)
 
 
 def host_memory_mb() -> float:
