@@ -83,6 +83,11 @@ def results_file(out: str, benchmark: str, filename: str) -> str:
     return os.path.join(folder, filename)
 
 
+def out_help(filename: str) -> str:
+    """The --out help of a benchmark that writes FILENAME."""
+    return f"write the results here (default: {filename} in a folder of this run's own under $DALI_PIPES_CACHE/bench)"
+
+
 def bar(iterable: Iterable | None = None, **kwargs) -> tqdm:
     """A progress bar on stderr, drawn on a terminal only (stdout is left to the tables): one per case or round."""
     return tqdm(iterable, file=sys.stderr, disable=None, **kwargs)

@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     growth = {key: growth_after(records, key) for key in ("host_mb", "gpu_used_mb")}
     failed = [k for k, g in growth.items() if g is not None and g >= args.max_growth]
     verdict = {"growth_after_epoch_2": growth, "limit": args.max_growth, "ok": not failed,
-               "command": command("soak", argv), "configs": configs(source=source_cfg, augment=augment, loader=loader_cfg)}
+               "command": command("soak", argv),
+               "configs": configs(source=source_cfg, augment=augment, loader=loader_cfg)}
     print(markdown(["epoch", "samples", "seconds", "host MB", "GPU MB"],
                    [(r["epoch"], r["samples"], r["seconds"], r["host_mb"], r["gpu_used_mb"] or "-") for r in records]))
     show = lambda g: "-" if g is None else f"{g:+.1%}"
