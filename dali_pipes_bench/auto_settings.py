@@ -6,7 +6,8 @@
   * the loader alone (no model): a DaliLoader epoch after epoch, the same cases, in this process.
 
 Every auto case starts with an empty tuning memory (its own DALI_PIPES_CACHE), so the search runs in
-full each time. Prints medians and auto / best fixed; writes JSON with --out.
+full each time. Prints medians and auto / best fixed (each round a tick of a bar on stderr) and where the
+results went: auto.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench auto [flags] (or python -m dali_pipes_bench.auto_settings)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from typing import Sequence
 
 from dali_pipes.run.stats import Spread
-from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
+from dali_pipes_bench.cli import bar, command, data_or_builtin, out_help, report, run_main
 from dali_pipes_bench.protocol import MIN_ROUNDS
 
 
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="alternating rounds of every case (fewer than "
                    f"{MIN_ROUNDS} are not ranked)")
     p.add_argument("--skip-training", action="store_true", help="the loader alone only")
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help=out_help("auto.json"))
     args = p.parse_args(argv)
     data = data_or_builtin(args.data)
     cases = ["auto", *args.threads]
@@ -101,18 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "training" and args.skip_training:
             continue
         runs: dict[str, list[dict]] = {c: [] for c in cases}
-        for _ in range(args.rounds):
+        for _ in bar(range(args.rounds), desc=f"{name} rounds", unit="round"):
             for case in cases:
                 runs[case].append(one_run(data, case, args))
-                print(f"{name} {case}: {runs[case][-1]}", flush=True)
         result[name] = {"runs": runs, **summarise(runs)}
         s = result[name]
         print(f"{name}: auto {s['second_epoch_images_per_s']['auto']:.1f} images/s in epoch 2, best fixed "
               f"({s['best_fixed']} threads) {s['second_epoch_images_per_s'][s['best_fixed']]:.1f}: "
               f"{s['auto_over_best_fixed']:.3f}x; epoch 1 (the search): {s['auto_first_epoch_over_best_fixed']:.3f}x"
               + (f"; {s['unranked']}" if s["unranked"] else ""))
-    if args.out:
-        write_json(args.out, result)
+    report(result, args.out, "auto")
     return 0
 
 

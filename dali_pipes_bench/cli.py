@@ -6,12 +6,16 @@ Each benchmark module (loaders, training, soak, formats) has `main(argv=None) ->
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
+import itertools
 import os
 import shlex
 import sys
 from dataclasses import asdict
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
+
+from tqdm import tqdm
 
 from dali_pipes.errors import install_hint
 
@@ -56,12 +60,55 @@ def write_json(path: str, result: dict) -> None:
         json.dump(result, f, indent=1)
 
 
-def print_and_save(result: dict, out: str) -> None:
-    """A benchmark's results as one JSON line on stdout, and at `out` when given (write_json)."""
-    import json
-    print(json.dumps(result))
+def fresh_folder(root: str, name: str) -> str:
+    """ROOT/NAME made for this run, or NAME-2, NAME-3... when an earlier run made it: two runs on one day never
+    write into one folder (os.mkdir is atomic: two runs at once get two folders too)."""
+    os.makedirs(root, exist_ok=True)
+    for n in itertools.count(1):
+        path = os.path.join(root, name if n == 1 else f"{name}-{n}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")  # itertools.count never ends
+
+
+def results_file(out: str, benchmark: str, filename: str) -> str:
+    """`out` when given; else FILENAME in this run's own folder under the cache root,
+    $DALI_PIPES_CACHE/bench/<benchmark>-<date>[-N]/ (results_root, fresh_folder)."""
     if out:
-        write_json(out, result)
+        return os.path.abspath(out)
+    folder = fresh_folder(results_root(""), f"{benchmark}-{datetime.date.today().isoformat()}")
+    return os.path.join(folder, filename)
+
+
+def out_help(filename: str) -> str:
+    """The --out help of a benchmark that writes FILENAME."""
+    return f"write the results here (default: {filename} in a folder of this run's own under $DALI_PIPES_CACHE/bench)"
+
+
+def bar(iterable: Iterable | None = None, **kwargs) -> tqdm:
+    """A progress bar on stderr, drawn on a terminal only (stdout is left to the tables): one per case or round."""
+    return tqdm(iterable, file=sys.stderr, disable=None, **kwargs)
+
+
+def markdown(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A markdown table of `rows` under `headers`, as the loaders bench prints its."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def report(result: dict, out: str, benchmark: str, tables: str = "") -> str:
+    """A benchmark's end: its tables on stdout, its results as JSON at `out` or in this run's folder under the
+    cache root (results_file), and where they went. Returns that path."""
+    if tables:
+        print(tables)
+    path = results_file(out, benchmark, f"{benchmark}.json")
+    write_json(path, result)
+    print(f"results in {path}")
+    return path
 
 
 def require(module: str, why: str, alternative: str = "") -> None:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dali_pipes.run.stats import Spread
-from dali_pipes_bench.cli import command, require, run_main, write_json
+from dali_pipes_bench.cli import bar, command, out_help, report, require, run_main
 from dali_pipes_bench.protocol import (
     Case,
     CaseResult,
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torchvision-path", default="", help="a folder holding torchvision's Python parts, used when "
                    "torchvision is not installed (default: the tests' side folder)")
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help=out_help("detection.json"))
     add_protocol_arguments(p, DEFAULTS)
     args = p.parse_args(argv)
     require("pycocotools", "torchvision's CocoDetection reads the annotations with it", "pip install pycocotools")
@@ -268,17 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     rows = [run(data, preset, batch_size=batch_size_of(args.batch_size, preset), threads=args.threads,
                 workers=args.workers, seed=args.seed, protocol=protocol, progress=progress, device=args.device)
-            for preset in args.presets]
+            for preset in bar(args.presets, desc="presets", unit="preset")]
     for r in rows:
         print(f"{r['preset']} ({', '.join(r['steps'])}), {r['images']} images, batch {r['batch_size']}:")
         print("\n".join(f"  {line}" for line in r["lines"]))
         print(f"  DaliLoader / {r['best_dataloader']}: {r['ratio_to_best_dataloader']:.3f}x (medians); per CPU "
               f"second, DaliLoader / {r['best_dataloader_per_cpu_s']}: {r['ratio_per_cpu_s'] or 0:.3f}x")
-    if args.out:
-        load = {"before": load_before, "after": os.getloadavg()}  # 1, 5, 15 minutes: a shared machine says so
-        write_json(args.out, {"command": command("detection", argv), "data": data, "device": args.device,
-                              "cpu_count": os.cpu_count(),
-                              "load_average": load, "protocol": vars(protocol), "rows": rows})
+    load = {"before": load_before, "after": os.getloadavg()}  # 1, 5, 15 minutes: a shared machine says so
+    report({"command": command("detection", argv), "data": data, "device": args.device, "cpu_count": os.cpu_count(),
+            "load_average": load, "protocol": vars(protocol), "rows": rows}, args.out, "detection")
     return 0
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from dali_pipes_bench.cli import command, require, run_main, write_json
+from dali_pipes_bench.cli import bar, command, markdown, out_help, report, require, run_main
 from dali_pipes_bench.detection import DALI, coco_dataset, collate_fn, import_torchvision, to_device
 
 FEEDS = (DALI, "DataLoader + PIL")
@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="DataLoader num_workers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torchvision-path", default="", help="as dali-pipes bench detection's")
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help=out_help("detection-training.json"))
     args = p.parse_args(argv)
     if args.device == "gpu" and not torch.cuda.is_available():
         raise ValueError(f"--device gpu: torch {torch.__version__} sees no CUDA device here; run on a GPU machine "
@@ -97,18 +97,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     dataset = coco_dataset(args.data, "ssdlite")
     device = torch.device("cuda" if args.device == "gpu" else "cpu")
     rows = []
-    for feed in args.feeds:
+    for feed in bar(args.feeds, desc="feeds", unit="feed"):
         make = lambda feed=feed: make_loader(feed, dataset, batch_size=args.batch_size, device=args.device,
                                              threads=args.threads, workers=args.workers, seed=args.seed)
         row = {"feed": feed, **measure(make, steps=args.steps, warmup=args.warmup, device=device, seed=args.seed)}
-        print(f"{feed}: {row['images_per_s']:.1f} images/s, data wait {row['data_wait_fraction']:.3f} of the step "
-              f"time ({args.steps} steps, batch {args.batch_size}, {args.device})", flush=True)
         rows.append(row)
-    if args.out:
-        write_json(args.out, {"command": command("detection-training", argv), "data": args.data,
-                              "model": "ssdlite320_mobilenet_v3_large", "device": args.device,
-                              "batch_size": args.batch_size, "threads": args.threads, "workers": args.workers,
-                              "cpu_count": os.cpu_count(), "images": len(dataset), "rows": rows})
+    table = markdown(["feed", "images/s", "data wait (of the step time)"],
+                     [(r["feed"], f"{r['images_per_s']:.1f}", f"{r['data_wait_fraction']:.3f}") for r in rows])
+    report({"command": command("detection-training", argv), "data": args.data,
+            "model": "ssdlite320_mobilenet_v3_large", "device": args.device, "batch_size": args.batch_size,
+            "threads": args.threads, "workers": args.workers, "cpu_count": os.cpu_count(), "images": len(dataset),
+            "rows": rows}, args.out, "detection-training",
+           f"SSDlite320, {args.steps} steps, batch {args.batch_size}, {args.device}:\n\n{table}")
     return 0
 
 

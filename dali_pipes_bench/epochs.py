@@ -10,6 +10,8 @@ back (the default: 20 epochs a side in 4 rounds, 5 a window) let no idle gap bet
 work. `--step S` makes the loop spend S seconds per batch (a sleep: a GPU step that leaves the CPU to
 the loader), where a loader that waits at a boundary shows it. The gauge of issue 28 (CPU, 2 threads,
 13 batches an epoch) is `dali-pipes bench epochs --batch-size 76 --step 0`.
+Prints each side's figures (each --step a bar on stderr) and where the results went: epochs.json at --out,
+default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench epochs [flags] (or python -m dali_pipes_bench.epochs)."""
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from dali_pipes import AugmentConfig, open_source
 from dali_pipes.run.stats import Spread
-from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
+from dali_pipes_bench.cli import bar, command, data_or_builtin, out_help, report, run_main
 from dali_pipes_bench.harness import LoaderOverhead
 from dali_pipes_bench.protocol import (
     CaseResult,
@@ -98,19 +100,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="DALI threads, the same on both sides")
     p.add_argument("--step", type=float, nargs="+", default=[0.0, 0.05], help="seconds per batch the loop spends")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help=out_help("epochs.json"))
     add_protocol_arguments(p, DEFAULTS, epochs_aliases=("--epochs",))  # --epochs: timed epochs per side, as before
     args = p.parse_args(argv)
     data, protocol = data_or_builtin(args.data), protocol_from_args(args)
     progress = lambda what: print(f"  {what}", file=sys.stderr, flush=True)
     rows = [run(data, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads, step=step,
-                device=args.device, protocol=protocol, progress=progress) for step in args.step]
+                device=args.device, protocol=protocol, progress=progress)
+            for step in bar(args.step, desc="steps", unit="step")]
     for r in rows:
         print(f"step {r['step_s']:.3f} s, {r['batches_per_epoch']} batches/epoch, {protocol.rounds} rounds:")
         print("\n".join(f"  {line}" for line in r["lines"] + r["per_epoch"]))
         print(f"  DaliLoader / DALIGenericIterator: {r['ratio']:.3f}x (medians)")
-    if args.out:
-        write_json(args.out, {"command": command("epochs", argv), "rows": rows})
+    report({"command": command("epochs", argv), "rows": rows}, args.out, "epochs")
     return 0
 
 

@@ -50,6 +50,7 @@ from dali_pipes.run.machine import usable_cpus
 from dali_pipes.run.pipeline import KNOBS, PipelineSpec, TunedKnobs, build_pipeline
 from dali_pipes.run.stats import NOISY, Spread
 from dali_pipes.run.usage import PeakSampler, cpu_seconds
+from dali_pipes_bench.cli import fresh_folder
 
 _DEFAULT_AUGMENT = AugmentConfig()  # frozen: one shared default is safe
 
@@ -652,9 +653,8 @@ def plot(rows: list[dict], out_dir: str) -> list[str]:
 
 
 def results_dir(root: str, info: dict) -> str:
-    path = os.path.join(root, f"{machine_tag(info)}-{info['date']}")
-    os.makedirs(path, exist_ok=True)
-    return path
+    """This run's folder, ROOT/<machine>-<date>, or -2, -3... after it when a run before made that one."""
+    return fresh_folder(root, f"{machine_tag(info)}-{info['date']}")
 
 
 RESULT_PREFIX = "BENCH_RESULT "

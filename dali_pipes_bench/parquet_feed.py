@@ -1,8 +1,9 @@
 """The Parquet feed against local TFRecord shards of the same images: the built-in train split written both
 ways, then rounds that alternate which format goes first, each reading each format (a) through DaliLoader in
 train mode (decode, random crop, flip, normalise) and (b) through the bare feed (the reader step alone, encoded
-bytes: what the format itself costs), each timed after a first epoch. Prints per-round figures, then the
-median and spread of each and the Parquet / TFRecord ratio; the last line is JSON.
+bytes: what the format itself costs), each timed after a first epoch. Prints a table of the median and spread
+of each and the Parquet / TFRecord ratio, and where the results went: parquet.json at --out, default
+$DALI_PIPES_CACHE/bench/parquet-<date>/ (each round: a bar on stderr).
 Run: dali-pipes bench parquet [flags] (or python -m dali_pipes_bench.parquet_feed)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Sequence
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig, open_source
 from dali_pipes.data.source import Source
 from dali_pipes.options import add_arguments, from_args
-from dali_pipes_bench.cli import command, configs, print_and_save, run_main
+from dali_pipes_bench.cli import bar, command, configs, markdown, report, run_main
 from dali_pipes_bench.formats import format_copies
 
 CASES = ("TFRecord", "Parquet")
@@ -34,7 +35,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "default for image datasets)")
     parser.add_argument("--batch-size", type=int, default=64, help="per step")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; each reads one epoch of each format twice")
-    parser.add_argument("--out", default="", help="also write the final JSON line here")
+    parser.add_argument("--out", default="", help="write the results as JSON here (default: "
+                        "parquet.json in a folder of this run's own under $DALI_PIPES_CACHE/bench)")
     add_arguments(parser, AugmentConfig, "augmentation")
     add_arguments(parser, LoaderConfig, "DALI loader", defaults={"device": "cpu", "num_threads": 2,
                                                                 "prefetch_queue_depth": 2})
@@ -125,23 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                args.rows_per_group)}
     sources = {name: open_source(location) for name, location in locations.items()}
     figures: dict[str, dict[str, list[float]]] = {name: {"loader": [], "feed": []} for name in CASES}
-    for round_index in range(args.rounds):
+    for round_index in bar(range(args.rounds), desc="rounds", unit="round"):
         for name in CASES if round_index % 2 == 0 else CASES[::-1]:  # alternate which goes first
             figures[name]["feed"].append(feed_epoch(sources[name], args.batch_size, loader_cfg))
             figures[name]["loader"].append(loader_epoch(locations[name], args.batch_size, augment, loader_cfg))
-            print(f"round {round_index}: {name:>8}: feed {figures[name]['feed'][-1]:8.0f} images/s, loader "
-                  f"{figures[name]['loader'][-1]:6.0f} images/s", flush=True)
     rows = {name: {what: summary(values) for what, values in parts.items()} for name, parts in figures.items()}
     ratios = {what: round(rows["Parquet"][what]["median"] / rows["TFRecord"][what]["median"], 3)
               for what in ("loader", "feed")}
-    for what in ("feed", "loader"):
-        print(f"{what:>6}: Parquet {rows['Parquet'][what]['median']:.0f} images/s (median of {args.rounds}; "
-              f"{rows['Parquet'][what]['min']:.0f}-{rows['Parquet'][what]['max']:.0f}), TFRecord "
-              f"{rows['TFRecord'][what]['median']:.0f} ({rows['TFRecord'][what]['min']:.0f}-"
-              f"{rows['TFRecord'][what]['max']:.0f}): {ratios[what]:.2f}x")
     result = {"command": command("parquet", argv), "samples": train.num_samples, "results": rows,
               "parquet_over_tfrecord": ratios, "configs": configs(augment=augment, loader=loader_cfg)}
-    print_and_save(result, args.out)
+    span = lambda s: f"{s['median']:.0f} [{s['min']:.0f}, {s['max']:.0f}]"
+    table = markdown(["format", "feed images/s median [min, max]", "loader images/s median [min, max]"],
+                     [(name, span(rows[name]["feed"]), span(rows[name]["loader"])) for name in CASES])
+    report(result, args.out, "parquet", f"{table}\nParquet / TFRecord (medians of {args.rounds} rounds): feed "
+           f"{ratios['feed']:.2f}x, loader {ratios['loader']:.2f}x\n")
     return 0
 
 

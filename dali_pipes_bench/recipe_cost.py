@@ -1,13 +1,14 @@
 """What a modern recipe's extras cost the loader: the plain DaliLoader against the same loader with each extra
 (mixup + cutmix on every batch: torchvision's references' RandomChoice([MixUp(0.2), CutMix(1.0)]), read as
 run/batch_mix.MixSettings), in one run: each round times every case once, in alternating order, over the same
-number of batches (each made ready: a GPU batch is synchronised). Prints one JSON line per pass, then a summary
-per case: median images/s, min, max, the spread (max - min) / median, and the cost against the plain loader
+number of batches (each made ready: a GPU batch is synchronised; each round a tick of a bar on stderr). Prints a
+table per case: median images/s, min, max, the spread (max - min) / median, and the cost against the plain loader
 from the rounds' paired ratios (median of case / plain in the same round). Beside the wall clock, each pass
 records the process's CPU time per image (DALI's threads and the loop's): on a machine shared with other work
 the wall clock swings with the neighbours, the CPU a case needs per image much less, and on a CPU-bound loader
 it is what images/s follows (cpu_cost_percent). A further case is one entry in CASES. The time of the mix alone
-on one batch is reported too (mix_ms: wall, mix_cpu_ms: CPU). No timing is asserted anywhere.
+on one batch is reported too (mix_ms: wall, mix_cpu_ms: CPU). The results (every pass) go to recipes.json at
+--out, default a folder of this run's own under $DALI_PIPES_CACHE/bench. No timing is asserted anywhere.
 
     python -m dali_pipes_bench.recipe_cost [--data PATH] [--rounds 7] [--batches 12] [--batch-size 64]
                                            [--threads 2] [--device auto] [--out results.json]
@@ -17,7 +18,6 @@ on one batch is reported too (mix_ms: wall, mix_cpu_ms: CPU). No timing is asser
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -26,7 +26,7 @@ import torch
 
 from dali_pipes import DaliLoader
 from dali_pipes.run.batch_mix import BatchMix, MixSettings
-from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
+from dali_pipes_bench.cli import bar, command, data_or_builtin, markdown, report, run_main
 
 # name -> the DaliLoader keywords of the case, given the dataset's number of classes
 CASES: dict[str, Callable[[int], dict[str, Any]]] = {
@@ -100,7 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="DALI threads (fixed: tuning would differ by case)")
     p.add_argument("--warmup", type=int, default=4, help="untimed batches per case before the rounds")
     p.add_argument("--device", default="auto")
-    p.add_argument("--out", default="", help="write the results here as JSON")
+    p.add_argument("--out", default="", help="write the results here as JSON (default: recipes.json in a folder "
+                   "of this run's own under $DALI_PIPES_CACHE/bench)")
     args = p.parse_args(argv)
     data = data_or_builtin(args.data)
     make = lambda **extra: DaliLoader(data, batch_size=args.batch_size, train=True, device=args.device, seed=0,
@@ -115,26 +116,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             next(stream)
     rates: dict[str, list[float]] = {name: [] for name in CASES}
     cpu: dict[str, list[float]] = {name: [] for name in CASES}
-    for round_ in range(args.rounds):
+    for round_ in bar(range(args.rounds), desc="rounds", unit="round"):
         order = list(CASES) if round_ % 2 == 0 else list(reversed(CASES))  # alternate who goes first
         for name in order:
             rate, cpu_ms = one_pass(streams[name], args.batches, args.batch_size)
             rates[name].append(rate)
             cpu[name].append(cpu_ms)
-            print(json.dumps({"round": round_, "case": name, "images_per_s": round(rate, 1),
-                              "cpu_ms_per_image": round(cpu_ms, 2)}), flush=True)
     images, labels = next(streams["plain"])
     settings = CASES["mixup+cutmix"](classes)["batch_transform"]
     result = {"command": command("recipes", list(argv or [])), "device": plain.device,
               "batch_size": args.batch_size, "image_size": args.image_size, "rounds": args.rounds,
               "batches": args.batches, "rates": rates, "cpu_ms_per_image": cpu, "summary": summary(rates, cpu)}
     result["mix_ms"], result["mix_cpu_ms"] = (round(v, 2) for v in mix_ms(settings, images, labels))
-    print(json.dumps({"summary": result["summary"], "mix_ms": result["mix_ms"], "mix_cpu_ms": result["mix_cpu_ms"]}))
     for loader in loaders.values():
         loader.close()
-    if args.out:
-        write_json(args.out, result)
+    report(result, args.out, "recipes", tables(result))
     return 0
+
+
+def tables(result: dict) -> str:
+    """The summary per case as a markdown table, and the mix's own time."""
+    rows = [(name, f"{s['median']:.0f} [{s['min']:.0f}, {s['max']:.0f}]", f"{100 * s['spread']:.0f}%",
+             f"{s['cpu_ms_per_image']:.2f}", f"{s['cost_percent']:.1f}%" if "cost_percent" in s else "-",
+             f"{s['cpu_cost_percent']:+.1f}%" if "cpu_cost_percent" in s else "-")
+            for name, s in result["summary"].items()]
+    table = markdown(["case", "images/s median [min, max]", "spread", "CPU ms per image", "cost (round ratios)",
+                      "CPU cost"], rows)
+    return (f"{result['rounds']} rounds of {result['batches']} batches of {result['batch_size']} on "
+            f"{result['device']}:\n\n{table}\nthe mix alone: {result['mix_ms']} ms a batch "
+            f"({result['mix_cpu_ms']} ms CPU)\n")
 
 
 if __name__ == "__main__":

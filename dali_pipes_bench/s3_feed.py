@@ -13,7 +13,9 @@ operators), and reads the rank's DALI shard (shard_id = rank) in storage order:
   * cache:  the same reader over ShardCache files, whole shards fetched ahead (ReadAheadGate).
 Reported per case: images/s over all ranks (images after each rank's first batch / the slowest
 rank's time), the first-batch latency, requests seen by the proxy, and the ratio to local at the
-same rank count. One JSON line per case on stdout; appended to --out when given.
+same rank count. Prints a table of the cases (each case a tick of a bar on stderr) and where the results went:
+one JSON line per case and per summary, appended to --out, default s3.jsonl in a folder of this run's own under
+$DALI_PIPES_CACHE/bench.
 
 The servers (dali_pipes_bench/servers/) are not installed with dali_pipes: run this from a checkout.
 """
@@ -32,7 +34,7 @@ from types import ModuleType
 
 import numpy as np
 
-from dali_pipes_bench.cli import run_main
+from dali_pipes_bench.cli import bar, markdown, results_file, run_main
 
 CASES = ("local", "native", "cache")
 LABELS = 10
@@ -261,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"shards": shards}, f)
             env = scheme_environment(args.scheme, proxy.url, config_file, server)
             pids = [server.pid, proxy.pid]
+            matrix = [(world, case) for _ in range(args.repeats) for world in args.ranks for case in args.cases]
             rows = [run_case(case, world, args, manifest, env, proxy, pids)
-                    for _ in range(args.repeats) for world in args.ranks for case in args.cases]
+                    for world, case in bar(matrix, desc="cases", unit="case")]
     report(rows, args)
     return 0
 
@@ -334,14 +337,22 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> None:
-    """Each case's row, then the summary; one JSON line each, appended to --out when given."""
+    """A table of each case's summary (and any failed run), then each case's row and the summaries as one JSON
+    line each, appended to --out (default: a file of this run's own under the cache root); where they went."""
     options = {k: v for k, v in vars(args).items() if k not in ("worker", "case", "rank", "world", "manifest")}
-    for row in [{**r, "scheme": args.scheme} for r in rows + summarise(rows)]:
-        print(json.dumps(row), flush=True)
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "a") as f:
-                f.write(json.dumps({**row, "args": options}) + "\n")
+    summaries = summarise(rows)
+    ratio = lambda r: "-" if r is None else f"{r:.3f}x"
+    print(markdown(["case", "ranks", "images/s median", "runs", "vs local"],
+                   [(s["summary"], s["world_size"], f"{s['median_images_per_s']:.0f}", s["runs"],
+                     ratio(s["ratio_to_local"])) for s in summaries]))
+    for row in rows:
+        if row.get("error"):
+            print(f"{row['case']}, {row['world_size']} ranks: failed: {str(row['error'])[:200]}")
+    path = results_file(args.out, "s3", "s3.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(json.dumps({**row, "scheme": args.scheme, "args": options}) + "\n" for row in rows + summaries)
+    print(f"results in {path}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -369,7 +380,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run the store and the proxy on these cores and the ranks on the others, as a store on "
                              "another machine would (default: all share every core, and the store's CPU counts "
                              "against the cache case)")
-    parser.add_argument("--out", default="", help="append one JSON line per case to this file")
+    parser.add_argument("--out", default="", help="append one JSON line per case to this file (default: s3.jsonl in "
+                        "a folder of this run's own under $DALI_PIPES_CACHE/bench)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)

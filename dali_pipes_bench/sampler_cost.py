@@ -11,20 +11,20 @@ epochs with batches read ahead while the other case was timed. Between turns the
 so that a pipeline's read-ahead never runs into the other case's turn. `--step S` spends S seconds per batch (a
 sleep: a GPU step that leaves the CPU to the loader). Per epoch: images/s, and the process's CPU seconds per
 1000 images (DALI's threads included; on a shared machine less disturbed by the other processes than wall time).
-Prints each epoch, then per case the median and quartiles; the cost as 1 - sampler / plain of the medians, and
-the median of each round's own ratio (the cases a few seconds apart). Writes JSON with --out. No timing is
-asserted anywhere. Run: dali-pipes bench sampler [flags] (or python -m dali_pipes_bench.sampler_cost)."""
+Prints a table per case of the median and quartiles; the cost as 1 - sampler / plain of the medians, and the
+median of each round's own ratio (the cases a few seconds apart); each round is a tick of a bar on stderr. Every
+epoch's figures go to sampler.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
+No timing is asserted anywhere. Run: dali-pipes bench sampler [flags] (or python -m dali_pipes_bench.sampler_cost)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from typing import Sequence
 
-from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
+from dali_pipes_bench.cli import bar, command, data_or_builtin, markdown, report, run_main
 
 
 def epoch_rate(loader, step: float) -> tuple[float, float]:
@@ -63,7 +63,7 @@ def run(data: str, *, batch_size: int, image_size: int, threads: int, rounds: in
     cpu: dict[str, list[float]] = {name: [] for name in cases}
     ratios: dict[str, list[float]] = {name: [] for name in list(cases)[1:]}
     try:
-        for turn in range(rounds):
+        for turn in bar(range(rounds), desc="rounds", unit="round"):
             medians, names = {}, list(cases)
             for name in names[turn % len(names):] + names[:turn % len(names)]:  # each case first in turn
                 time.sleep(settle)
@@ -72,8 +72,6 @@ def run(data: str, *, batch_size: int, image_size: int, threads: int, rounds: in
                 for rate, seconds in timed:
                     rates[name].append(rate)
                     cpu[name].append(seconds)
-                    print(json.dumps({"round": turn, "case": name, "images_per_s": round(rate, 1),
-                                      "cpu_s_per_1000_images": round(seconds, 2)}), flush=True)
                 medians[name] = statistics.median(rate for rate, _ in timed)
             for name in ratios:
                 ratios[name].append(medians[name] / medians["plain"])
@@ -105,23 +103,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--step", type=float, default=0.0, help="seconds per batch the loop spends")
     p.add_argument("--settle", type=float, default=1.0, help="seconds between turns")
     p.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help="write the results as JSON here (default: sampler.json in a folder "
+                   "of this run's own under $DALI_PIPES_CACHE/bench)")
     args = p.parse_args(argv)
     result = run(data_or_builtin(args.data), batch_size=args.batch_size, image_size=args.image_size,
                  threads=args.threads, rounds=args.rounds, epochs=args.epochs, step=args.step, settle=args.settle,
                  device=args.device)
+    rows = []
     for name, both in result["summary"].items():
         s, c = both["images_per_s"], both["cpu_s_per_1000_images"]
-        print(f"{name}: median {s['median']:.0f} images/s (quartiles {s['q1']:.0f}-{s['q3']:.0f}, range "
-              f"{s['min']:.0f}-{s['max']:.0f}, {s['n']} epochs of {result['batches_per_epoch']} batches); "
-              f"{c['median']:.2f} CPU s per 1000 images (quartiles {c['q1']:.2f}-{c['q3']:.2f})")
+        rows.append((name, f"{s['median']:.0f} [{s['q1']:.0f}, {s['q3']:.0f}]", f"{s['min']:.0f}-{s['max']:.0f}",
+                     s["n"], f"{c['median']:.2f} [{c['q1']:.2f}, {c['q3']:.2f}]"))
+    lines = [markdown(["case", "images/s median [quartiles]", "range", "epochs", "CPU s per 1000 images"], rows)]
     for name, c in result["costs"].items():
         r = c["round_ratios"]
-        print(f"cost of {name}: {100 * c['cost']:.1f}% of the plain loader's median images/s; median of the rounds' "
-              f"own ratios {100 * c['cost_of_round_ratios']:.1f}% (ratios {r['q1']:.3f}-{r['q3']:.3f}, range "
-              f"{r['min']:.3f}-{r['max']:.3f}); CPU per image {100 * c['cpu_cost']:+.1f}%")
-    if args.out:
-        write_json(args.out, {"command": command("sampler", argv), **result})
+        lines.append(f"cost of {name}: {100 * c['cost']:.1f}% of the plain loader's median images/s; median of the "
+                     f"rounds' own ratios {100 * c['cost_of_round_ratios']:.1f}% (ratios {r['q1']:.3f}-{r['q3']:.3f}, "
+                     f"range {r['min']:.3f}-{r['max']:.3f}); CPU per image {100 * c['cpu_cost']:+.1f}%")
+    report({"command": command("sampler", argv), **result}, args.out, "sampler",
+           f"{result['batches_per_epoch']} batches an epoch:\n\n" + "\n".join(lines) + "\n")
     return 0
 
 

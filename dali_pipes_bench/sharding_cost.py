@@ -1,7 +1,8 @@
 """What the sharding check (dali_pipes/run/sharding.py) costs on a large dataset: N samples (default
 1.28 million, ImageNet's train set) split over W processes of a gloo group on 127.0.0.1, each with a
 synthetic delivery bitmap of its own shard; the check is timed on every rank, repeated, and compared
-with one all_gather_into_tensor of the same N/8 bytes per rank. Prints medians; --out writes JSON.
+with one all_gather_into_tensor of the same N/8 bytes per rank. Prints medians and where the results went:
+sharding.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench sharding [flags] (or python -m dali_pipes_bench.sharding_cost)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dali_pipes_bench.cli import command, run_main, write_json
+from dali_pipes_bench.cli import command, out_help, report, run_main
 
 
 @dataclass
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=1_281_167)
     p.add_argument("--world", type=int, default=2, help="processes (all on this machine)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help=out_help("sharding.json"))
     args = p.parse_args(argv)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,8 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"sharding check, {args.samples:,} samples, {args.world} ranks ({result['bytes_per_rank']:,} bytes each): "
           f"{check * 1e3:.1f} ms (slowest rank, median of {args.repeats}); one all_gather of the same bytes: "
           f"{gather * 1e3:.1f} ms")
-    if args.out:
-        write_json(args.out, result)
+    report(result, args.out, "sharding")
     return 0
 
 

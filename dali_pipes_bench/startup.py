@@ -9,7 +9,8 @@ pools are per process and never shrink), in alternating rounds. Cases:
 With --epochs N (and --val-data), each case goes on for N whole epochs of the train loader and of a val loader
 (the val cache off) in the same process, and the figures are the peaks over all of it: train + val after N
 epochs, as a training run holds them. --cases picks cases by name.
-Prints median [min, max] per case; writes JSON with --out. Needs a GPU.
+Prints a table of median [min, max] per case (each round a tick of a bar on stderr) and where the results went:
+startup.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench. Needs a GPU.
 Run: dali-pipes bench startup [flags] (or python -m dali_pipes_bench.startup)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import subprocess
 import sys
 from typing import Sequence
 
-from dali_pipes_bench.cli import command, data_or_builtin, run_main, write_json
+from dali_pipes_bench.cli import bar, command, data_or_builtin, markdown, report, run_main
 
 FIGURES = ("first_batch_s", "gpu_dali_peak_mb", "gpu_torch_reserved_peak_mb", "gpu_device_used_peak_mb")
 
@@ -95,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=20, help="batches read per case after the first")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds: one process per case per round")
     p.add_argument("--quick", action="store_true", help="2 rounds, batch 64")
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help="write the results as JSON here (default: startup.json in a folder "
+                   "of this run's own under $DALI_PIPES_CACHE/bench)")
     p.add_argument("--epochs", type=int, default=0, help="then this many whole epochs of train and val (0: none)")
     p.add_argument("--val-data", default="", help="val data for --epochs (default: none, train only)")
     p.add_argument("--cases", default="imagenet,data,lazy", help="the cases to run, by name")
@@ -103,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     data = data_or_builtin(args.data)
     batch_size = 64 if args.quick else args.batch_size
-    if args.child:
+    if args.child:  # the parent reads this line from the pipe: the user never sees it
         print(json.dumps(child(data, args.child, batch_size, args.batches, args.epochs, args.val_data)), flush=True)
         return 0
     import torch
@@ -114,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "data" in cases:
         cases["data"] = data_box(data)
     rows: dict[str, list[dict]] = {name: [] for name in cases}
-    for _ in range(2 if args.quick else args.rounds):
+    for _ in bar(range(2 if args.quick else args.rounds), desc="rounds", unit="round"):
         for name, hint in cases.items():  # alternating: a machine that slows down slows every case
             run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.startup", "--data", data, "--child", hint,
                                   "--batch-size", str(batch_size), "--batches", str(args.batches),
@@ -124,13 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"case {name} ({hint}) failed: {run.stderr[-2000:]}")
             rows[name].append(json.loads(run.stdout.strip().splitlines()[-1]))
     summary = {name: {key: _spread([r[key] for r in runs]) for key in FIGURES} for name, runs in rows.items()}
-    for name, figures in summary.items():
-        print(f"{name} ({cases[name]}): " + ", ".join(f"{key} {s['median']} [{s['min']}, {s['max']}]"
-                                                     for key, s in figures.items()))
-    if args.out:
-        write_json(args.out, {"command": command("startup", argv), "batch_size": batch_size, "cases": cases,
-                              "epochs": args.epochs, "val_data": args.val_data,
-                              "runs": rows, "summary": summary})
+    table = markdown(["case", "decoder size hint", *(f"{key} median [min, max]" for key in FIGURES)],
+                     [(name, cases[name] or "-", *(f"{s['median']} [{s['min']}, {s['max']}]" for s in figures.values()))
+                      for name, figures in summary.items()])
+    report({"command": command("startup", argv), "batch_size": batch_size, "cases": cases, "epochs": args.epochs,
+            "val_data": args.val_data, "runs": rows, "summary": summary}, args.out, "startup", table)
     return 0
 
 

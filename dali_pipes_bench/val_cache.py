@@ -2,7 +2,8 @@
 --val-cache-bytes, in alternating rounds after each has run one epoch (the cached one fills its cache then, so
 what is timed is what every later val epoch costs). Each epoch is timed from the first next() to the end of the
 `for` loop, the loop's own work aside (`--step S`: S seconds per batch, a sleep). Prints median [min, max] of
-each side and their ratio; the filling epoch is timed too. Writes JSON with --out.
+each side and their ratio as a table (the filling epoch timed too; each round a tick of a bar on stderr) and
+where the results went: val-cache.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench val-cache [flags] (or python -m dali_pipes_bench.val_cache)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Sequence
 
 from dali_pipes import AugmentConfig, DaliLoader, LoaderConfig
 from dali_pipes.options import add_arguments, from_args
-from dali_pipes_bench.cli import command, configs, data_or_builtin, run_main, write_json
+from dali_pipes_bench.cli import bar, command, configs, data_or_builtin, markdown, report, run_main
 
 SIDES = ("decoded every epoch", "from the val cache")
 
@@ -44,7 +45,7 @@ def run(data: str, *, batch_size: int, rounds: int, step: float, loader: LoaderC
     try:
         first = {name: epoch_seconds(each, step)[1] for name, each in sides.items()}  # the cached side fills
         seconds: dict[str, list[float]] = {name: [] for name in sides}
-        for _ in range(rounds):
+        for _ in bar(range(rounds), desc="rounds", unit="round"):
             for name, each in sides.items():  # alternating: a machine that slows down slows both
                 images, took = epoch_seconds(each, step)
                 seconds[name].append(took)
@@ -67,21 +68,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--step", type=float, default=0.0, help="seconds per batch the loop spends (a sleep)")
     p.add_argument("--budget", type=int, default=8 << 30, help="the cached side's --val-cache-bytes")
     p.add_argument("--quick", action="store_true", help="3 rounds")
-    p.add_argument("--out", default="", help="write the results as JSON here")
+    p.add_argument("--out", default="", help="write the results as JSON here (default: val-cache.json in a "
+                   "folder of this run's own under $DALI_PIPES_CACHE/bench)")
     add_arguments(p, LoaderConfig, "DALI loader", skip=("val_cache_bytes",), defaults={"device": "cpu"})
     add_arguments(p, AugmentConfig, "val graph")
     args = p.parse_args(argv)
     loader, augment = from_args(LoaderConfig, args, val_cache_bytes=0), from_args(AugmentConfig, args)
     row = run(data_or_builtin(args.data), batch_size=args.batch_size, rounds=3 if args.quick else args.rounds,
               step=args.step, loader=loader, augment=augment, budget=args.budget)
-    for name, s in row["summary"].items():
-        print(f"{name}: {s['median']:.3f} s per val epoch [{s['min']:.3f}, {s['max']:.3f}] over "
-              f"{len(row['epoch_s'][name])} rounds; first epoch {row['first_epoch_s'][name]:.3f} s")
-    print(f"{row['images_per_epoch']} images per epoch; cached / decoded: {row['ratio']:.3f}x; "
-          f"cache: {row['val_cache']}")
-    if args.out:
-        write_json(args.out, {"command": command("val-cache", argv),
-                              "configs": configs(loader=loader, augment=augment), "row": row})
+    table = markdown(["val epochs", "s per val epoch median [min, max]", "rounds", "first epoch s"],
+                     [(name, f"{s['median']:.3f} [{s['min']:.3f}, {s['max']:.3f}]", len(row["epoch_s"][name]),
+                       f"{row['first_epoch_s'][name]:.3f}") for name, s in row["summary"].items()])
+    report({"command": command("val-cache", argv), "configs": configs(loader=loader, augment=augment), "row": row},
+           args.out, "val-cache", f"{table}\n{row['images_per_epoch']} images per epoch; cached / decoded: "
+           f"{row['ratio']:.3f}x; cache: {row['val_cache']}\n")
     return 0
 
 

@@ -19,6 +19,20 @@ from conftest import write_folder
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def raw_json_lines(stdout: str) -> list[str]:
+    """Lines of a benchmark's stdout that are JSON: it prints tables and keeps its JSON in its results file."""
+    return [line for line in stdout.splitlines() if line.lstrip().startswith(("{", "["))]
+
+
+def results_path(stdout: str, cache) -> str:
+    """The file or folder a benchmark's last line names (`results in PATH`), checked to lie under `cache`."""
+    *_, last = stdout.strip().splitlines()
+    assert last.startswith("results in "), stdout[-2000:]
+    path = last[len("results in "):]
+    assert os.path.commonpath([path, str(cache)]) == str(cache), (path, cache)
+    return path
+
+
 def _bench(tmp_path, script, *args):
     """`scripts/SCRIPT --quick` on 72 tiny images; tiny sizes on top of --quick (explicit flags win), so that a
     smoke test of every case spends its time on the cases, not on pixels."""
@@ -143,15 +157,16 @@ def test_resolution_bench_quick(tmp_path):
 def test_val_cache_bench_quick(jpeg_folder, tmp_path):
     """dali-pipes bench val-cache --quick: both sides time the same val epochs; the cached side gave its later
     epochs from the cache (a smoke test: no timing is asserted)."""
-    out = tmp_path / "val_cache.json"
     run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.val_cache", "--data", jpeg_folder, "--quick",
-                          "--batch-size", "4", "--image-size", "32", "--num-threads", "1", "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+                          "--batch-size", "4", "--image-size", "32", "--num-threads", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")})
     assert run.returncode == 0, run.stderr[-3000:]
-    row = json.load(open(out))["row"]
+    assert not raw_json_lines(run.stdout), run.stdout
+    row = json.load(open(results_path(run.stdout, tmp_path / "cache" / "bench")))["row"]
     assert row["images_per_epoch"] == 12 and all(len(s) == 3 for s in row["epoch_s"].values())
     assert row["val_cache"]["state"] == "filled" and row["val_cache"]["epochs_replayed"] == 3
-    assert "from the val cache:" in run.stdout and "per val epoch" in run.stdout
+    assert "| from the val cache |" in run.stdout and "s per val epoch" in run.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -177,13 +192,20 @@ def test_startup_bench_measures_each_preallocation_on_a_gpu(tmp_path):
     print(run.stdout)  # the measurements, for the GPU session's report (pytest -s)
 
 
-def test_recipe_cost_alternates_the_cases_and_summarises_them(jpeg_folder, tmp_path):
+def test_recipe_cost_alternates_the_cases_and_summarises_them(jpeg_folder, tmp_path, monkeypatch, capsys):
+    """Issue 36: bench recipes printed a JSON line per round and case; now a table, its JSON in a file of each
+    run's own under the cache root (two runs on one day: two files), and where it went."""
     from dali_pipes_bench import recipe_cost
-    out = tmp_path / "recipes.json"
-    assert recipe_cost.main(["--data", jpeg_folder, "--rounds", "2", "--batches", "1", "--batch-size", "4",
-                             "--image-size", "16", "--threads", "1", "--warmup", "1", "--device", "cpu",
-                             "--out", str(out)]) == 0
-    result = json.load(open(out))
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    paths = []
+    for _ in range(2):
+        assert recipe_cost.main(["--data", jpeg_folder, "--rounds", "2", "--batches", "1", "--batch-size", "4",
+                                 "--image-size", "16", "--threads", "1", "--warmup", "1", "--device", "cpu"]) == 0
+        stdout = capsys.readouterr().out
+        assert not raw_json_lines(stdout) and "| mixup+cutmix |" in stdout
+        paths.append(results_path(stdout, tmp_path / "cache" / "bench"))
+    assert paths[0] != paths[1] and all(os.path.isfile(p) for p in paths)
+    result = json.load(open(paths[0]))
     assert set(result["rates"]) == set(recipe_cost.CASES) and all(len(r) == 2 for r in result["rates"].values())
     assert {"median", "min", "max", "spread", "cost_percent"} <= set(result["summary"]["mixup+cutmix"])
     assert result["mix_ms"] > 0 and result["command"].startswith("dali-pipes bench recipes")
@@ -195,10 +217,11 @@ def test_sampler_cost_bench_quick(tmp_path):
     write_folder(str(data), counts=(8, 8, 8))
     run = subprocess.run([sys.executable, "-m", "dali_pipes_bench.sampler_cost", "--data", str(data), "--batch-size",
                           "4", "--image-size", "16", "--threads", "1", "--rounds", "2", "--epochs", "1", "--settle",
-                          "0", "--out", str(tmp_path / "sampler.json")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+                          "0"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "DALI_PIPES_CACHE": str(tmp_path / "cache")})
     assert run.returncode == 0, run.stderr[-3000:]
-    result = json.load(open(tmp_path / "sampler.json"))
+    assert not raw_json_lines(run.stdout), run.stdout  # issue 36: a JSON line per round and case
+    result = json.load(open(results_path(run.stdout, tmp_path / "cache" / "bench")))
     assert {name: s["images_per_s"]["n"] for name, s in result["summary"].items()} == \
         {"plain": 2, "WeightedRandomSampler": 2, "SubsetRandomSampler": 2}
     assert [len(ratios) for ratios in result["round_ratios"].values()] == [2, 2]
@@ -224,6 +247,7 @@ def test_bench_epochs_alternates_whole_epochs_under_the_protocol_and_reads_cold(
         assert [(w["units"], w["images"]) for w in side["windows"]] == [(2, 48)] * 3
         assert side["min"] <= side["images_per_s"] <= side["max"]
     assert "DaliLoader / DALIGenericIterator:" in run.stdout and "page faults per epoch" in run.stdout
+    assert not raw_json_lines(run.stdout) and run.stdout.strip().endswith(f"results in {tmp_path / 'epochs.json'}")
 
 
 def test_bench_loaders_tables_rank_nothing_whose_passes_spread_more_than_ten_percent():
@@ -238,7 +262,7 @@ def test_bench_loaders_tables_rank_nothing_whose_passes_spread_more_than_ten_per
 
 
 @pytest.mark.parametrize("scheme", ["http", "hf"])
-def test_s3_feed_reads_the_same_images_from_local_disk_and_through_the_cache(scheme, tmp_path):
+def test_s3_feed_reads_the_same_images_from_local_disk_and_through_the_cache(scheme, tmp_path, capsys):
     """s3_feed --scheme http|hf: the shards on its local server behind the proxy; both cases read every batch."""
     if scheme == "hf":
         pytest.importorskip("huggingface_hub", reason="hf:// needs huggingface_hub: "
@@ -247,6 +271,9 @@ def test_s3_feed_reads_the_same_images_from_local_disk_and_through_the_cache(sch
     out = tmp_path / "feed.jsonl"
     s3_feed.main(["--scheme", scheme, "--cases", "local", "cache", "--ranks", "1", "--images", "64", "--shards",
                   "4", "--batch-size", "8", "--delay-ms", "0", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert not raw_json_lines(stdout) and "| cache |" in stdout, stdout  # issue 36: a JSON line per case
+    assert stdout.strip().splitlines()[-1] == f"results in {out}"
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     cases = {r["case"]: r for r in rows if "case" in r}
     assert all("error" not in r for r in cases.values()), cases
@@ -434,3 +461,66 @@ def test_bench_detection_batch_size_per_preset_and_gpu_refused_without_cuda():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="--device gpu: torch .* sees no CUDA device here; .* --device cpu"):
             detection.main(["--device", "gpu", "--data", "nowhere"])
+
+
+def test_default_results_go_under_the_cache_root_in_a_folder_of_each_runs_own(tmp_path, monkeypatch):
+    """Issue 36: two runs of bench loaders on one day wrote into one <machine>-<date> folder, the second over the
+    first; every benchmark's default results now lie under $DALI_PIPES_CACHE/bench, one folder per run."""
+    from dali_pipes_bench import cli, harness
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    info = {"cpu_count": 2, "date": "2026-11-30"}
+    first, second = (harness.results_dir(cli.results_root(""), info) for _ in range(2))
+    assert first == str(tmp_path / "cache" / "bench" / "cpu2-2026-11-30") and second == first + "-2"
+    files = [cli.results_file("", "recipes", "recipes.json") for _ in range(2)]
+    assert len({os.path.dirname(f) for f in files}) == 2
+    assert all(f.startswith(str(tmp_path / "cache" / "bench" / "recipes-")) for f in files)
+    assert cli.results_file(str(tmp_path / "mine.json"), "recipes", "recipes.json") == str(tmp_path / "mine.json")
+
+
+def _formats_layout(root) -> None:
+    """What bench formats makes under --data, at a tiny size: ROOT/images/train and ROOT/images/val."""
+    write_folder(str(root / "images" / "train"), counts=(8, 8, 8))
+    write_folder(str(root / "images" / "val"), counts=(2, 2, 2))
+
+
+def test_bench_formats_prints_a_table_and_keeps_its_json_under_the_cache(tmp_path, monkeypatch, capsys):
+    """Issue 36: bench formats ended stdout with a raw {"command": ..., "results": [...]} line; now a table per
+    format, the JSON in this run's file under the cache root, and where it went."""
+    from dali_pipes_bench import formats
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    _formats_layout(tmp_path / "work")
+    assert formats.main(["--data", str(tmp_path / "work"), "--shards", "2", "--batch-size", "8", "--image-size",
+                         "32", "--num-threads", "1"]) == 0
+    stdout = capsys.readouterr().out
+    assert not raw_json_lines(stdout), stdout
+    assert "| image folder | 24 |" in stdout and "| WebDataset | 24 |" in stdout
+    result = json.load(open(results_path(stdout, tmp_path / "cache" / "bench")))
+    assert [r["format"] for r in result["results"]] == ["image folder", "TFRecord", "WebDataset"]
+    assert result["command"].startswith("dali-pipes bench formats")
+
+
+def test_bench_formats_refuses_a_folder_it_did_not_make(tmp_path):
+    """Issue 36: given a user's train folder as --data, bench formats wrote its 1,200 images and 329 MB of shards
+    into it; it now names the folder, what it holds, and what to pass, and writes nothing."""
+    from dali_pipes.errors import DatasetError
+    from dali_pipes_bench import formats
+    write_folder(str(tmp_path / "train"))
+    before = sorted(os.listdir(tmp_path / "train"))
+    with pytest.raises(DatasetError, match=re.escape(str(tmp_path / "train")) + ": holds cat, dog, fish, which bench "
+                                           "formats did not make.* pass a new or empty folder"):
+        formats.main(["--data", str(tmp_path / "train")])
+    assert sorted(os.listdir(tmp_path / "train")) == before
+
+
+def test_bench_parquet_prints_a_table_and_keeps_its_json_under_the_cache(tmp_path, monkeypatch, capsys):
+    """Issue 36: bench parquet ended stdout with its raw JSON line (print_and_save, shared with formats)."""
+    pytest.importorskip("pyarrow", reason="the Parquet copy needs pyarrow: pip install '.[parquet]'")
+    from dali_pipes_bench import parquet_feed
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    _formats_layout(tmp_path / "work")
+    assert parquet_feed.main(["--data", str(tmp_path / "work"), "--shards", "2", "--rows-per-group", "4",
+                              "--batch-size", "8", "--rounds", "1", "--image-size", "32", "--num-threads", "1"]) == 0
+    stdout = capsys.readouterr().out
+    assert not raw_json_lines(stdout) and "| Parquet |" in stdout, stdout
+    result = json.load(open(results_path(stdout, tmp_path / "cache" / "bench")))
+    assert set(result["results"]) == {"TFRecord", "Parquet"} and result["samples"] == 24
