@@ -6,7 +6,8 @@
   * the loader alone (no model): a DaliLoader epoch after epoch, the same cases, in this process.
 
 Every auto case starts with an empty tuning memory (its own DALI_PIPES_CACHE), so the search runs in
-full each time. Prints medians and auto / best fixed (each round a tick of a bar on stderr) and where the
+full each time. Prints a table of medians per part and auto / best fixed (each round a tick of a bar on stderr)
+and where the
 results went: auto.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench auto [flags] (or python -m dali_pipes_bench.auto_settings)."""
 
@@ -23,7 +24,7 @@ import time
 from typing import Sequence
 
 from dali_pipes.run.stats import Spread
-from dali_pipes_bench.cli import bar, command, data_or_builtin, out_help, report, run_main
+from dali_pipes_bench.cli import bar, command, data_or_builtin, markdown, median_range, out_help, report, run_main
 from dali_pipes_bench.protocol import MIN_ROUNDS
 
 
@@ -106,13 +107,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             for case in cases:
                 runs[case].append(one_run(data, case, args))
         result[name] = {"runs": runs, **summarise(runs)}
-        s = result[name]
-        print(f"{name}: auto {s['second_epoch_images_per_s']['auto']:.1f} images/s in epoch 2, best fixed "
-              f"({s['best_fixed']} threads) {s['second_epoch_images_per_s'][s['best_fixed']]:.1f}: "
-              f"{s['auto_over_best_fixed']:.3f}x; epoch 1 (the search): {s['auto_first_epoch_over_best_fixed']:.3f}x"
-              + (f"; {s['unranked']}" if s["unranked"] else ""))
-    report(result, args.out, "auto")
+    report(result, args.out, "auto", "\n".join(table(name, result[name]) for name in ("loader", "training")
+                                               if name in result))
     return 0
+
+
+def table(name: str, s: dict) -> str:
+    """One part's summary (summarise's dict and its runs): every case's epochs as a markdown table, then auto over
+    the best fixed count and why the cases are not ranked, if they are not."""
+    best = s["best_fixed"]
+    rows = []
+    for case, runs in s["runs"].items():
+        second = Spread.of(r["images_per_s"][1] for r in runs)
+        rows.append((case, median_range(second.row(), digits=1), f"{second.spread:.1%}",
+                     f"{s['first_epoch_images_per_s'][case]:,.1f}",
+                     f"{s['second_epoch_images_per_s'][case] / s['second_epoch_images_per_s'][best]:.3f}x"))
+    headers = ["threads", "epoch 2 images/s median [min, max]", "spread", "epoch 1 images/s median",
+               "epoch 2 / best fixed"]
+    rounds = min(len(runs) for runs in s["runs"].values())
+    return (f"{name}, {rounds} round{'s' * (rounds != 1)} (epoch 1 holds auto's search):\n\n{markdown(headers, rows)}\n"
+            f"auto / best fixed ({best} threads): {s['auto_over_best_fixed']:.3f}x in epoch 2; epoch 1 (the search): "
+            f"{s['auto_first_epoch_over_best_fixed']:.3f}x" + (f"; {s['unranked']}" if s["unranked"] else "") + "\n")
 
 
 if __name__ == "__main__":

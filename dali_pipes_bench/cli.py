@@ -100,6 +100,12 @@ def markdown(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def median_range(figures: dict, scale: float = 1.0, digits: int = 0) -> str:
+    """A table cell "1,234 [1,200, 1,260]" of {"median", "min", "max"} (a Spread's row), each times `scale`."""
+    show = lambda v: f"{v * scale:,.{digits}f}"
+    return f"{show(figures['median'])} [{show(figures['min'])}, {show(figures['max'])}]"
+
+
 def report(result: dict, out: str, benchmark: str, tables: str = "") -> str:
     """A benchmark's end: its tables on stdout, its results as JSON at `out` or in this run's folder under the
     cache root (results_file), and where they went. Returns that path."""

@@ -16,7 +16,8 @@ its own in the alternated rounds, and the ratio is DaliLoader's median over the 
 runs `--threads` DALI threads (default: the cores) on `--device` (cpu; gpu: the graph's decode and boxes on the GPU,
 and every side's batches moved there as the references' loop does, the GPU synchronised at each window's end).
 The cases alternate round after round under the measurement
-protocol (protocol.py); images/s median [min, max] and CPU cores busy (the process tree, workers included).
+protocol (protocol.py); a table per preset of images/s median [min, max] and CPU cores busy (the process tree,
+workers included), with the ranking (or why there is none) and the ratios under it.
 
 torchvision: imported when installed; else from `--torchvision-path` (default: the side folder the tests install
 the wheel into, $DALI_PIPES_CACHE/torchvision-side/0.N, see tests/torchvision_side.py): `pip install --no-deps
@@ -27,6 +28,7 @@ Run: dali-pipes bench detection [flags] (or python -m dali_pipes_bench.detection
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -37,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from dali_pipes.run.stats import Spread
-from dali_pipes_bench.cli import bar, command, out_help, report, require, run_main
+from dali_pipes_bench.cli import bar, command, markdown, median_range, out_help, report, require, run_main
 from dali_pipes_bench.protocol import (
     Case,
     CaseResult,
@@ -115,7 +117,9 @@ def coco_dataset(data: str, preset: str) -> Any:
     if not os.path.isfile(annotations):
         raise FileNotFoundError(f"{annotations}: no COCO annotations; --data takes a `dali-pipes sample DIR "
                                 f"--detection` folder (images/train, annotations/instances_train.json)")
-    dataset = CocoDetection(images, annotations, transforms=DetectionPresetTrain(v2.Compose(preset_steps(preset))))
+    with contextlib.redirect_stdout(sys.stderr):  # pycocotools' "loading annotations...": stdout holds the tables
+        dataset = CocoDetection(images, annotations,
+                                transforms=DetectionPresetTrain(v2.Compose(preset_steps(preset))))
     dataset = wrap_dataset_for_transforms_v2(dataset, target_keys=["boxes", "labels", "image_id"])
     keep = [i for i, image_id in enumerate(dataset.ids)
             if any(a["bbox"][2] > 1 and a["bbox"][3] > 1 for a in dataset.coco.imgToAnns[image_id])]
@@ -269,15 +273,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [run(data, preset, batch_size=batch_size_of(args.batch_size, preset), threads=args.threads,
                 workers=args.workers, seed=args.seed, protocol=protocol, progress=progress, device=args.device)
             for preset in bar(args.presets, desc="presets", unit="preset")]
-    for r in rows:
-        print(f"{r['preset']} ({', '.join(r['steps'])}), {r['images']} images, batch {r['batch_size']}:")
-        print("\n".join(f"  {line}" for line in r["lines"]))
-        print(f"  DaliLoader / {r['best_dataloader']}: {r['ratio_to_best_dataloader']:.3f}x (medians); per CPU "
-              f"second, DaliLoader / {r['best_dataloader_per_cpu_s']}: {r['ratio_per_cpu_s'] or 0:.3f}x")
     load = {"before": load_before, "after": os.getloadavg()}  # 1, 5, 15 minutes: a shared machine says so
     report({"command": command("detection", argv), "data": data, "device": args.device, "cpu_count": os.cpu_count(),
-            "load_average": load, "protocol": vars(protocol), "rows": rows}, args.out, "detection")
+            "load_average": load, "protocol": vars(protocol), "rows": rows}, args.out, "detection",
+           "\n".join(map(table, rows)))
     return 0
+
+
+def table(r: dict) -> str:
+    """One preset's summary (run's dict): every case as a markdown table, the ranking and DaliLoader's ratios."""
+    cells = [(row["case"], median_range({"median": row["images_per_s"], "min": row["min"], "max": row["max"]}),
+              f"{row['spread']:.1%}", f"{row['cpu_cores']:.2f}", median_range(row["images_per_cpu_s"]))
+             for row in r["rows"]]
+    headers = ["case", "images/s median [min, max]", "spread", "cores busy", "images per CPU second median [min, max]"]
+    return (f"{r['preset']} ({', '.join(r['steps'])}), {r['images']} images, batch {r['batch_size']}:\n\n"
+            f"{markdown(headers, cells)}\n{r['ranking']}\n"
+            f"DaliLoader / {r['best_dataloader']}: {r['ratio_to_best_dataloader']:.3f}x (medians); per CPU second, "
+            f"DaliLoader / {r['best_dataloader_per_cpu_s']}: {r['ratio_per_cpu_s'] or 0:.3f}x\n")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ back (the default: 20 epochs a side in 4 rounds, 5 a window) let no idle gap bet
 work. `--step S` makes the loop spend S seconds per batch (a sleep: a GPU step that leaves the CPU to
 the loader), where a loader that waits at a boundary shows it. The gauge of issue 28 (CPU, 2 threads,
 13 batches an epoch) is `dali-pipes bench epochs --batch-size 76 --step 0`.
-Prints each side's figures (each --step a bar on stderr) and where the results went: epochs.json at --out,
-default a folder of this run's own under $DALI_PIPES_CACHE/bench.
+Prints a table of each side's figures per --step (each --step a bar on stderr) and where the results went:
+epochs.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench epochs [flags] (or python -m dali_pipes_bench.epochs)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from dali_pipes import AugmentConfig, open_source
 from dali_pipes.run.stats import Spread
-from dali_pipes_bench.cli import bar, command, data_or_builtin, out_help, report, run_main
+from dali_pipes_bench.cli import bar, command, data_or_builtin, markdown, median_range, out_help, report, run_main
 from dali_pipes_bench.harness import LoaderOverhead
 from dali_pipes_bench.protocol import (
     CaseResult,
@@ -108,12 +108,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [run(data, batch_size=args.batch_size, image_size=args.image_size, threads=args.threads, step=step,
                 device=args.device, protocol=protocol, progress=progress)
             for step in bar(args.step, desc="steps", unit="step")]
-    for r in rows:
-        print(f"step {r['step_s']:.3f} s, {r['batches_per_epoch']} batches/epoch, {protocol.rounds} rounds:")
-        print("\n".join(f"  {line}" for line in r["lines"] + r["per_epoch"]))
-        print(f"  DaliLoader / DALIGenericIterator: {r['ratio']:.3f}x (medians)")
-    report({"command": command("epochs", argv), "rows": rows}, args.out, "epochs")
+    report({"command": command("epochs", argv), "rows": rows}, args.out, "epochs", "\n".join(map(table, rows)))
     return 0
+
+
+def table(r: dict) -> str:
+    """One --step's summary (run's dict): each side's figures as a markdown table, the verdict and the ratios."""
+    cells = [(row["case"], median_range({"median": row["images_per_s"], "min": row["min"], "max": row["max"]}),
+              f"{row['spread']:.1%}", f"{row['cpu_cores']:.2f}", median_range(row["images_per_cpu_s"]),
+              median_range(row["main_thread_cpu_s_per_epoch"], 1e3, 1), median_range(row["minor_faults_per_epoch"]))
+             for row in r["rows"]]
+    headers = ["side", "images/s median [min, max]", "spread", "cores busy", "images per CPU second median [min, max]",
+               "loop thread CPU ms per epoch", "page faults per epoch"]
+    return (f"step {r['step_s']:.3f} s, {r['batches_per_epoch']} batches/epoch, {r['protocol']['rounds']} rounds:\n\n"
+            f"{markdown(headers, cells)}\n{r['ranking']}\n"
+            f"per CPU second, DaliLoader / DALIGenericIterator: {r['ratio_per_cpu_s']:.3f}x (what the wall-clock ratio "
+            f"is on a machine of its own: CPU-bound, every core busy)\n"
+            f"DaliLoader / DALIGenericIterator: {r['ratio']:.3f}x (medians)\n")
 
 
 if __name__ == "__main__":

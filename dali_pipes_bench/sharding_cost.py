@@ -1,7 +1,8 @@
 """What the sharding check (dali_pipes/run/sharding.py) costs on a large dataset: N samples (default
 1.28 million, ImageNet's train set) split over W processes of a gloo group on 127.0.0.1, each with a
 synthetic delivery bitmap of its own shard; the check is timed on every rank, repeated, and compared
-with one all_gather_into_tensor of the same N/8 bytes per rank. Prints medians and where the results went:
+with one all_gather_into_tensor of the same N/8 bytes per rank. Prints a table of the slowest rank's times,
+median [min, max] over the repeats, and where the results went:
 sharding.json at --out, default a folder of this run's own under $DALI_PIPES_CACHE/bench.
 Run: dali-pipes bench sharding [flags] (or python -m dali_pipes_bench.sharding_cost)."""
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -17,7 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from dali_pipes_bench.cli import command, out_help, report, run_main
+from dali_pipes.run.stats import Spread
+from dali_pipes_bench.cli import command, markdown, median_range, out_help, report, run_main
 
 
 @dataclass
@@ -83,15 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ranks.sort(key=lambda r: r["rank"])
     for proc in procs:
         proc.join()
-    check = statistics.median(max(r["check_s"][i] for r in ranks) for i in range(args.repeats))
-    gather = statistics.median(max(r["all_gather_s"][i] for r in ranks) for i in range(args.repeats))
+    slowest = {key: Spread.of(max(r[key][i] for r in ranks) for i in range(args.repeats))
+               for key in ("check_s", "all_gather_s")}  # each repeat: the slowest rank's time
     result = {"command": command("sharding", argv), "samples": args.samples, "world": args.world,
-              "bytes_per_rank": (args.samples + 7) // 8, "check_s_median": check, "all_gather_s_median": gather,
-              "ranks": ranks}
-    print(f"sharding check, {args.samples:,} samples, {args.world} ranks ({result['bytes_per_rank']:,} bytes each): "
-          f"{check * 1e3:.1f} ms (slowest rank, median of {args.repeats}); one all_gather of the same bytes: "
-          f"{gather * 1e3:.1f} ms")
-    report(result, args.out, "sharding")
+              "bytes_per_rank": (args.samples + 7) // 8, "check_s_median": slowest["check_s"].median,
+              "all_gather_s_median": slowest["all_gather_s"].median, "ranks": ranks}
+    table = markdown(["samples", "ranks", "bytes per rank", "check ms, slowest rank: median [min, max]",
+                      "all_gather of the same bytes ms: median [min, max]", "repeats"],
+                     [(f"{args.samples:,}", args.world, f"{result['bytes_per_rank']:,}",
+                       median_range(slowest["check_s"].row(), 1e3, 1),
+                       median_range(slowest["all_gather_s"].row(), 1e3, 1), args.repeats)])
+    report(result, args.out, "sharding", f"The sharding check against one all_gather of its bytes:\n\n{table}")
     return 0
 
 

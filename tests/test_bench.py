@@ -24,6 +24,14 @@ def raw_json_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.lstrip().startswith(("{", "["))]
 
 
+def assert_table(stdout: str, headers: list[str]) -> None:
+    """stdout holds a markdown table under exactly these column headers: the header row, then its `|---|` row."""
+    lines = stdout.splitlines()
+    header = "| " + " | ".join(headers) + " |"
+    assert header in lines, stdout[-3000:]
+    assert re.fullmatch(r"\|(\s*-+\s*\|)+", lines[lines.index(header) + 1]), stdout[-3000:]
+
+
 def results_path(stdout: str, cache) -> str:
     """The file or folder a benchmark's last line names (`results in PATH`), checked to lie under `cache`."""
     *_, last = stdout.strip().splitlines()
@@ -246,8 +254,43 @@ def test_bench_epochs_alternates_whole_epochs_under_the_protocol_and_reads_cold(
     for side in row["rows"]:  # 6 epochs over 3 rounds: windows of 2 epochs of 24 images
         assert [(w["units"], w["images"]) for w in side["windows"]] == [(2, 48)] * 3
         assert side["min"] <= side["images_per_s"] <= side["max"]
-    assert "DaliLoader / DALIGenericIterator:" in run.stdout and "page faults per epoch" in run.stdout
+    assert_table(run.stdout, ["side", "images/s median [min, max]", "spread", "cores busy",
+                              "images per CPU second median [min, max]", "loop thread CPU ms per epoch",
+                              "page faults per epoch"])
+    assert "DaliLoader / DALIGenericIterator:" in run.stdout and "(medians)" in run.stdout
     assert not raw_json_lines(run.stdout) and run.stdout.strip().endswith(f"results in {tmp_path / 'epochs.json'}")
+
+
+def test_bench_auto_prints_a_table_per_part_and_keeps_its_json(tmp_path):
+    """dali-pipes bench auto, the loader alone, one round: a table of every case's epochs, auto over the best fixed
+    count and why nothing is ranked under it, the JSON in its file."""
+    data = tmp_path / "images"
+    write_folder(str(data), counts=(8, 8, 8))
+    out = tmp_path / "auto.json"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "bench", "auto", "--data", str(data),
+                          "--skip-training", "--threads", "1", "--rounds", "1", "--batch-size", "8", "--image-size",
+                          "32", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    loader = json.load(open(out))["loader"]
+    assert set(loader["runs"]) == {"auto", "1"} and loader["unranked"].startswith("not ranked: 1 rounds")
+    assert_table(run.stdout, ["threads", "epoch 2 images/s median [min, max]", "spread", "epoch 1 images/s median",
+                              "epoch 2 / best fixed"])
+    assert "auto / best fixed (1 threads): " in run.stdout and "not ranked: 1 rounds" in run.stdout
+    assert not raw_json_lines(run.stdout) and run.stdout.strip().endswith(f"results in {out}")
+
+
+def test_bench_sharding_prints_a_table_and_keeps_its_json(tmp_path):
+    """dali-pipes bench sharding on 1,000 samples, 2 gloo ranks: the check and one all_gather in a table."""
+    out = tmp_path / "sharding.json"
+    run = subprocess.run([sys.executable, "-m", "dali_pipes.tools.cli", "bench", "sharding", "--samples", "1000",
+                          "--repeats", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.load(open(out))
+    assert result["bytes_per_rank"] == 125 and [len(r["check_s"]) for r in result["ranks"]] == [2, 2]
+    assert_table(run.stdout, ["samples", "ranks", "bytes per rank", "check ms, slowest rank: median [min, max]",
+                              "all_gather of the same bytes ms: median [min, max]", "repeats"])
+    assert "| 1,000 | 2 | 125 | " in run.stdout
+    assert not raw_json_lines(run.stdout) and run.stdout.strip().endswith(f"results in {out}")
 
 
 def test_bench_loaders_tables_rank_nothing_whose_passes_spread_more_than_ten_percent():
@@ -443,6 +486,9 @@ def test_bench_detection_runs_each_preset_against_dataloader_workers_and_writes_
         assert row["best_dataloader"].startswith("DataLoader") and row["ratio_to_best_dataloader"] > 0
         assert "ratio_per_cpu_s" in row  # None where the windows were too short for the CPU clock
     assert "DaliLoader / DataLoader + PIL" in run.stdout
+    assert_table(run.stdout, ["case", "images/s median [min, max]", "spread", "cores busy",
+                              "images per CPU second median [min, max]"])
+    assert run.stdout.count("| DaliLoader | ") == 3 and "hflip (RandomHorizontalFlip" in run.stdout
 
 
 def test_bench_detection_batch_size_per_preset_and_gpu_refused_without_cuda():
