@@ -182,21 +182,18 @@ def location(request, local_kinds, tmp_path, monkeypatch) -> str:
         return gcs.put("data/train.parquet", f.read()).rpartition("/")[0] + "/"
 
 
-def test_thirty_loaders_dropped_without_close_leave_rss_threads_and_descriptors_flat(location, monkeypatch):
+def test_thirty_loaders_dropped_without_close_leave_rss_threads_and_descriptors_flat(location):
     """Each loader is dropped mid-life with `del`, the cycle collector left to run as it does (by object
     counts). Before the fix, every dropped loader kept its DALI threads until a collection, and the
     process grew by tens of MB over 30 loaders at 224 px; then every dropped Parquet loader kept its feed's
     threads (9 to 121 over 30 loaders) and row groups."""
     def usage() -> tuple[float, int, int]:
+        heap.release_free_memory()  # free heap pages back first: what stays resident is what something holds
         pages = int(open("/proc/self/statm").read().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE") / 2**20, len(os.listdir("/proc/self/task")), \
             len(os.listdir("/proc/self/fd"))
 
     gc.collect()  # what earlier tests left for the collector goes first: not counted here
-    # The trim's rate limit is the process's: start from no earlier trim, as a fresh process does, so that an
-    # earlier test's big trim cannot defer this test's trims (once under xdist the heap grew 158 MB here; trims
-    # disabled outright grew it under 100 MB alone, so that run's cause is not known)
-    monkeypatch.setattr(heap, "_last_trim", {"at": float("-inf"), "cost": 0.0})
     seen = []
     for _round in range(30):
         loader = DaliLoader(location, train=True, batch_size=16, device="cpu", image_size=224, num_threads=2)
@@ -208,9 +205,10 @@ def test_thirty_loaders_dropped_without_close_leave_rss_threads_and_descriptors_
     assert all(threads <= s[1] <= threads + _pool_room(location) for s in seen), \
         ("threads outlived their dropped loader", [s[1] for s in seen])
     assert [s[2] for s in seen] == [fds] * 30, "file descriptors outlived their dropped loader"
-    # The heap moves by +-40 MB from loader to loader (buffers of 224 px batches, a rate-limited trim):
-    # medians, early against late. Measured on the 2-core CPU machine: 2-31 MB with the fix; 250-300 MB
-    # before it (the process grew from 350 to 700-840 MB, threads from 7 to 57).
+    # RSS read after a trim (the loader's own trims are rate-limited, so fragmentation alone moved the untrimmed
+    # figure by up to 160 MB over 30 loaders, old code and new alike): medians, early against late. Measured on
+    # the 2-core CPU machine, TFRecord: -29 to 11 MB; 30 loaders kept alive: +575 MB (before the fix the
+    # process grew from 350 to 700-840 MB, threads from 7 to 57).
     if location.startswith("gs://"):  # open: 30 gs:// loaders grew the process by 0-105 MB (native memory; no
         return  # Python object piles up, threads and descriptors stay flat): not yet explained, so not asserted
     early, late = statistics.median(s[0] for s in seen[2:7]), statistics.median(s[0] for s in seen[-10:])
