@@ -188,12 +188,18 @@ def test_a_mid_epoch_state_resumes_exactly(locations):
         assert all(torch.equal(a["boxes"], b["boxes"]) for a, b in zip(targets, targets2))
 
 
-def test_a_bad_image_is_named_and_skipped_with_skip_bad(coco_dir, tmp_path):
+def images_with_a_bad_one(coco_dir, tmp_path):
+    """A copy of the COCO set's images in which image 11 (011.jpg) does not decode."""
     images = tmp_path / "images"
     images.mkdir()
     for name in os.listdir(coco_dir / "images"):
         (images / name).write_bytes((coco_dir / "images" / name).read_bytes())
     (images / "011.jpg").write_bytes(b"not a JPEG at all, only its name")
+    return images
+
+
+def test_a_bad_image_is_named_and_skipped_with_skip_bad(coco_dir, tmp_path):
+    images = images_with_a_bad_one(coco_dir, tmp_path)
     annotations = str(coco_dir / "annotations.json")
     with pytest.raises(DatasetError, match=r"decoding failed: .*011.jpg \(image 11\).*does not decode"):
         read_all(DaliLoader(annotations, images=str(images), batch_size=3, device="cpu"))
@@ -357,11 +363,7 @@ def test_a_state_taken_in_the_rest_of_an_epoch_resumes_exactly_and_elastically(l
 
 
 def test_elastic_resume_merges_the_old_ranks_bad_images(coco_dir, tmp_path):
-    images = tmp_path / "images"
-    images.mkdir()
-    for name in os.listdir(coco_dir / "images"):
-        (images / name).write_bytes((coco_dir / "images" / name).read_bytes())
-    (images / "011.jpg").write_bytes(b"not a JPEG at all, only its name")
+    images = images_with_a_bad_one(coco_dir, tmp_path)
     keywords = {"images": str(images)}
     options = {"batch_size": 2, "device": "cpu", "skip_bad": True, "val_padding": "none"}
     with pytest.warns(UserWarning, match=r"excluding a bad image.*011.jpg \(image 11\)"):  # old rank 1's first batch

@@ -44,10 +44,15 @@ def loop_results(val_set, tmp_path_factory, torchvision) -> dict:
            str(out), "--loop", *LOOPS, "--batch", str(batch)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return read_each(out, LOOPS)
+
+
+def read_each(out, names) -> dict:
+    """{name: the JSON a job wrote to OUT/NAME.json} for each name."""
     results = {}
-    for loop in LOOPS:
-        with open(out / f"{loop}.json") as f:
-            results[loop] = json.load(f)
+    for name in names:
+        with open(out / f"{name}.json") as f:
+            results[name] = json.load(f)
     return results
 
 
@@ -84,11 +89,7 @@ def sync_metrics(val_set, tmp_path_factory, torchvision) -> dict:
     done = subprocess.run([sys.executable, job, folder, str(out), str(batch), *FORMS], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    metrics = {}
-    for form in FORMS:
-        with open(out / f"{form}.json") as f:
-            metrics[form] = json.load(f)
-    return metrics
+    return read_each(out, FORMS)
 
 
 @pytest.mark.parametrize("form", FORMS)

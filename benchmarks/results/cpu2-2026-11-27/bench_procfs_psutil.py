@@ -15,25 +15,9 @@ import threading
 import time
 
 import psutil
+from bench_usage_psutil import old_module  # run/procfs.py as it was (deleted since: psutil replaced it)
 
-
-
-def _old_procfs():
-    """run/procfs.py as it was when this ran (deleted since: psutil replaced it), read from git."""
-    import importlib.util
-    import tempfile
-    source = subprocess.run(["git", "show", "6bb4e53:dali_pipes/run/procfs.py"], check=True, capture_output=True,
-                            text=True).stdout
-    path = os.path.join(tempfile.mkdtemp(), "old_procfs.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location("old_procfs", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-old = _old_procfs()
+old = old_module()
 
 _SELF = psutil.Process()
 
